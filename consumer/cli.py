@@ -1,0 +1,139 @@
+"""The ``clef-router`` command line (console script ``clef-router = consumer.cli:main``).
+
+Each area's commands live in ``consumer/commands/<name>.py`` and expose ``register(commands)`` (see
+``consumer.commands``). ``main`` turns every exception that escapes a command into one line on stderr and a
+non-zero exit code: 2 for usage and validation errors, 1 otherwise, 130 for Ctrl-C. Set ``CLEF_DEBUG=1``
+to also print the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from types import ModuleType
+from typing import NoReturn, cast
+
+import structlog
+
+from consumer.commands import CommandError, Commands
+
+PROG = "clef-router"
+#: Command modules under ``consumer/commands/``, in help order.
+COMMAND_MODULES: tuple[str, ...] = ("kafka", "schema", "engine", "service", "bench")
+_MAX_MESSAGE = 400
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line on stderr (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _load_command_modules(names: Sequence[str]) -> list[ModuleType]:
+    """Import the command modules; a module whose *file* does not exist (yet) is skipped.
+
+    Any other import failure (including a missing dependency inside an existing module) propagates.
+    """
+    modules: list[ModuleType] = []
+    for name in names:
+        qualified = f"consumer.commands.{name}"
+        try:
+            modules.append(importlib.import_module(qualified))
+        except ModuleNotFoundError as exc:
+            if exc.name != qualified:
+                raise
+    return modules
+
+
+def build_parser(module_names: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """Build the full parser from the command modules that exist (default: ``COMMAND_MODULES``)."""
+    parser = _Parser(
+        prog=PROG,
+        description="Route SystemOne alert and fault events from Kafka with the Clef-omni decision model.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    commands = Commands(cast("argparse._SubParsersAction[argparse.ArgumentParser]", subparsers))
+    for module in _load_command_modules(COMMAND_MODULES if module_names is None else module_names):
+        register = getattr(module, "register", None)
+        if not callable(register):
+            raise RuntimeError(f"command module {module.__name__} has no register(commands) function")
+        register(commands)
+    return parser
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
+
+
+def _is_validation_error(exc: BaseException) -> bool:
+    """Pydantic validation errors and SystemOne request errors count as usage errors (exit 2)."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        return True
+    try:
+        from schemas.systemone import RequestError
+    except ImportError:
+        return False
+    return isinstance(exc, RequestError)
+
+
+def _describe(exc: BaseException) -> tuple[str, int]:
+    """Return the message and the exit code for an exception that escaped a command."""
+    if isinstance(exc, CommandError):
+        return _one_line(exc), exc.exit_code
+    if _is_validation_error(exc):
+        return f"invalid input: {_one_line(exc)}", 2
+    if isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError) and exc.filename:
+        return f"{exc.strerror or type(exc).__name__}: {exc.filename}", 1
+    return f"{type(exc).__name__}: {_one_line(exc)}", 1
+
+
+def _configure_default_logging() -> None:
+    """Send structlog output to stderr (stdout is for command results) unless already configured."""
+    if not structlog.is_configured():
+        structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the chosen command and return its exit code."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    name = PROG
+    try:
+        parser = build_parser()
+        args = parser.parse_args(args_list)
+        func = getattr(args, "func", None)
+        if func is None:
+            parser.print_help(sys.stderr)
+            return 2
+        name = f"{PROG} {args.command}"
+        _configure_default_logging()
+        result = func(args)
+        return int(result) if result is not None else 0
+    except SystemExit as exc:  # argparse (--help, usage errors) and commands that exit on purpose
+        code = exc.code
+        if code is None or isinstance(code, int):
+            return code or 0
+        print(f"{name}: error: {code}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 1  # stdout closed early (e.g. piped into head): nothing useful to say
+    except Exception as exc:
+        message, code = _describe(exc)
+        print(f"{name}: error: {message}", file=sys.stderr)
+        if os.environ.get("CLEF_DEBUG"):
+            traceback.print_exc()
+        return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,76 @@
+"""Every Prometheus metric of the service, named in one place.
+
+A `Metrics` instance owns its own `CollectorRegistry`, so tests and benchmarks can build several without
+clashing with the process-global registry. `render()` returns the text exposition for `/metrics`.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+PREFIX = "clef_router"
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+TOKEN_BUCKETS = (256, 1024, 4096, 16_384, 65_536, 262_144, 1_048_576)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    """Counters, gauges and histograms named `clef_router_*`."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.records = Counter(f"{PREFIX}_records", "Input records by final outcome", ["outcome"], registry=r)
+        self.consumer_lag = Gauge(
+            f"{PREFIX}_consumer_lag", "High watermark minus position", ["topic", "partition"], registry=r
+        )
+        self.in_flight = Gauge(
+            f"{PREFIX}_in_flight_records", "Fetched, not yet committed records", registry=r
+        )
+        self.paused = Gauge(
+            f"{PREFIX}_paused", "1 while input partitions are paused for backpressure", registry=r
+        )
+        self.batch_records = Histogram(
+            f"{PREFIX}_batch_records", "Records per engine batch", buckets=COUNT_BUCKETS, registry=r
+        )
+        self.batch_tokens = Histogram(
+            f"{PREFIX}_batch_tokens", "Tokens per engine batch", buckets=TOKEN_BUCKETS, registry=r
+        )
+        self.queue_wait = Histogram(
+            f"{PREFIX}_queue_wait_seconds",
+            "Prepared record waiting for its batch to start",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.engine_seconds = Histogram(
+            f"{PREFIX}_engine_seconds", "Engine execute time per batch", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.end_to_end = Histogram(
+            f"{PREFIX}_end_to_end_seconds",
+            "Record timestamp to outputs acknowledged",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.dlq = Counter(f"{PREFIX}_dlq_records", "Dead-lettered records by reason", ["reason"], registry=r)
+        self.retries = Counter(f"{PREFIX}_retries", "Retries by kind", ["kind"], registry=r)
+        self.batch_splits = Counter(
+            f"{PREFIX}_batch_splits", "Engine batches split after a failure", registry=r
+        )
+        self.state_truncated = Counter(
+            f"{PREFIX}_state_truncated", "Answers with a truncated state", registry=r
+        )
+        self.commits = Counter(f"{PREFIX}_commits", "Offset commits sent", registry=r)
+        self.rebalances = Counter(
+            f"{PREFIX}_rebalances", "Partition assignment changes", ["kind"], registry=r
+        )
+        self.http_requests = Counter(
+            f"{PREFIX}_http_requests", "HTTP requests by path and status", ["path", "status"], registry=r
+        )
+        self.model_loaded = Gauge(f"{PREFIX}_model_loaded", "1 once the engine is ready", registry=r)
+
+    def render(self) -> bytes:
+        """Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

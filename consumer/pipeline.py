@@ -1,0 +1,292 @@
+"""The service pipeline: the only module that knows the order of the stages.
+
+    source.fetch -> track offset -> batcher (decode + prepare in threads, engine in the GPU thread)
+      -> per-partition emitter (in offset order) -> router | dlq -> producer (acks=all) -> offsets.done
+      -> periodic commit of the contiguous watermark
+
+Per-key order: each input partition has one emitter that publishes results in offset order, and outputs keep
+the input key, so records of one key keep their order. Backpressure: at most `kafka.max_in_flight` records
+between fetch and acknowledgement; beyond that every partition is paused until half have drained.
+Rebalance: revoked partitions stop taking records, get up to `revoke_timeout_s` to finish, have their
+watermark committed, and anything still unfinished is dropped unpublished. SIGTERM (`request_stop`): stop
+fetching, drain within `shutdown_timeout_s`, commit, return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sys
+import time
+from typing import Any
+
+from aiokafka import TopicPartition
+
+from consumer.batcher import Batcher, EngineLike
+from consumer.decode import decode_value, header_event_id
+from consumer.logging import get_logger
+from consumer.metrics import Metrics
+from consumer.offsets import OffsetTracker
+from consumer.producer import Emitter, PartitionState, Producer, Work, ensure_topics, service_topics
+from consumer.router import InputRecord
+from consumer.settings import Settings
+from consumer.source import Source
+from schemas.parse import RequestLimits, parse_request
+from schemas.routing import EngineInfo
+from schemas.systemone import SystemOneResponse
+
+log = get_logger("consumer.pipeline")
+
+
+def _empty_cuda_cache() -> None:
+    torch: Any = sys.modules.get("torch")  # only when the engine already imported it
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+class Pipeline:
+    """Kafka -> engine -> Kafka, plus `answer` for HTTP on the same batcher. Event loop only."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine: EngineLike[Any],
+        *,
+        metrics: Metrics | None = None,
+        engine_info: EngineInfo | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self._engine = engine
+        self._limits = RequestLimits(max_value_bytes=settings.engine.max_message_bytes)
+        self.batcher: Batcher[Any, SystemOneResponse] = Batcher(
+            engine.execute,
+            settings.batching,
+            metrics=self.metrics,
+            single_attempts=settings.engine.single_record_attempts,
+            on_oom=_empty_cuda_cache,
+        )
+        self.tracker: OffsetTracker[TopicPartition] = OffsetTracker()
+        self.producer = Producer(settings.kafka)
+        self.source = Source(
+            settings.kafka,
+            settings.topics.input,
+            on_assigned=self._on_assigned,
+            on_revoked=self._on_revoked,
+            metrics=self.metrics,
+        )
+        self.emitter = Emitter(
+            settings,
+            self.producer,
+            self.tracker,
+            self.metrics,
+            engine_info or EngineInfo(name="clef-router", model=settings.engine.model_name),
+            on_fatal=self._fail,
+            on_progress=self._beat,
+        )
+        self._states: dict[TopicPartition, PartitionState] = {}
+        self._positions: dict[TopicPartition, int] = {}
+        self._stop = asyncio.Event()
+        self._commit_lock = asyncio.Lock()
+        self._fatal: BaseException | None = None
+        self._last_progress = time.monotonic()
+        self._lag = 0
+        self.started = False
+        self.first_fetch_at: float | None = None  # perf_counter() of the first non-empty fetch (benchmarks)
+
+    # ---- lifecycle ----------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Run until `request_stop` or a fatal error; commits what is done before returning.
+
+        Raises the fatal error (e.g. `DlqGuardTrippedError`, exhausted transient retries) after shutdown.
+        """
+        r = self.settings.routing
+        await ensure_topics(
+            self.settings.kafka, service_topics(self.settings.topics, r.department_map.values())
+        )
+        await self.batcher.start()
+        await self.producer.start()
+        await self.source.start()
+        self.started = True
+        self.metrics.model_loaded.set(1)
+        log.info(
+            "pipeline_started", inputs=list(self.settings.topics.input), group=self.settings.kafka.group_id
+        )
+        committer = asyncio.create_task(self._commit_loop(), name="clef-commit")
+        try:
+            await self._fetch_loop()
+        finally:
+            await self._shutdown(committer)
+        if self._fatal is not None:
+            raise self._fatal
+
+    def request_stop(self) -> None:
+        """Ask the pipeline to drain and stop (safe from a signal handler on the loop)."""
+        if not self._stop.is_set():
+            log.info("stop_requested")
+        self._stop.set()
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._fatal is None:
+            self._fatal = exc
+            log.error("fatal", error=repr(exc)[:300])
+        self._stop.set()
+
+    def _beat(self) -> None:
+        self._last_progress = time.monotonic()
+
+    # ---- health -------------------------------------------------------------------------------------------
+    @property
+    def in_flight(self) -> int:
+        return self.emitter.in_flight
+
+    def ready(self) -> bool:
+        """Model loaded and at least one input partition assigned."""
+        return self.started and bool(self._states) and not self._stop.is_set()
+
+    def healthy(self) -> bool:
+        """False after a fatal error, or when work is pending but nothing progressed for `watchdog_s`."""
+        if self._fatal is not None:
+            return False
+        idle = self.in_flight == 0 and self._lag == 0
+        return idle or time.monotonic() - self._last_progress < self.settings.http.watchdog_s
+
+    # ---- fetching -----------------------------------------------------------------------------------------
+    async def _fetch_loop(self) -> None:
+        cfg = self.settings.kafka
+        while not self._stop.is_set():
+            room = cfg.max_in_flight - self.in_flight
+            if room <= 0:
+                self.source.pause_all()
+                await asyncio.sleep(0.01)
+                continue
+            if self.source.paused and self.in_flight <= cfg.max_in_flight // 2:
+                self.source.resume_all()
+            batch = await self.source.fetch(min(cfg.fetch_max_records, room), timeout_ms=100)
+            if batch:
+                if self.first_fetch_at is None:
+                    self.first_fetch_at = time.perf_counter()
+                self._beat()
+                for tp, records in batch.items():
+                    self._admit(tp, records)
+            self._lag = self.source.update_lag(self._positions)
+            self.metrics.in_flight.set(self.in_flight)
+
+    def _admit(self, tp: TopicPartition, records: list[Any]) -> None:
+        state = self._states.get(tp)
+        if state is None or state.closing or not records:
+            return  # revoked or revoking: the next owner fetches these again from the committed offset
+        works: list[Work] = []
+        for rec in records:
+            headers = tuple((str(k), None if v is None else bytes(v)) for k, v in rec.headers)
+            item = InputRecord(
+                rec.topic, rec.partition, rec.offset, rec.key, rec.value, headers, rec.timestamp
+            )
+            self.tracker.track(tp, rec.offset)
+            works.append(Work(item, header_event_id(headers)))
+        self._positions[tp] = records[-1].offset + 1
+        thunks = [functools.partial(self._prepare, work) for work in works]
+        for work, fut in zip(works, self.batcher.submit(thunks), strict=True):
+            work.future = fut
+            self.emitter.push(state, work)
+
+    def _prepare(self, work: Work) -> Any:
+        """Decode and prepare one record (prepare thread pool)."""
+        decoded = decode_value(work.record.value, self.settings.routing.default_schema, self._limits)
+        if work.event_id is None:
+            work.event_id = decoded.event_id
+        return self._engine.prepare(decoded.request)
+
+    # ---- HTTP ---------------------------------------------------------------------------------------------
+    async def answer(self, body: bytes) -> SystemOneResponse:
+        """Answer one SystemOne request body through the shared batcher.
+
+        Raises `RequestError` (client error), `EngineError` (engine failed on it alone).
+        """
+        thunk = functools.partial(self._prepare_body, body)
+        return await self.batcher.submit([thunk])[0]
+
+    def _prepare_body(self, body: bytes) -> Any:
+        return self._engine.prepare(parse_request(body, self._limits))
+
+    # ---- rebalance ----------------------------------------------------------------------------------------
+    async def _on_assigned(self, tps: set[TopicPartition]) -> None:
+        self.metrics.rebalances.labels(kind="assigned").inc()
+        for tp in tps:
+            if tp not in self._states:
+                self._states[tp] = self.emitter.open(tp)
+        log.info("partitions_assigned", partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in tps))
+
+    async def _on_revoked(self, tps: set[TopicPartition]) -> None:
+        self.metrics.rebalances.labels(kind="revoked").inc()
+        states = [self._states[tp] for tp in tps if tp in self._states]
+        for state in states:
+            state.closing = True
+        await self._drain([s.tp for s in states], self.settings.kafka.revoke_timeout_s)
+        await self._commit({s.tp for s in states})
+        abandoned = 0
+        for state in states:
+            abandoned += self.tracker.pending(state.tp)
+            self.emitter.close(state)
+            self.tracker.forget(state.tp)
+            self._positions.pop(state.tp, None)
+            del self._states[state.tp]
+        log.info("partitions_revoked", partitions=len(states), abandoned=abandoned)
+
+    async def _drain(self, tps: list[TopicPartition] | None, timeout_s: float) -> bool:
+        """Wait until the given partitions (all when None) have nothing pending; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self._fatal is None:
+            pending = sum(self.tracker.pending(tp) for tp in tps) if tps is not None else self.in_flight
+            if pending == 0:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return False
+
+    # ---- commits and shutdown -----------------------------------------------------------------------------
+    async def _commit(self, only: set[TopicPartition] | None = None) -> None:
+        async with self._commit_lock:
+            offsets = {
+                tp: off
+                for tp, off in self.tracker.committable().items()
+                if tp in self._states and (only is None or tp in only)
+            }
+            if offsets and await self.source.commit(offsets, self.settings.kafka.send_attempts):
+                self.tracker.mark_committed(offsets)
+                self._beat()
+
+    async def _commit_loop(self) -> None:
+        interval = self.settings.kafka.commit_interval_ms / 1000.0
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self._commit()
+            except Exception as exc:
+                self._fail(exc)
+
+    async def _shutdown(self, committer: asyncio.Task[None]) -> None:
+        began = time.monotonic()
+        budget = self.settings.kafka.shutdown_timeout_s
+        drained = self._fatal is None and await self._drain(None, budget)
+        await self.batcher.close(
+            max(0.1, budget - (time.monotonic() - began)) if self._fatal is None else 0.1
+        )
+        committer.cancel()
+        try:
+            await self._commit()
+        except Exception as exc:
+            log.error("final_commit_failed", error=repr(exc)[:300])
+        for state in list(self._states.values()):
+            self.emitter.close(state)
+        await self.emitter.wait_closed(1.0)
+        await self.source.stop()
+        await self.producer.stop()
+        self.metrics.model_loaded.set(0)
+        log.info(
+            "pipeline_stopped",
+            drained=drained,
+            in_flight=self.in_flight,
+            seconds=round(time.monotonic() - began, 3),
+        )

@@ -1,0 +1,193 @@
+"""Service settings: read once at the edge, passed down as frozen sub-configs.
+
+Sources, highest priority first: keyword arguments, environment (`CLEF_` prefix, `__` nesting, e.g.
+`CLEF_KAFKA__BOOTSTRAP_SERVERS`), an optional TOML file (`load_settings(config=...)`), defaults. Unknown keys
+are rejected everywhere, including `CLEF_*` environment variables that name no setting (a typo must not be
+silently ignored). Secrets are `SecretStr` and print masked (`masked()`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from schemas.envelope import DEFAULT_DEPARTMENTS, DefaultSchema
+
+ENV_PREFIX = "CLEF_"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class KafkaSettings(_Frozen):
+    bootstrap_servers: str = "127.0.0.1:9092"
+    group_id: str = "clef-router"
+    client_id: str = "clef-router"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    create_topics: bool = True
+    topic_partitions: int = Field(default=3, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    session_timeout_ms: int = Field(default=30_000, ge=1000)
+    max_poll_interval_ms: int = Field(default=300_000, ge=1000)
+    fetch_max_records: int = Field(default=500, ge=1)
+    commit_interval_ms: int = Field(default=500, ge=10)
+    linger_ms: int = Field(default=5, ge=0)
+    max_in_flight: int = Field(default=2048, ge=1, description="fetched, not yet committed records")
+    send_attempts: int = Field(default=5, ge=1, description="tenacity attempts for transient broker errors")
+    revoke_timeout_s: float = Field(default=10.0, gt=0)
+    shutdown_timeout_s: float = Field(default=25.0, gt=0)
+
+
+class TopicSettings(_Frozen):
+    input: tuple[str, ...] = ("alerts.in",)
+    decisions: str = "decisions"
+    route_prefix: str = "route."
+    review: str = "route.review"
+    unrouted: str = "route.unrouted"
+    dlq: str = "alerts.dlq"
+
+
+class BatchingSettings(_Frozen):
+    max_batch_records: int = Field(default=32, ge=1)
+    max_batch_tokens: int = Field(default=32_768, ge=1)
+    max_wait_ms: float = Field(default=20.0, ge=0)
+    prepare_workers: int = Field(default=4, ge=1)
+    prepare_chunk: int = Field(default=64, ge=1, description="records per thread-pool prepare call")
+    max_pending_batches: int = Field(default=2, ge=1, description="batches queued for the GPU thread")
+
+
+class EngineSettings(_Frozen):
+    model_path: Path | None = None
+    device: str = "cuda"
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    model_name: str = "clef-omni"
+    max_input_tokens: int = Field(default=64_000, ge=1)
+    truncate_state: bool = True
+    confidence_formula: Literal["typesafe", "top"] = "typesafe"
+    max_message_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
+    single_record_attempts: int = Field(default=2, ge=1, description="tries for a record failing alone")
+
+
+class HttpSettings(_Frozen):
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    api_keys: tuple[SecretStr, ...] = ()
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
+    max_concurrent_requests: int = Field(default=256, ge=1)
+    watchdog_s: float = Field(
+        default=60.0, gt=0, description="/healthz fails after this long without progress"
+    )
+
+
+class DlqSettings(_Frozen):
+    guard_window: int = Field(default=500, ge=1, description="recent records the guard looks at")
+    guard_min_records: int = Field(default=100, ge=1)
+    guard_max_share: float = Field(default=0.5, gt=0, le=1)
+    exception_message_chars: int = Field(default=200, ge=16)
+
+
+class RoutingSettings(_Frozen):
+    """Default schema for plain events and how answers map to `route.*` topics."""
+
+    default_schema: DefaultSchema = Field(default_factory=DefaultSchema)
+    question: str = "department"
+    department_map: dict[str, str] = Field(
+        default_factory=lambda: {name: name for name in DEFAULT_DEPARTMENTS},
+        description="routing answer -> topic suffix (route_prefix + suffix); unmapped answers go to unrouted",
+    )
+    review_threshold: float = Field(default=0.5, ge=0, le=1)
+    urgency_question: str = "urgency"
+    outage_question: str = "outage"
+    outage_threshold: float = Field(default=0.5, ge=0, le=1)
+
+
+class Settings(BaseSettings):
+    """Every setting of `clef-router run`; see the module docstring for sources and priority."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True, toml_file=None
+    )
+
+    kafka: KafkaSettings = KafkaSettings()
+    topics: TopicSettings = TopicSettings()
+    batching: BatchingSettings = BatchingSettings()
+    engine: EngineSettings = EngineSettings()
+    http: HttpSettings = HttpSettings()
+    dlq: DlqSettings = DlqSettings()
+    routing: RoutingSettings = RoutingSettings()
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if settings_cls.model_config.get("toml_file"):
+            sources.append(TomlConfigSettingsSource(settings_cls))
+        return tuple(sources)
+
+    def masked(self) -> dict[str, Any]:
+        """A JSON-able dump with every secret shown as `**********`."""
+        return self.model_dump(mode="json")
+
+
+class SettingsError(ValueError):
+    """Settings could not be loaded (unknown key, bad value, unreadable file)."""
+
+
+def _check_env_keys(environ: Mapping[str, str]) -> None:
+    """Reject `CLEF_*` variables that name no setting (pydantic-settings ignores them)."""
+    for name in environ:
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        parts = name[len(ENV_PREFIX) :].lower().split("__")
+        model: type[BaseModel] = Settings
+        for depth, part in enumerate(parts):
+            field = model.model_fields.get(part)
+            if field is None:
+                raise SettingsError(f"unknown setting {name}")
+            ann = field.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                model = ann
+            elif depth != len(parts) - 1:
+                raise SettingsError(f"unknown setting {name}")
+
+
+def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
+    """Build `Settings` from overrides, the process environment and an optional TOML file.
+
+    Raises `SettingsError` on an unknown key, a missing TOML file or an invalid value.
+    """
+    _check_env_keys(os.environ)
+    cls: type[Settings] = Settings
+    if config is not None:
+        if not config.is_file():
+            raise SettingsError(f"config file not found: {config}")
+        cls = type(
+            "FileSettings", (Settings,), {"model_config": {**Settings.model_config, "toml_file": config}}
+        )
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        raise SettingsError(str(exc)) from exc

@@ -1,0 +1,149 @@
+"""Kafka input: an aiokafka consumer group with manual commits, pause/resume and a rebalance hook.
+
+`Source.fetch` is the only call that waits for the broker on the hot path; it never waits for GPU work.
+Partitions are paused (`pause_all`) when the pipeline's in-flight bound is reached and resumed when it has
+drained; heartbeats continue meanwhile (aiokafka heartbeats from its own task). Rebalance callbacks are
+awaited by aiokafka before the member rejoins, so `on_revoked` may finish or abandon work and commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError
+
+from consumer.logging import get_logger
+from consumer.metrics import Metrics
+from consumer.producer import client_options
+from consumer.retry import transient_retry
+from consumer.settings import KafkaSettings
+
+log = get_logger("consumer.source")
+
+PartitionsCallback = Callable[[set[TopicPartition]], Awaitable[None]]
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, on_assigned: PartitionsCallback, on_revoked: PartitionsCallback) -> None:
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self._on_revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self._on_assigned(set(assigned))
+
+
+class Source:
+    """The input consumer (see the module docstring). Not thread-safe: event loop only."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        topics: Sequence[str],
+        *,
+        on_assigned: PartitionsCallback,
+        on_revoked: PartitionsCallback,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._settings = settings
+        self._topics = list(topics)
+        self._metrics = metrics
+        self._listener = _Listener(on_assigned, on_revoked)
+        self._paused = False
+        self._consumer = AIOKafkaConsumer(
+            **client_options(settings),
+            group_id=settings.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset=settings.auto_offset_reset,
+            session_timeout_ms=settings.session_timeout_ms,
+            heartbeat_interval_ms=max(1000, settings.session_timeout_ms // 10),
+            max_poll_interval_ms=settings.max_poll_interval_ms,
+            max_poll_records=settings.fetch_max_records,
+            isolation_level="read_committed",
+        )
+
+    async def start(self) -> None:
+        """Connect and subscribe (partitions arrive through `on_assigned`)."""
+        await self._consumer.start()
+        self._consumer.subscribe(self._topics, listener=self._listener)
+
+    async def stop(self) -> None:
+        """Leave the group and close (no commit here: the pipeline commits before calling this)."""
+        await self._consumer.stop()
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self._consumer.assignment())
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    async def fetch(self, max_records: int, timeout_ms: int = 100) -> dict[TopicPartition, list[Any]]:
+        """Records of non-paused assigned partitions, at most `max_records` (waits at most `timeout_ms`)."""
+        result: dict[TopicPartition, list[Any]] = await self._consumer.getmany(
+            timeout_ms=timeout_ms, max_records=max_records
+        )
+        return result
+
+    def pause_all(self) -> None:
+        """Stop fetching from every assigned partition (idempotent)."""
+        parts = self.assignment()
+        if parts:
+            self._consumer.pause(*parts)
+        if not self._paused:
+            log.info("paused", partitions=len(parts))
+        self._paused = True
+        if self._metrics is not None:
+            self._metrics.paused.set(1)
+
+    def resume_all(self) -> None:
+        """Resume fetching from every assigned partition (idempotent)."""
+        parts = self.assignment()
+        if parts:
+            self._consumer.resume(*parts)
+        if self._paused:
+            log.info("resumed", partitions=len(parts))
+        self._paused = False
+        if self._metrics is not None:
+            self._metrics.paused.set(0)
+
+    def update_lag(self, positions: dict[TopicPartition, int]) -> int:
+        """Refresh the lag gauge from the last known high watermarks (no broker call) and `positions`
+        (next offset the pipeline will see per partition); returns the total lag."""
+        total = 0
+        for tp in self.assignment():
+            try:
+                high = self._consumer.highwater(tp)
+            except (AssertionError, IllegalStateError):
+                continue
+            pos = positions.get(tp)
+            if high is None or pos is None:
+                continue
+            lag = max(0, high - pos)
+            total += lag
+            if self._metrics is not None:
+                self._metrics.consumer_lag.labels(topic=tp.topic, partition=str(tp.partition)).set(lag)
+        return total
+
+    async def commit(self, offsets: dict[TopicPartition, int], attempts: int) -> bool:
+        """Commit `offsets` (next offset to read per partition), retrying transient errors.
+
+        Returns False when the group is rebalancing (`CommitFailedError`): the caller keeps the offsets and
+        tries again later or on revocation. Other errors propagate after the retries.
+        """
+        if not offsets:
+            return True
+        try:
+            async for attempt in transient_retry(attempts):
+                with attempt:
+                    await self._consumer.commit(offsets)
+        except CommitFailedError as exc:
+            log.warning("commit_failed_rebalance", error=str(exc)[:200], partitions=len(offsets))
+            return False
+        if self._metrics is not None:
+            self._metrics.commits.inc()
+        return True

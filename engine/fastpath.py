@@ -1,0 +1,254 @@
+"""Padding-free forward of the Qwen3-Omni thinker's text decoder over packed records (GPU fast path).
+
+The transformers implementation runs a padded `(batch, length)` layout through generic modules. Here
+every record of a batch is concatenated into one token axis `T` and attention is variable-length
+(`torch.nn.attention.varlen.varlen_attn`, FlashAttention with cumulative sequence offsets), so no token
+ever attends outside its own record and no compute is spent on padding. The MoE block routes all `T * k`
+token-expert pairs of the batch through two grouped GEMMs (`torch.nn.functional.grouped_mm`).
+
+The module holds no weights of its own: it reads the parameters of an existing
+`Qwen3OmniMoeThinkerTextModel`, so the strict loader stays the single source of truth. Fused QKV weights
+are built once at construction (an extra copy of the attention projections, about 1 GB at full size).
+
+Contract: `forward(...)` must be called under `torch.inference_mode()` on CUDA; it does not support
+training, KV caches or sliding windows. Records are independent: the result for a record does not depend
+on the other records of the pack beyond floating-point rounding in shared GEMMs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from engine import kernels
+
+
+def varlen_available() -> bool:
+    """Whether this torch build offers variable-length FlashAttention."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return hasattr(F, "grouped_mm") or hasattr(torch, "_grouped_mm")
+
+
+def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """(S, K) rows grouped by `offs` times per-group (G, K, N) -> (S, N)."""
+    if hasattr(F, "grouped_mm"):
+        return F.grouped_mm(a, b, offs=offs)
+    return torch._grouped_mm(a, b, offs=offs)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True, slots=True)
+class PackedInputs:
+    """One packed batch on the device.
+
+    `inputs_embeds` (T, hidden); `position_ids` (3, T) multimodal rope positions (identical rows for text);
+    `cu_seqlens` (N+1,) int32 record boundaries; `max_seqlen` the longest record. Optional deepstack:
+    `visual_mask` (T,) bool and one (V, hidden) tensor per early layer.
+    """
+
+    inputs_embeds: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    visual_mask: torch.Tensor | None = None
+    deepstack_embeds: tuple[torch.Tensor, ...] = ()
+
+
+_rms_norm = kernels.rms_norm_reference
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+# The elementwise pieces below are kept apart from the GEMMs so that `torch.compile` can fuse each into
+# one or two kernels (profiling the eager version on the H200 showed them taking most of the layer time).
+
+def _qk_norm_rope(qkv: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, hq: int, hk: int, eps: float
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split fused QKV (T, (hq + 2 hk) d), per-head RMSNorm on q and k, rotary embedding."""
+    t = qkv.shape[0]
+    d = cos.shape[-1]
+    q, k, v = qkv.split([hq * d, hk * d, hk * d], dim=-1)
+    q = _rms_norm(q.reshape(t, hq, d), qw, eps)  # (T, hq, d)
+    k = _rms_norm(k.reshape(t, hk, d), kw, eps)  # (T, hk, d)
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    return q, k, v.reshape(t, hk, d).contiguous()
+
+
+def _route(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k experts per token from router logits (T, E): float32 softmax as the reference does."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # (T, E)
+    top_w, top_i = torch.topk(probs, k, dim=-1)  # (T, k)
+    if normalize:
+        top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+    return top_w, top_i
+
+
+def _causal_attention_per_record(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                 cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """CPU stand-in for varlen attention: one causal SDPA call per record (tests and CPU runs)."""
+    bounds = cu_seqlens.tolist()
+    outs = []
+    for a, b in itertools.pairwise(bounds):
+        qi, ki, vi = (t[a:b].transpose(0, 1) for t in (q, k, v))  # (heads, n, d)
+        oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, enable_gqa=True)  # (heads, n, d)
+        outs.append(oi.transpose(0, 1))
+    return torch.cat(outs, dim=0)  # (T, hq, d)
+
+
+class PackedTextDecoder(nn.Module):
+    """Runs a transformers Qwen3-Omni thinker text model's layers over a packed token axis."""
+
+    def __init__(self, text_model: nn.Module, *, compile_ops: bool = False) -> None:
+        super().__init__()
+        self.text_model = text_model
+        cfg = text_model.config
+        self.num_heads: int = cfg.num_attention_heads
+        self.num_kv_heads: int = cfg.num_key_value_heads
+        self.head_dim: int = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.eps: float = cfg.rms_norm_eps
+        self.top_k: int = getattr(cfg, "num_experts_per_tok", 0)
+        self.norm_topk: bool = bool(getattr(cfg, "norm_topk_prob", True))
+        self._qkv: list[torch.Tensor] = []
+        for layer in text_model.layers:  # type: ignore[union-attr]
+            att = layer.self_attn
+            w = torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight], dim=0)
+            self._qkv.append(w)  # (q + 2 kv, hidden)
+        wrap: Any = (lambda f: torch.compile(f, dynamic=True)) if compile_ops else (lambda f: f)
+        self._ops_qk = wrap(_qk_norm_rope)
+        self._ops_route = wrap(_route)
+
+    def _attention(self, i: int, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   p: PackedInputs) -> torch.Tensor:
+        from torch.nn.attention.varlen import varlen_attn
+
+        att = layer.self_attn
+        t = x.shape[0]
+        hq, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = F.linear(x, self._qkv[i])  # (T, (hq + 2 hk) d)
+        q, k, v = self._ops_qk(qkv, att.q_norm.weight, att.k_norm.weight, cos, sin, hq, hk, self.eps)
+        if x.is_cuda:
+            out = varlen_attn(q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen,
+                              window_size=(-1, 0))  # (T, hq, d)
+            assert isinstance(out, torch.Tensor)
+        else:
+            out = _causal_attention_per_record(q, k, v, p.cu_seqlens)
+        return att.o_proj(out.reshape(t, hq * d))  # type: ignore[no-any-return]
+
+    def _moe(self, mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        experts = mlp.experts
+        num_experts = experts.gate_up_proj.shape[0]
+        k = self.top_k
+        top_w, top_i = self._ops_route(F.linear(x, mlp.gate.weight), k, self.norm_topk)  # (T, k) each
+        flat = top_i.reshape(-1)  # (T k,)
+        # Sorting 1-byte keys takes one radix pass instead of eight for int64 expert ids.
+        keys = flat.to(torch.uint8) if num_experts <= 256 else flat.to(torch.int32)
+        order = torch.argsort(keys)  # (S,) token-expert pairs grouped by expert
+        # histc (not bincount) keeps shapes static, so the forward can be captured in a CUDA graph.
+        hist_in = flat.int() if flat.is_cuda else flat.float()
+        counts = torch.histc(hist_in, bins=num_experts, min=0, max=num_experts - 1)  # (E,)
+        offs = torch.cumsum(counts, dim=0, dtype=torch.int32)  # (E,)
+        inv = torch.empty_like(order)
+        inv[order] = torch.arange(order.numel(), device=order.device)  # (S,) sorted slot of each pair
+        xs = x.index_select(0, order // k)  # (S, hidden)
+        h = _grouped_mm(xs, experts.gate_up_proj.transpose(-2, -1), offs)  # (S, 2I)
+        a = kernels.swiglu_weighted(h, top_w.reshape(-1)[order])  # (S, I)
+        y = _grouped_mm(a, experts.down_proj.transpose(-2, -1), offs)  # (S, hidden)
+        return kernels.combine(y, inv, k)  # (T, hidden)
+
+    def forward(self, p: PackedInputs) -> torch.Tensor:
+        """Final RMS-normalised hidden states (T, hidden) for every packed token."""
+        tm = self.text_model
+        x = p.inputs_embeds  # (T, hidden)
+        cos, sin = tm.rotary_emb(x, p.position_ids[:, None, :])  # (1, T, d) each
+        cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # (T, 1, d)
+        layers = list(tm.layers)  # type: ignore[arg-type]
+        h = _rms_norm(x, layers[0].input_layernorm.weight, self.eps)
+        for i, layer in enumerate(layers):
+            att = self._attention(i, layer, h, cos, sin, p)
+            x, h = kernels.add_rms_norm(x, att, layer.post_attention_layernorm.weight, self.eps)
+            mlp = layer.mlp
+            delta = self._moe(mlp, h) if hasattr(mlp, "experts") else mlp(h)
+            if p.visual_mask is not None and i < len(p.deepstack_embeds):
+                x = x + delta
+                x = x.clone()
+                x[p.visual_mask] = x[p.visual_mask] + p.deepstack_embeds[i].to(x.dtype)
+                delta = torch.zeros_like(x)
+            nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else tm.norm.weight
+            x, h = kernels.add_rms_norm(x, delta, nxt, self.eps)
+        return h
+
+
+class GraphedDecoder:
+    """CUDA-graph replay of a `PackedTextDecoder` for a fixed token count (one graph per bucket).
+
+    Records are packed into the first tokens; the tail of the bucket is a padding record of its own
+    (own cu_seqlens segment), so it never touches real records. Call `run` under inference mode, from
+    one thread. Graphs hold their own memory pool; build few buckets.
+    """
+
+    def __init__(self, decoder: PackedTextDecoder, buckets: tuple[int, ...], max_records: int) -> None:
+        self.decoder = decoder
+        self.buckets = tuple(sorted(buckets))
+        self.max_records = max_records
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, PackedInputs, torch.Tensor]] = {}
+
+    def bucket_for(self, tokens: int) -> int | None:
+        """Smallest bucket holding `tokens`, or None when the batch is larger than every bucket."""
+        for b in self.buckets:
+            if tokens <= b:
+                return b
+        return None
+
+    def _build(self, bucket: int, like: PackedInputs
+               ) -> tuple[torch.cuda.CUDAGraph, PackedInputs, torch.Tensor]:
+        dev = like.inputs_embeds.device
+        hidden = like.inputs_embeds.shape[1]
+        static = PackedInputs(
+            torch.zeros(bucket, hidden, dtype=like.inputs_embeds.dtype, device=dev),
+            torch.zeros(3, bucket, dtype=like.position_ids.dtype, device=dev),
+            torch.full((self.max_records + 2,), bucket, dtype=torch.int32, device=dev),
+            bucket,
+        )
+        static.cu_seqlens[0] = 0
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.decoder(static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = self.decoder(static)
+        return graph, static, out
+
+    def run(self, p: PackedInputs) -> torch.Tensor:
+        """Hidden states (T, hidden) for the packed records of `p` (T = its real token count)."""
+        t = p.inputs_embeds.shape[0]
+        n = p.cu_seqlens.shape[0] - 1
+        bucket = self.bucket_for(t)
+        if bucket is None or n > self.max_records or p.visual_mask is not None:
+            return self.decoder(p)
+        if bucket not in self._graphs:
+            self._graphs[bucket] = self._build(bucket, p)
+        graph, static, out = self._graphs[bucket]
+        static.inputs_embeds[:t].copy_(p.inputs_embeds)
+        static.inputs_embeds[t:].zero_()
+        static.position_ids[:, :t].copy_(p.position_ids)
+        static.position_ids[:, t:].copy_(torch.arange(bucket - t, device=static.position_ids.device))
+        # Real boundaries first, then one padding record up to the bucket end; unused slots repeat the end.
+        static.cu_seqlens[: n + 1].copy_(p.cu_seqlens)
+        static.cu_seqlens[n + 1:].fill_(bucket)
+        graph.replay()
+        return out[:t]

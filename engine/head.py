@@ -1,0 +1,235 @@
+"""Joint schema head (SPEC section 4): plain PyTorch, vectorised over a whole batch.
+
+The head reads the thinker's final normalised hidden states of every record of a batch (flattened to one
+`(T, hidden)` matrix of real tokens, records back to back) and the lexical table E (the thinker's `lm_head`
+weight), and returns one float32 probability per option, in the order of `SpanIndex` (records, then questions,
+then options in `option_table` order). Everything is gathered with index tensors built by `engine.batch`;
+there is no Python loop over records, questions or options in `forward`.
+
+State-dict keys (exactly what `joint_head.safetensors` holds; `R` = routing_layers, `N` = layers):
+    norm.weight, norm.bias                                   LayerNorm(hidden)
+    memory.weight, question.weight, option_question.weight,  bias-free Linear(hidden -> width) each
+    global.weight, option_context.weight, option_lexical.weight
+    type_embedding.weight                                    Embedding(3, width)
+    routing_layers.{0..R-1}.ln_q.{weight,bias}               LN_q
+    routing_layers.{i}.ln_m.{weight,bias}                    LN_m
+    routing_layers.{i}.mha.{in_proj_weight,in_proj_bias,out_proj.weight,out_proj.bias}
+    routing_layers.{i}.ln_f.{weight,bias}                    LN_f
+    routing_layers.{i}.ffn.0.{weight,bias}, routing_layers.{i}.ffn.2.{weight,bias}   Linear, GELU, Linear
+    option_summary.{weight,bias}                             LN_sum
+    layers.{0..N-1}.<torch.nn.TransformerDecoderLayer keys>  self_attn.*, multihead_attn.*, linear1.*,
+                                                             linear2.*, norm1.*, norm2.*, norm3.*
+    field.{weight,bias}, option.{weight,bias}                LN_field, LN_opt
+    scorer.0.{weight,bias}, scorer.2.{weight,bias}           Linear(4w, w), GELU, Linear(w, 1)
+    prior_logit_scale, joint_logit_scale, residual_gate      0-d scalars
+
+Reading of the SPEC formula: the option vector `o` used both in `cos(field, LN_opt(o))` and in the residual
+scorer is the normalised one, `LN_opt(o)`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from engine.batch import SpanIndex, segment_mean, segment_softmax
+
+_MAX_LOG_SCALE = math.log(100.0)
+
+
+@dataclass(frozen=True, slots=True)
+class JointHeadConfig:
+    """`joint_head_config.json`: sizes of the head (dense Clef: 1024 / 2 / 4 / 16 / 4096)."""
+
+    hidden_size: int
+    width: int = 1024
+    routing_layers: int = 2
+    layers: int = 4
+    heads: int = 16
+    feedforward: int = 4096
+
+    @classmethod
+    def from_json(cls, path: Path) -> JointHeadConfig:
+        """Read the config strictly: every key required, no unknown key. Raises ValueError."""
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path.name}: expected a JSON object")
+        names = ("hidden_size", "width", "routing_layers", "layers", "heads", "feedforward")
+        missing = [k for k in names if k not in raw]
+        unknown = sorted(set(raw) - set(names))
+        if missing or unknown:
+            raise ValueError(f"{path.name}: missing keys {missing}, unknown keys {unknown}")
+        values = {k: raw[k] for k in names}
+        for key, value in values.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{path.name}: {key} must be a positive integer, got {value!r}")
+        if values["width"] % values["heads"] != 0:
+            raise ValueError(f"{path.name}: width {values['width']} not divisible by heads {values['heads']}")
+        return cls(**values)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "hidden_size": self.hidden_size,
+                "width": self.width,
+                "routing_layers": self.routing_layers,
+                "layers": self.layers,
+                "heads": self.heads,
+                "feedforward": self.feedforward,
+            },
+            indent=2,
+        )
+
+
+class RoutingLayer(nn.Module):
+    """Pre-norm evidence routing: q += MHA(LN_q(q), LN_m(m), LN_m(m)); q += FFN(LN_f(q))."""
+
+    def __init__(self, width: int, heads: int, feedforward: int) -> None:
+        super().__init__()
+        self.ln_q = nn.LayerNorm(width)
+        self.ln_m = nn.LayerNorm(width)
+        self.mha = nn.MultiheadAttention(width, heads, dropout=0.0, batch_first=True)
+        self.ln_f = nn.LayerNorm(width)
+        self.ffn = nn.Sequential(nn.Linear(width, feedforward), nn.GELU(), nn.Linear(feedforward, width))
+
+    def forward(self, q: torch.Tensor, memory: torch.Tensor, memory_pad: torch.Tensor) -> torch.Tensor:
+        """q: (B, O, w) option queries; memory: (B, L, w); memory_pad: (B, L) True = padding."""
+        m = self.ln_m(memory)  # (B, L, w)
+        attn, _ = self.mha(self.ln_q(q), m, m, key_padding_mask=memory_pad, need_weights=False)  # (B, O, w)
+        q = q + attn  # (B, O, w)
+        out: torch.Tensor = q + self.ffn(self.ln_f(q))  # (B, O, w)
+        return out
+
+
+def _scale(param: torch.Tensor) -> torch.Tensor:
+    return torch.exp(torch.clamp(param.float(), max=_MAX_LOG_SCALE))  # () float32
+
+
+def _to_padded(
+    flat: torch.Tensor, row: torch.Tensor, slot: torch.Tensor, rows: int, width: int
+) -> torch.Tensor:
+    """Scatter (N, D) rows into a zero (rows, width, D) tensor at [row, slot]."""
+    out = flat.new_zeros(rows, width, flat.shape[-1])  # (rows, width, D)
+    out[row, slot] = flat
+    return out
+
+
+class JointSchemaHead(nn.Module):
+    """The joint schema head. `forward` is pure tensor code over one batch (see module docstring)."""
+
+    def __init__(self, config: JointHeadConfig) -> None:
+        super().__init__()
+        self.config = config
+        hidden, width = config.hidden_size, config.width
+        self.norm = nn.LayerNorm(hidden)
+        self.memory = nn.Linear(hidden, width, bias=False)
+        self.question = nn.Linear(hidden, width, bias=False)
+        self.option_question = nn.Linear(hidden, width, bias=False)
+        self.add_module("global", nn.Linear(hidden, width, bias=False))  # `global` is a Python keyword
+        self.option_context = nn.Linear(hidden, width, bias=False)
+        self.option_lexical = nn.Linear(hidden, width, bias=False)
+        self.type_embedding = nn.Embedding(3, width)
+        self.routing_layers = nn.ModuleList(
+            RoutingLayer(width, config.heads, config.feedforward) for _ in range(config.routing_layers)
+        )
+        self.option_summary = nn.LayerNorm(width)
+        self.layers = nn.ModuleList(
+            nn.TransformerDecoderLayer(
+                d_model=width,
+                nhead=config.heads,
+                dim_feedforward=config.feedforward,
+                dropout=0.0,
+                activation="gelu",
+                batch_first=True,
+                norm_first=True,
+            )
+            for _ in range(config.layers)
+        )
+        self.field = nn.LayerNorm(width)
+        self.option = nn.LayerNorm(width)
+        self.scorer = nn.Sequential(nn.Linear(4 * width, width), nn.GELU(), nn.Linear(width, 1))
+        self.prior_logit_scale = nn.Parameter(torch.tensor(math.log(10.0)))
+        self.joint_logit_scale = nn.Parameter(torch.tensor(math.log(10.0)))
+        self.residual_gate = nn.Parameter(torch.tensor(0.0))
+
+    @property
+    def global_(self) -> nn.Linear:
+        module = self._modules["global"]
+        assert isinstance(module, nn.Linear)
+        return module
+
+    def forward(self, hidden: torch.Tensor, lexical_table: torch.Tensor, index: SpanIndex) -> torch.Tensor:
+        """Per-option probabilities, float32, shape (N,), softmax-normalised within each question.
+
+        hidden: (T, hidden) final normalised thinker states of the batch's real tokens, records back to back.
+        lexical_table: (V, hidden) the thinker's `lm_head.weight` (E).
+        index: the batch's span tables, already on `hidden.device`.
+        """
+        dtype = hidden.dtype
+        width = self.config.width
+        h = self.norm(hidden)  # (T, H)
+        g = h[index.last_token]  # (B, H)
+        q = segment_mean(h, index.question_tokens, index.question_segment, index.num_questions).to(
+            dtype
+        )  # (Q, H)
+        c = segment_mean(h, index.option_tokens, index.option_segment, index.num_options).to(dtype)  # (N, H)
+        lex_rows = lexical_table[index.option_token_ids].to(dtype)  # (Mo, H)
+        lex = segment_mean(lex_rows, None, index.option_segment, index.num_options).to(dtype)  # (N, H)
+
+        # Memory: (B, L, w), padded per record; padding is masked out of every attention below.
+        mem = _to_padded(
+            self.memory(h), index.token_record, index.token_position, index.num_records, index.max_length
+        )  # (B, L, w)
+        mem_pad = index.memory_padding  # (B, L) bool, True = padding
+
+        opt_q = index.option_question
+        o = self.option_context(c) + self.option_lexical(lex) + self.option_question(q)[opt_q]  # (N, w)
+        o_pad = _to_padded(
+            o, index.option_record, index.option_slot, index.num_records, index.max_options
+        )  # (B, O, w)
+        for layer in self.routing_layers:
+            o_pad = layer(o_pad, mem, mem_pad)  # (B, O, w)
+        o = o_pad[index.option_record, index.option_slot]  # (N, w)
+
+        wq = self.question(q)  # (Q, w)
+        scores = (o.float() * wq.float()[opt_q]).sum(-1) / math.sqrt(width)  # (N,) float32
+        weights = segment_softmax(scores, opt_q, index.num_questions)  # (N,) float32
+        summary = torch.zeros(index.num_questions, width, dtype=torch.float32, device=o.device)  # (Q, w)
+        summary.index_add_(0, opt_q, weights[:, None] * o.float())  # (Q, w)
+        field = (
+            wq
+            + self.option_summary(summary.to(dtype))
+            + self.global_(g)[index.question_record]
+            + self.type_embedding(index.question_type)
+        )  # (Q, w)
+        f_pad = _to_padded(
+            field, index.question_record, index.question_slot, index.num_records, index.max_questions
+        )  # (B, K, w)
+        for layer in self.layers:
+            f_pad = layer(
+                f_pad, mem, tgt_key_padding_mask=index.question_padding, memory_key_padding_mask=mem_pad
+            )  # (B, K, w)
+        f = self.field(f_pad[index.question_record, index.question_slot])[opt_q]  # (N, w)
+        on = self.option(o)  # (N, w)
+
+        joint = F.cosine_similarity(f.float(), on.float(), dim=-1)  # (N,) float32
+        residual = self.scorer(torch.cat([f, on, f * on, (f - on).abs()], dim=-1)).squeeze(-1).float()  # (N,)
+        anchor = (q + g[index.question_record])[opt_q]  # (N, H)
+        prior = (F.normalize(lex.float(), dim=-1) * F.normalize(anchor.float(), dim=-1)).sum(-1)  # (N,)
+        gate = torch.sigmoid(self.residual_gate.float())  # () float32
+        logits = _scale(self.prior_logit_scale) * prior + gate * (
+            _scale(self.joint_logit_scale) * joint + residual
+        )  # (N,) float32
+        return segment_softmax(logits, opt_q, index.num_questions)  # (N,) float32
+
+
+def head_state_dict_keys(config: JointHeadConfig) -> list[str]:
+    """The exact, ordered state-dict keys of a head with this config (built on the meta device)."""
+    with torch.device("meta"):
+        return list(JointSchemaHead(config).state_dict().keys())

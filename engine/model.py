@@ -1,0 +1,98 @@
+"""`ClefOmniModel`: the Qwen3-Omni thinker's text decoder plus the joint schema head.
+
+The head reads the thinker's final normalised hidden states (the text model's output, after its last RMSNorm);
+the thinker's `lm_head` is never applied, its weight rows are the head's lexical table E.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import nn
+
+from engine.batch import Layout, ModelBatch, collate
+from engine.head import JointSchemaHead
+from engine.types import EncodedRequest
+
+_VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
+
+
+class ClefOmniModel(nn.Module):
+    """Thinker (transformers' `Qwen3OmniMoeThinkerForConditionalGeneration`) + `JointSchemaHead`."""
+
+    def __init__(self, thinker: nn.Module, head: JointSchemaHead, pad_token_id: int = 0) -> None:
+        super().__init__()
+        self.thinker = thinker
+        self.head = head
+        self.pad_token_id = pad_token_id
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.head.parameters()).device
+
+    @property
+    def attn_implementation(self) -> str:
+        config: Any = getattr(self.thinker, "config", None)
+        return str(getattr(config, "_attn_implementation", None) or "sdpa")
+
+    @property
+    def preferred_layout(self) -> Layout:
+        """`packed` unless attention is dense sdpa/eager on a GPU, where a block-diagonal (T, T) mask would
+        cost quadratic work over the whole pack; there right-padding to the batch's longest record wins."""
+        if self.device.type == "cuda" and self.attn_implementation not in _VARLEN_ATTENTION:
+            return "padded"
+        return "packed"
+
+    def collate(self, encoded: Sequence[EncodedRequest], layout: Layout | None = None) -> ModelBatch:
+        """`engine.batch.collate` with this model's layout, pad id and device."""
+        return collate(
+            encoded,
+            layout=layout or self.preferred_layout,
+            pad_token_id=self.pad_token_id,
+            device=self.device,
+        )
+
+    def hidden_states(self, batch: ModelBatch) -> torch.Tensor:
+        """(T, hidden) final normalised states of the batch's real tokens, records back to back."""
+        text_model: Any = self.thinker.model
+        out = text_model(
+            input_ids=batch.input_ids,
+            position_ids=batch.position_ids,
+            attention_mask=batch.attention_mask,
+            use_cache=False,
+        )
+        hidden: torch.Tensor = out.last_hidden_state  # (rows, cols, H)
+        flat = hidden.reshape(-1, hidden.shape[-1])  # (rows * cols, H)
+        return flat if batch.token_gather is None else flat[batch.token_gather]  # (T, H)
+
+    def lexical_table(self) -> torch.Tensor:
+        lm_head: Any = self.thinker.lm_head
+        weight: torch.Tensor = lm_head.weight  # (V, H)
+        return weight
+
+    def forward_probabilities(self, batch: ModelBatch) -> torch.Tensor:
+        """Flat (N,) float32 option probabilities on the model's device (see `SpanIndex` for the order)."""
+        probs: torch.Tensor = self.head(self.hidden_states(batch), self.lexical_table(), batch.index)  # (N,)
+        return probs
+
+    def forward_batch(self, batch: ModelBatch) -> list[list[npt.NDArray[np.float32]]]:
+        """Probabilities per record, per question (request order), per option (`option_table` order).
+
+        Runs under `torch.inference_mode()`; `batch` must already be on the model's device (see `collate`).
+        One device-to-host copy per batch. May raise `torch.OutOfMemoryError` (the caller splits the batch).
+        """
+        with torch.inference_mode():
+            flat = self.forward_probabilities(batch).to("cpu", torch.float32).numpy()  # (N,)
+        out: list[list[npt.NDArray[np.float32]]] = []
+        offset = 0
+        for counts in batch.options_per_question:
+            record: list[npt.NDArray[np.float32]] = []
+            for n in counts:
+                record.append(flat[offset : offset + n])
+                offset += n
+            out.append(record)
+        return out

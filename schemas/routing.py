@@ -1,0 +1,162 @@
+"""The routed decision record published for every answered event (SPEC section 7, "Output value").
+
+`RoutedDecision` is the JSON value on `decisions` and `route.*`; `decision_headers` the `clef-*` headers
+that go with it. `route_summary` reads the routing fields from a response; a custom SystemOne request
+may lack any of the routing questions (or use another type for that id), and then those fields are null.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Final
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
+
+from schemas.response import Answer, ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOneResponse, Usage
+
+H_DEPARTMENT: Final = "clef-department"
+H_URGENCY: Final = "clef-urgency"
+H_OUTAGE: Final = "clef-outage"
+
+_MAX_LABEL_CHARS: Final = 100
+
+
+class SourceRef(BaseModel):
+    """Where the input record came from."""
+
+    model_config = ConfigDict(frozen=True, json_schema_serialization_defaults_required=True)
+
+    topic: str
+    partition: int = Field(ge=0)
+    offset: int = Field(ge=0)
+
+
+class RouteSummary(BaseModel):
+    """The routing fields of one decision; each is null when its question is absent or of another type.
+
+    `urgency` is the urgency score (expected level, 0..n-1); `urgency_label` the legend of the level
+    nearest to it (half rounds up), cut to 100 characters; `outage` is `outage_probability >= threshold`.
+    """
+
+    model_config = ConfigDict(frozen=True, json_schema_serialization_defaults_required=True)
+
+    department: str | None = None
+    department_confidence: float | None = None
+    urgency: float | None = None
+    urgency_label: str | None = None
+    outage: bool | None = None
+    outage_probability: float | None = None
+
+
+def nearest_level(score: float, levels: int) -> int:
+    """The level index nearest `score` (x.5 rounds up), clamped to 0..levels-1."""
+    if not math.isfinite(score):
+        return 0
+    return min(max(math.floor(score + 0.5), 0), levels - 1)
+
+
+def route_summary(
+    response: SystemOneResponse,
+    *,
+    department_id: str = "department",
+    urgency_id: str = "urgency",
+    outage_id: str = "outage",
+    outage_threshold: float = 0.5,
+) -> RouteSummary:
+    """Extract the routing fields from `response` given the routing question ids. Pure; never raises
+    for missing or differently-typed answers (those fields are null)."""
+    department = response.answers.get(department_id)
+    urgency = response.answers.get(urgency_id)
+    outage = response.answers.get(outage_id)
+    fields: dict[str, object] = {}
+    if isinstance(department, ChoiceAnswer):
+        fields.update(department=department.choice, department_confidence=department.confidence)
+    if isinstance(urgency, ScoreAnswer):
+        level = nearest_level(urgency.score, len(urgency.probabilities))
+        label = urgency.legend.get(str(level)) or str(level)
+        fields.update(urgency=urgency.score, urgency_label=label[:_MAX_LABEL_CHARS])
+    if isinstance(outage, NoulAnswer):
+        fields.update(outage=outage.noul >= outage_threshold, outage_probability=outage.noul)
+    return RouteSummary.model_validate(fields)
+
+
+class EngineInfo(BaseModel):
+    """What produced the decision (free-form extras allowed, e.g. device, dtype, batch size)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    name: str = "clef-router"
+    version: str = ""
+
+
+class RoutedDecision(BaseModel):
+    """The output value of one answered event. Serialise with `to_json`, read back with `from_json`."""
+
+    model_config = ConfigDict(frozen=True, json_schema_serialization_defaults_required=True)
+
+    event_id: str
+    source: SourceRef
+    model: str
+    answers: dict[str, Answer]
+    route: RouteSummary
+    usage: Usage
+    decided_at: AwareDatetime
+    engine: EngineInfo
+    x_state_truncated: bool | None = Field(default=None, exclude_if=lambda value: value is None)
+    x_extra: dict[str, JsonValue] | None = Field(default=None, exclude_if=lambda value: value is None)
+
+    @classmethod
+    def from_response(
+        cls,
+        response: SystemOneResponse,
+        *,
+        event_id: str,
+        source: SourceRef,
+        engine: EngineInfo,
+        decided_at: datetime | None = None,
+        department_id: str = "department",
+        urgency_id: str = "urgency",
+        outage_id: str = "outage",
+        outage_threshold: float = 0.5,
+    ) -> RoutedDecision:
+        """Build the record for `response`; `decided_at` defaults to now (UTC)."""
+        return cls(
+            event_id=event_id,
+            source=source,
+            model=response.model,
+            answers=response.answers,
+            route=route_summary(
+                response,
+                department_id=department_id,
+                urgency_id=urgency_id,
+                outage_id=outage_id,
+                outage_threshold=outage_threshold,
+            ),
+            usage=response.usage,
+            decided_at=decided_at if decided_at is not None else datetime.now(UTC),
+            engine=engine,
+            x_state_truncated=response.x_state_truncated,
+        )
+
+    def to_json(self) -> bytes:
+        """UTF-8 JSON bytes (non-ASCII kept); `decided_at` as ISO 8601 with its UTC offset."""
+        return self.model_dump_json().encode("utf-8")
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> RoutedDecision:
+        """Parse `to_json` output; raises `pydantic.ValidationError` on anything else."""
+        return cls.model_validate_json(data)
+
+
+def decision_headers(route: RouteSummary) -> list[tuple[str, bytes]]:
+    """`clef-department` (choice), `clef-urgency` (urgency label), `clef-outage` ("true"/"false") as UTF-8
+    bytes, in that order; a header whose field is null is left out."""
+    headers: list[tuple[str, bytes]] = []
+    if route.department is not None:
+        headers.append((H_DEPARTMENT, route.department.encode("utf-8")))
+    if route.urgency_label is not None:
+        headers.append((H_URGENCY, route.urgency_label.encode("utf-8")))
+    if route.outage is not None:
+        headers.append((H_OUTAGE, b"true" if route.outage else b"false"))
+    return headers

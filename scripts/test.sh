@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The project's test command (README, .ci/run): set-up if needed, then ruff, mypy --strict and
+# pytest -m "not gpu" (unit tests and integration tests against a real local Apache Kafka broker).
+# Extra arguments go to pytest, e.g. scripts/test.sh tests/unit -x
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+venv="$("$repo/scripts/setup.sh" | tail -n 1)"
+export PATH="$venv/bin:$PATH"
+
+echo "== versions"
+python -V
+java -version 2>&1 | sed -n 1p
+mvn -v 2>/dev/null | sed -n 1p
+ruff --version
+mypy --version
+python -c 'import aiokafka, torch, transformers; print("aiokafka", aiokafka.__version__, "| torch", torch.__version__, "| transformers", transformers.__version__)'
+
+# every stage runs, so one report shows all problems; the script fails if any stage failed
+failed=()
+
+echo "== ruff check"
+ruff check . || failed+=(ruff)
+
+echo "== mypy --strict"
+mypy --strict || failed+=(mypy)
+
+echo "== pytest -m 'not gpu'"
+set +e
+timeout --signal=INT --kill-after=60 3600 python -m pytest -m "not gpu" "$@"
+rc=$?
+set -e
+case $rc in
+    0) ;;
+    5) echo "test.sh: pytest collected no tests; that is a failure" >&2; failed+=("pytest (no tests)") ;;
+    124) echo "test.sh: pytest did not finish within 3600 s" >&2; failed+=("pytest (timeout)") ;;
+    *) failed+=("pytest (exit $rc)") ;;
+esac
+
+if ((${#failed[@]})); then
+    echo "test.sh: FAILED: ${failed[*]}" >&2
+    exit 1
+fi
+echo "test.sh: all checks passed"

@@ -1,0 +1,133 @@
+"""Head parameter names, batch invariance, padding invisibility, per-question normalisation, planning."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from engine.batch import Layout, collate, forward, plan_batches, segment_softmax
+from engine.head import JointHeadConfig, JointSchemaHead, head_state_dict_keys
+from engine.release import LoadedModel
+from engine.types import EncodedRequest
+
+from .conftest import make_record
+
+MHA = ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")
+LN = ("weight", "bias")
+
+
+def documented_keys(routing_layers: int, layers: int) -> list[str]:
+    keys = [f"norm.{p}" for p in LN]
+    keys += [
+        f"{m}.weight"
+        for m in (
+            "memory",
+            "question",
+            "option_question",
+            "global",
+            "option_context",
+            "option_lexical",
+            "type_embedding",
+        )
+    ]
+    for i in range(routing_layers):
+        r = f"routing_layers.{i}"
+        keys += [f"{r}.ln_q.{p}" for p in LN] + [f"{r}.ln_m.{p}" for p in LN] + [f"{r}.mha.{p}" for p in MHA]
+        keys += [f"{r}.ln_f.{p}" for p in LN] + [f"{r}.ffn.{j}.{p}" for j in (0, 2) for p in LN]
+    keys += [f"option_summary.{p}" for p in LN]
+    for i in range(layers):
+        d = f"layers.{i}"
+        keys += [f"{d}.self_attn.{p}" for p in MHA] + [f"{d}.multihead_attn.{p}" for p in MHA]
+        keys += [f"{d}.{m}.{p}" for m in ("linear1", "linear2", "norm1", "norm2", "norm3") for p in LN]
+    keys += [f"field.{p}" for p in LN] + [f"option.{p}" for p in LN]
+    keys += [f"scorer.{j}.{p}" for j in (0, 2) for p in LN]
+    return [*keys, "prior_logit_scale", "joint_logit_scale", "residual_gate"]
+
+
+def test_head_state_dict_keys_as_documented() -> None:
+    config = JointHeadConfig(hidden_size=64, width=32, routing_layers=2, layers=3, heads=4, feedforward=64)
+    assert sorted(head_state_dict_keys(config)) == sorted(documented_keys(2, 3))
+    head = JointSchemaHead(config)
+    assert head.prior_logit_scale.shape == torch.Size([])
+    assert head.type_embedding.weight.shape == (3, 32)
+    assert head.scorer[0].weight.shape == (32, 128)
+
+
+def _max_diff(a: list[list[np.ndarray]], b: list[list[np.ndarray]]) -> float:
+    return max(
+        float(np.abs(x - y).max()) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)
+    )
+
+
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_batch_invariance_float32(loaded: LoadedModel, records: list[EncodedRequest], layout: Layout) -> None:
+    model = loaded.model
+    alone = [model.forward_batch(collate([r], layout=layout))[0] for r in records]
+    together = model.forward_batch(collate(records, layout=layout))
+    assert _max_diff(alone, together) <= 1e-5
+    order = [3, 0, 4, 2, 1]
+    shuffled = model.forward_batch(collate([records[i] for i in order], layout=layout))
+    assert _max_diff([together[i] for i in order], shuffled) <= 1e-5
+
+
+def test_layouts_agree_and_padding_is_invisible(loaded: LoadedModel, records: list[EncodedRequest]) -> None:
+    model = loaded.model
+    packed = model.forward_batch(collate(records, layout="packed"))
+    padded = model.forward_batch(collate(records, layout="padded", pad_token_id=7))
+    padded_other = model.forward_batch(collate(records, layout="padded", pad_token_id=123))
+    assert _max_diff(packed, padded) <= 1e-5
+    assert _max_diff(padded, padded_other) <= 1e-6
+
+
+def test_records_do_not_see_each_other(loaded: LoadedModel, records: list[EncodedRequest]) -> None:
+    rng = random.Random(7)
+    other = make_record(rng, 150, 2)
+    first = loaded.model.forward_batch(collate([records[1], records[0]]))[1]
+    second = loaded.model.forward_batch(collate([other, records[0]]))[1]
+    assert _max_diff([first], [second]) <= 1e-5
+
+
+def test_probabilities_shape_and_sum(loaded: LoadedModel, records: list[EncodedRequest]) -> None:
+    out = forward(loaded.model, collate(records))
+    for rec, answer in zip(records, out, strict=True):
+        assert list(answer) == list(rec.question_ids)
+        for probs, spans in zip(answer.values(), rec.option_spans, strict=True):
+            assert probs.dtype == np.float32
+            assert probs.shape == (len(spans),)
+            assert np.isfinite(probs).all()
+            assert (probs >= 0).all()
+            assert abs(float(probs.sum()) - 1.0) <= 1e-5
+
+
+def test_segment_softmax_matches_per_segment() -> None:
+    logits = torch.tensor([1.0, 2.0, 3.0, -50.0, 50.0, 0.5])
+    seg = torch.tensor([0, 0, 0, 1, 1, 2])
+    out = segment_softmax(logits, seg, 3)
+    assert torch.allclose(out[:3], torch.softmax(logits[:3], 0))
+    assert torch.allclose(out[3:5], torch.softmax(logits[3:5], 0))
+    assert out[5] == 1.0
+
+
+def test_collate_rejects_bad_spans(records: list[EncodedRequest]) -> None:
+    from dataclasses import replace
+
+    bad = replace(records[0], question_spans=((0, 10_000),))
+    with pytest.raises(ValueError, match="question span"):
+        collate([bad])
+    with pytest.raises(ValueError, match="at least one record"):
+        collate([])
+
+
+def test_plan_batches() -> None:
+    lengths = [100, 900, 300, 300, 50, 2000, 10]
+    plan = plan_batches(lengths, max_tokens=1000, max_records=3)
+    assert sorted(i for b in plan for i in b) == list(range(len(lengths)))
+    for batch in plan:
+        assert len(batch) <= 3
+        assert len(batch) == 1 or max(lengths[i] for i in batch) * len(batch) <= 1000
+    assert [5] in plan  # over-long record runs alone
+    with pytest.raises(ValueError, match="positive"):
+        plan_batches(lengths, max_tokens=0, max_records=1)

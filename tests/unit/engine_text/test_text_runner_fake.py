@@ -1,0 +1,77 @@
+"""`Engine.decide` failure isolation with a fake model: OOM splitting and unusable model output."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from tokenizers import Tokenizer
+
+from engine.batch import Layout, ModelBatch, collate
+from engine.runner import Engine, EngineConfig
+from engine.types import EncodedRequest
+from schemas.systemone import DlqReason, RequestError, SystemOneResponse
+
+
+class FakeModel:
+    """Uniform probabilities; OOM for batches over `max_records`; NaN for records whose state has 'nan'."""
+
+    def __init__(self, max_records: int, tokenizer: Tokenizer) -> None:
+        self.max_records = max_records
+        self.nan_id = tokenizer.encode("nan", add_special_tokens=False).ids
+        self.batch_sizes: list[int] = []
+        self.answered: list[int] = []
+
+    def collate(self, encoded: Sequence[EncodedRequest], layout: Layout | None = None) -> ModelBatch:
+        self._nan = [self._has_nan(rec.input_ids) for rec in encoded]
+        return collate(encoded, layout=layout or "packed")
+
+    def _has_nan(self, ids: Sequence[int]) -> bool:
+        n = len(self.nan_id)
+        return any(list(ids[i : i + n]) == self.nan_id for i in range(len(ids) - n + 1))
+
+    def forward_batch(self, batch: ModelBatch) -> list[list[npt.NDArray[np.float32]]]:
+        self.batch_sizes.append(len(batch.lengths))
+        if len(batch.lengths) > self.max_records:
+            raise torch.OutOfMemoryError("fake OOM")
+        self.answered.append(len(batch.lengths))
+        fill = [np.nan if bad else 1.0 for bad in self._nan]
+        return [
+            [np.full(n, value, dtype=np.float32) for n in counts]
+            for counts, value in zip(batch.options_per_question, fill, strict=True)
+        ]
+
+
+def body(state: str) -> dict[str, Any]:
+    return {"state": state, "questions": {"q": {"type": "choice", "criteria": {"a": None, "b": None}}}}
+
+
+def test_oom_halves_the_batch_and_nan_fails_only_its_record(bpe_tokenizer: Tokenizer) -> None:
+    fake = FakeModel(max_records=2, tokenizer=bpe_tokenizer)
+    engine = Engine(fake, bpe_tokenizer, EngineConfig(device="cpu", dtype="float32"))  # type: ignore[arg-type]
+    states = ["one", "two", "nan here", "four", "five"]
+    results = engine.decide([body(s) for s in states])
+    assert fake.batch_sizes[0] == 5  # tried together first, then halved until it fits
+    assert max(fake.answered) <= 2
+    assert len(fake.batch_sizes) > 2
+    for k, result in enumerate(results):
+        if k == 2:
+            assert isinstance(result, RequestError)
+            assert result.reason is DlqReason.engine_failed
+            assert result.status == 500
+        else:
+            assert isinstance(result, SystemOneResponse)
+            answer = result.answers["q"]
+            assert answer.type == "choice"
+            assert answer.probabilities == {"a": 0.5, "b": 0.5}
+
+
+def test_a_record_that_runs_out_of_memory_alone_gets_an_error(bpe_tokenizer: Tokenizer) -> None:
+    fake = FakeModel(max_records=0, tokenizer=bpe_tokenizer)
+    engine = Engine(fake, bpe_tokenizer, EngineConfig(device="cpu", dtype="float32"))  # type: ignore[arg-type]
+    [result] = engine.decide([body("x")])
+    assert isinstance(result, RequestError)
+    assert result.reason is DlqReason.oom_single_record

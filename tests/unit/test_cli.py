@@ -1,0 +1,135 @@
+"""The ``clef-router`` CLI: every command has --help; failures are one stderr line and a non-zero exit."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import types
+from collections.abc import Iterator
+
+import pytest
+from pydantic import BaseModel
+
+from consumer import cli
+from consumer.commands import Commands, UsageError
+
+
+def _subcommand_paths(
+    parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()
+) -> Iterator[tuple[str, ...]]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*prefix, name)
+                yield from _subcommand_paths(sub, (*prefix, name))
+
+
+ALL_COMMANDS = sorted(_subcommand_paths(cli.build_parser()))
+
+
+def test_known_commands_are_registered() -> None:
+    assert ("kafka-local",) in ALL_COMMANDS
+    assert ("schema",) in ALL_COMMANDS
+
+
+@pytest.mark.parametrize("path", [(), *ALL_COMMANDS], ids=lambda p: " ".join(p) or "clef-router")
+def test_help_exits_zero(path: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([*path, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: clef-router")
+
+
+class _Strict(BaseModel):
+    n: int
+
+
+def _install_fake_commands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Register a module ``consumer.commands._fake`` with failing commands, plus a missing module."""
+
+    def boom(args: argparse.Namespace) -> int:
+        raise RuntimeError("boom\nwith a second line that must not become a second line")
+
+    def usage(args: argparse.Namespace) -> int:
+        raise UsageError("bad --thing")
+
+    def invalid(args: argparse.Namespace) -> int:
+        _Strict.model_validate({"n": "not a number"})
+        return 0
+
+    def register(commands: Commands) -> None:
+        for name, func in (("boom", boom), ("usage", usage), ("invalid", invalid)):
+            commands.add_parser(name, help=name).set_defaults(func=func)
+        commands.bench.add_parser("fake", help="fake bench").set_defaults(func=boom)
+
+    def register_more(commands: Commands) -> None:
+        commands.bench.add_parser("other", help="second module under bench").set_defaults(func=usage)
+
+    fake = types.ModuleType("consumer.commands._fake")
+    fake.register = register  # type: ignore[attr-defined]
+    more = types.ModuleType("consumer.commands._more")
+    more.register = register_more  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    monkeypatch.setitem(sys.modules, more.__name__, more)
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("kafka", "_fake", "_not_written_yet", "_more"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "needle"),
+    [
+        (["boom"], 1, "RuntimeError: boom with a second line"),
+        (["usage"], 2, "bad --thing"),
+        (["invalid"], 2, "invalid input"),
+        (["bench", "fake"], 1, "boom"),
+        (["bench", "other"], 2, "bad --thing"),
+        (["no-such-command"], 2, "invalid choice"),
+        (["bench"], 2, "required"),
+        (["kafka-local", "--port", "0"], 2, "--port must be between"),
+    ],
+)
+def test_errors_are_one_line(
+    argv: list[str],
+    code: int,
+    needle: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _install_fake_commands(monkeypatch)
+    assert cli.main(argv) == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.endswith("\n")
+    assert needle in err
+    assert "Traceback" not in err
+    assert err.startswith("clef-router")
+
+
+def test_no_command_prints_help_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([]) == 2
+    assert "usage: clef-router" in capsys.readouterr().err
+
+
+def test_broken_command_module_is_not_silently_skipped(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = types.ModuleType("consumer.commands._broken")
+
+    def register(commands: Commands) -> None:
+        import a_dependency_that_does_not_exist  # type: ignore[import-not-found]  # noqa: F401
+
+    broken.register = register  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, broken.__name__, broken)
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("_broken",))
+    assert cli.main(["--help"]) == 1
+    err = capsys.readouterr().err
+    assert "a_dependency_that_does_not_exist" in err
+    assert err.count("\n") == 1
+
+
+def test_schema_command_prints_both_schemas(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    assert cli.main(["schema", "--indent", "0"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert {"request", "response"} <= set(printed)
+    assert "questions" in printed["request"]["properties"]
+    assert "answers" in printed["response"]["properties"]

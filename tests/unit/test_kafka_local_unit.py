@@ -1,0 +1,47 @@
+"""Pure parts of the Kafka harness: jar cache rules, cluster ids, ports (no JVM started here)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from consumer import kafka_jars
+from consumer.kafka_local import HOST, free_port, new_cluster_id
+
+
+def test_cluster_id_is_kraft_format() -> None:
+    ids = {new_cluster_id() for _ in range(200)}
+    assert len(ids) == 200
+    for cid in ids:
+        assert re.fullmatch(r"[A-Za-z0-9_-]{22}", cid)
+        assert not cid.startswith("-")
+
+
+def test_free_port_is_bindable_on_loopback() -> None:
+    import socket
+
+    port = free_port()
+    with socket.socket() as sock:
+        sock.bind((HOST, port))
+
+
+def test_cache_hit_needs_no_maven(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLEF_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", "")  # no mvn: a cache hit must not need it
+    folder = tmp_path / "kafka-9.9.9"
+    folder.mkdir()
+    (folder / "kafka_2.13-9.9.9.jar").write_bytes(b"jar")
+    assert not kafka_jars.is_fetched("9.9.9")  # no COMPLETE marker: a half-finished fetch
+    with pytest.raises(kafka_jars.KafkaFetchError, match="mvn"):
+        kafka_jars.ensure_kafka_jars("9.9.9")
+    (folder / "COMPLETE").write_text("kafka 9.9.9\n")
+    assert kafka_jars.ensure_kafka_jars("9.9.9") == folder
+
+
+def test_pom_pins_broker_and_logging() -> None:
+    pom = kafka_jars._pom("4.4.0", "2.25.5")
+    assert "<artifactId>kafka_2.13</artifactId><version>4.4.0</version>" in pom
+    for artifact in ("log4j-api", "log4j-core", "log4j-slf4j-impl"):
+        assert f"<artifactId>{artifact}</artifactId><version>2.25.5</version>" in pom
