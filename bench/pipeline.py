@@ -50,7 +50,11 @@ class StubEngine:
         key = (id(p.request.questions), variant)
         hit = self._cache.get(key)
         if hit is not None and hit[0] is p.request.questions:
-            return hit[1].model_copy(update={"model": p.request.model}) if hit[1].model != p.request.model else hit[1]
+            return (
+                hit[1].model_copy(update={"model": p.request.model})
+                if hit[1].model != p.request.model
+                else hit[1]
+            )
         probs: dict[str, list[float]] = {}
         for i, (qid, question) in enumerate(p.request.questions.items()):
             n = len(option_table(question))
@@ -106,7 +110,9 @@ async def _produce_inputs(bootstrap: str, topic: str, count: int) -> None:
 
 
 async def plain_loop(bootstrap: str, topic: str, outputs: tuple[str, str], count: int) -> float:
-    """Consume -> produce 2 records per event -> await acks -> commit; seconds from first fetch to last commit."""
+    """Consume -> produce 2 records per event -> await acks -> commit.
+
+    Returns seconds from the first fetch to the last commit."""
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
     group = f"bench-plain-{uuid.uuid4().hex[:8]}"
@@ -175,3 +181,111 @@ async def service_run(bootstrap: str, topic: str, count: int, settings_overrides
     await task
     assert pipeline.first_fetch_at is not None
     return end - pipeline.first_fetch_at
+
+
+def _versions(broker_version: str | None) -> dict[str, Any]:
+    import os
+    import platform
+
+    import aiokafka
+    import pydantic
+
+    return {
+        "python": platform.python_version(),
+        "aiokafka": aiokafka.__version__,
+        "pydantic": pydantic.__version__,
+        "kafka_broker": broker_version or "external",
+        "cpus": os.cpu_count(),
+    }
+
+
+def main(events: int, repeats: int, bootstrap: str | None = None) -> dict[str, Any]:
+    """Run the benchmark (blocking); prints JSON lines and a table; returns the summary."""
+    import statistics
+
+    from consumer.kafka_local import LocalKafka
+    from consumer.logging import configure_logging
+    from consumer.producer import service_topics
+    from consumer.settings import load_settings
+
+    configure_logging("warning")
+    broker: LocalKafka | None = None
+    if bootstrap is None:
+        broker = LocalKafka()
+        broker.start()
+        bootstrap = broker.bootstrap_servers
+    try:
+        defaults = load_settings(kafka={"bootstrap_servers": bootstrap})
+        run_id = uuid.uuid4().hex[:6]
+        inputs = {
+            (kind, i): f"bench.{run_id}.{kind}.{i}" for kind in ("plain", "svc") for i in range(repeats + 1)
+        }
+        outputs = (f"bench.{run_id}.out.a", f"bench.{run_id}.out.b")
+        names = [
+            *inputs.values(),
+            *outputs,
+            *service_topics(defaults.topics, defaults.routing.department_map.values()),
+        ]
+        _create_topics(bootstrap, names, broker)
+        overrides = {"kafka": {"commit_interval_ms": 50}}
+
+        async def run_all() -> dict[str, list[float]]:
+            warm = max(100, events // 10)
+            for (_kind, i), topic in inputs.items():
+                await _produce_inputs(bootstrap, topic, warm if i == 0 else events)
+            rates: dict[str, list[float]] = {"plain": [], "service": []}
+            for i in range(repeats + 1):
+                n = warm if i == 0 else events
+                plain = n / await plain_loop(bootstrap, inputs[("plain", i)], outputs, n)
+                service = n / await service_run(bootstrap, inputs[("svc", i)], n, overrides)
+                if i > 0:  # run 0 is the warm-up
+                    rates["plain"].append(plain)
+                    rates["service"].append(service)
+                    print(
+                        json.dumps(
+                            {
+                                "repeat": i,
+                                "events": n,
+                                "plain_eps": round(plain, 1),
+                                "service_eps": round(service, 1),
+                                "ratio": round(service / plain, 3),
+                            }
+                        )
+                    )
+            return rates
+
+        rates = asyncio.run(run_all())
+        plain_med = statistics.median(rates["plain"])
+        service_med = statistics.median(rates["service"])
+        summary = {
+            "bench": "pipeline",
+            "events": events,
+            "repeats": repeats,
+            "outputs_per_event": 2,
+            "plain_eps_median": round(plain_med, 1),
+            "service_eps_median": round(service_med, 1),
+            "ratio": round(service_med / plain_med, 3),
+            "target_ratio": 0.8,
+            **_versions(broker.broker_version if broker else None),
+        }
+        print(json.dumps(summary))
+        print()
+        print("| run | events/s (median) |")
+        print("|---|---|")
+        print(f"| plain aiokafka consume -> produce x2 -> commit | {plain_med:,.0f} |")
+        print(f"| clef-router pipeline, stub engine | {service_med:,.0f} |")
+        print(f"| ratio (target >= 0.8) | {service_med / plain_med:.2f} |")
+        return summary
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def _create_topics(bootstrap: str, names: list[str], broker: Any) -> None:
+    if broker is not None:
+        broker.create_topics(names, partitions=3)
+        return
+    from consumer.producer import ensure_topics
+    from consumer.settings import KafkaSettings
+
+    asyncio.run(ensure_topics(KafkaSettings(bootstrap_servers=bootstrap, topic_partitions=3), names))

@@ -171,7 +171,9 @@ class Batcher(Generic[PreparedT, ResponseT]):
                 slot = True
                 continue
             head = itertools.islice(self._ready, cfg.max_batch_records + 1)
-            count, full = plan_next([job.prepared.num_tokens for job in head], cfg.max_batch_records, cfg.max_batch_tokens)
+            count, full = plan_next(
+                [job.prepared.num_tokens for job in head], cfg.max_batch_records, cfg.max_batch_tokens
+            )
             remaining = self._ready[0].ready_at + cfg.max_wait_ms / 1000.0 - self._clock.now()
             if not full and remaining > 0 and not self._closing:
                 await self._wait(remaining)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import pydantic_core
+from pydantic import JsonValue
 
 from schemas.dead_letter import DlqStage
 from schemas.envelope import MEDIA_KEYS, DefaultSchema, to_request
@@ -53,7 +55,10 @@ def decode_value(value: bytes | None, schema: DefaultSchema, limits: RequestLimi
     if "questions" not in obj and not any(key in obj for key in MEDIA_KEYS):
         # A plain event without media: the state is a JSON object by construction and the questions come
         # from the (validated) default schema, so validation could not fail; skip it (hot path).
-        request = SystemOneRequest.model_construct(model=schema.model, state=obj, questions=schema.questions)
+        state = cast(dict[str, JsonValue], obj)
+        request = SystemOneRequest.model_construct(
+            model=schema.model, state=state, questions=schema.questions
+        )
         return Decoded(request, _event_id(obj))
     return Decoded(to_request(obj, schema, limits), _event_id(obj))
 

@@ -130,7 +130,7 @@ def transient_retry(
     """
     return AsyncRetrying(
         stop=stop_after_attempt(attempts),
-        wait=wait_exponential_jitter(initial=initial_s, max=max_s, jitter=initial_s),
+        wait=wait_exponential_jitter(multiplier=initial_s, max=max_s, jitter=initial_s),
         retry=retry_if_exception(is_transient),
         reraise=True,
         before_sleep=on_retry,

@@ -10,10 +10,17 @@ choice) `route.unrouted`. The input key and CloudEvents `ce_*` headers are kept;
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from consumer.settings import RoutingSettings, TopicSettings
-from schemas.routing import EngineInfo, RoutedDecision, RouteSummary, SourceRef, decision_headers
+from schemas.routing import (
+    EngineInfo,
+    RoutedDecision,
+    RouteSummary,
+    SourceRef,
+    decision_headers,
+    route_summary,
+)
 from schemas.systemone import SystemOneResponse
 
 Header = tuple[str, bytes]
@@ -69,16 +76,28 @@ def route_outputs(
     decided_at: datetime | None = None,
 ) -> list[OutRecord]:
     """The decisions record and the route record for one answered event (pure)."""
-    decision = RoutedDecision.from_response(
+    # Same record as `RoutedDecision.from_response`, built without re-validating the engine's (already
+    # validated) answers: this runs once per event on the event loop.
+    route = route_summary(
         response,
-        event_id=event_id or f"{record.topic}:{record.partition}:{record.offset}",
-        source=SourceRef(topic=record.topic, partition=record.partition, offset=record.offset),
-        engine=engine,
-        decided_at=decided_at,
         department_id=routing.question,
         urgency_id=routing.urgency_question,
         outage_id=routing.outage_question,
         outage_threshold=routing.outage_threshold,
+    )
+    decision = RoutedDecision.model_construct(
+        event_id=event_id or f"{record.topic}:{record.partition}:{record.offset}",
+        source=SourceRef.model_construct(
+            topic=record.topic, partition=record.partition, offset=record.offset
+        ),
+        model=response.model,
+        answers=response.answers,
+        route=route,
+        usage=response.usage,
+        decided_at=decided_at if decided_at is not None else datetime.now(UTC),
+        engine=engine,
+        x_state_truncated=response.x_state_truncated,
+        x_extra=None,
     )
     value = decision.to_json()
     headers: tuple[tuple[str, bytes | None], ...] = (

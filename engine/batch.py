@@ -226,8 +226,10 @@ def collate(
     return batch if device is None else batch.to(device)
 
 
-def plan_batches(lengths: Sequence[int], max_tokens: int, max_records: int) -> list[list[int]]:
-    """Group record indices into batches of at most `max_records` records and `max_tokens` padded tokens.
+def plan_batches(lengths: Sequence[int], max_tokens: int, max_records: int, *, packed: bool = False
+                 ) -> list[list[int]]:
+    """Group record indices into batches of at most `max_records` records and `max_tokens` tokens
+    (padded tokens `len(batch) * longest`, or the plain sum when `packed`).
 
     Records are taken longest first (stable), so each batch holds similar lengths and the padded cost
     `len(batch) * longest` stays close to the packed cost; a record longer than `max_tokens` runs alone.
@@ -239,14 +241,17 @@ def plan_batches(lengths: Sequence[int], max_tokens: int, max_records: int) -> l
     batches: list[list[int]] = []
     current: list[int] = []
     longest = 0
+    total = 0
     for i in order:
         size = lengths[i]
         longest_if = max(longest, size)
-        if current and (len(current) >= max_records or longest_if * (len(current) + 1) > max_tokens):
+        cost = total + size if packed else longest_if * (len(current) + 1)
+        if current and (len(current) >= max_records or cost > max_tokens):
             batches.append(current)
-            current, longest_if = [], size
+            current, longest_if, total = [], size, 0
         current.append(i)
         longest = longest_if
+        total += size
     if current:
         batches.append(current)
     return batches

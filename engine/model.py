@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from engine.batch import Layout, ModelBatch, collate
+from engine.fastpath import GraphedDecoder, PackedInputs, PackedTextDecoder, varlen_available
 from engine.head import JointSchemaHead
 from engine.types import EncodedRequest
 
@@ -29,6 +30,27 @@ class ClefOmniModel(nn.Module):
         self.thinker = thinker
         self.head = head
         self.pad_token_id = pad_token_id
+        self._fast: PackedTextDecoder | None = None
+        self._graphed: GraphedDecoder | None = None
+
+    def enable_fast_path(self, *, graph_buckets: tuple[int, ...] = (), max_graph_records: int = 8,
+                         compile_ops: bool = True) -> bool:
+        """Use the padding-free varlen decoder (`engine.fastpath`) for text-only batches on CUDA.
+
+        Optional CUDA graphs replay the decoder for batches up to the largest of `graph_buckets` tokens
+        (single requests and small batches, where kernel launches dominate). Returns False (and changes
+        nothing) off CUDA or when this torch lacks varlen attention / grouped GEMMs.
+        """
+        if self.device.type != "cuda" or not varlen_available():
+            return False
+        self._fast = PackedTextDecoder(self.thinker.model, compile_ops=compile_ops)
+        self._graphed = (GraphedDecoder(self._fast, graph_buckets, max_graph_records)
+                         if graph_buckets else None)
+        return True
+
+    @property
+    def fast_path(self) -> bool:
+        return self._fast is not None
 
     @property
     def device(self) -> torch.device:
@@ -43,7 +65,8 @@ class ClefOmniModel(nn.Module):
     def preferred_layout(self) -> Layout:
         """`packed` unless attention is dense sdpa/eager on a GPU, where a block-diagonal (T, T) mask would
         cost quadratic work over the whole pack; there right-padding to the batch's longest record wins."""
-        if self.device.type == "cuda" and self.attn_implementation not in _VARLEN_ATTENTION:
+        dense = self.attn_implementation not in _VARLEN_ATTENTION
+        if self._fast is None and self.device.type == "cuda" and dense:
             return "padded"
         return "packed"
 
@@ -59,6 +82,8 @@ class ClefOmniModel(nn.Module):
     def hidden_states(self, batch: ModelBatch) -> torch.Tensor:
         """(T, hidden) final normalised states of the batch's real tokens, records back to back."""
         text_model: Any = self.thinker.model
+        if self._fast is not None and batch.layout == "packed":
+            return self._fast_hidden_states(text_model, batch)
         out = text_model(
             input_ids=batch.input_ids,
             position_ids=batch.position_ids,
@@ -68,6 +93,21 @@ class ClefOmniModel(nn.Module):
         hidden: torch.Tensor = out.last_hidden_state  # (rows, cols, H)
         flat = hidden.reshape(-1, hidden.shape[-1])  # (rows * cols, H)
         return flat if batch.token_gather is None else flat[batch.token_gather]  # (T, H)
+
+    def _fast_hidden_states(self, text_model: Any, batch: ModelBatch) -> torch.Tensor:
+        assert self._fast is not None
+        ids = batch.input_ids[0]  # (T,)
+        lengths = torch.tensor((0, *batch.lengths), dtype=torch.int32)
+        cu = lengths.cumsum(0, dtype=torch.int32).to(ids.device, non_blocking=True)  # (N+1,)
+        packed = PackedInputs(
+            inputs_embeds=text_model.embed_tokens(ids),  # (T, H)
+            position_ids=batch.position_ids[1:, 0, :],  # (3, T) t/h/w rope positions
+            cu_seqlens=cu,
+            max_seqlen=max(batch.lengths),
+        )
+        if self._graphed is not None:
+            return self._graphed.run(packed)
+        return self._fast(packed)  # type: ignore[no-any-return]
 
     def lexical_table(self) -> torch.Tensor:
         lm_head: Any = self.thinker.lm_head

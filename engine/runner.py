@@ -40,7 +40,9 @@ _DTYPES: dict[str, torch.dtype] = {
 class EngineConfig:
     """How the engine runs. `max_batch_tokens`/`max_batch_records` bound one forward pass; a record
     longer than `max_batch_tokens` still runs, alone. `layout` picks the collate layout (`auto`: the
-    model's `preferred_layout`). `device`/`dtype` apply when loading a release."""
+    model's `preferred_layout`). `device`/`dtype` apply when loading a release. On CUDA, `fast_path`
+    runs text-only batches through the packed varlen decoder (`engine.fastpath`), replaying CUDA graphs
+    for batches of up to `max(graph_buckets)` tokens; `compile_ops` lets torch.compile fuse its glue."""
 
     device: str = "cuda"
     dtype: DTypeName = "bfloat16"
@@ -50,6 +52,9 @@ class EngineConfig:
     truncate_state: bool = True
     confidence_formula: Literal["typesafe", "top"] = "typesafe"
     layout: Literal["auto", "packed", "padded"] = "auto"
+    fast_path: bool = True
+    graph_buckets: tuple[int, ...] = (1024, 2048, 4096)
+    compile_ops: bool = True
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -103,6 +108,10 @@ class Engine:
         self.config = config if config is not None else EngineConfig()
         self._encoder: TextEncoder = encoder_for(tokenizer)
         self._media_hook = media_hook
+        cfg = self.config
+        on_cuda = getattr(getattr(model, "device", None), "type", "cpu") == "cuda"
+        if cfg.fast_path and on_cuda and not getattr(model, "fast_path", True):
+            model.enable_fast_path(graph_buckets=cfg.graph_buckets, compile_ops=cfg.compile_ops)
         self._layout: Layout | None = None if self.config.layout == "auto" else self.config.layout
 
     @classmethod
@@ -196,6 +205,7 @@ class Engine:
             [p.num_tokens for _, p in ready],
             max_tokens=self.config.max_batch_tokens,
             max_records=self.config.max_batch_records,
+            packed=(self._layout or getattr(self.model, "preferred_layout", "padded")) == "packed",
         )
         for group in plan:
             batch = [ready[k] for k in group]

@@ -37,6 +37,8 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 has_command() { clef-router "$@" --help >/dev/null 2>&1; }
+# the service rejects CLEF_* variables that are not settings; these belong to the scripts
+svc() { env -u CLEF_VENV -u CLEF_CACHE_DIR -u CLEF_DEBUG clef-router "$@"; }
 
 # 1. broker
 say "starting a local Apache Kafka broker"
@@ -65,7 +67,7 @@ http_port="$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0
 export CLEF_ENGINE__MODEL_PATH="$work/tiny-release" CLEF_ENGINE__DEVICE=cpu CLEF_ENGINE__DTYPE=float32
 export CLEF_KAFKA__GROUP_ID="clef-demo" CLEF_HTTP__HOST=127.0.0.1 CLEF_HTTP__PORT="$http_port"
 say "starting clef-router run (logs: $work/service.log)"
-clef-router run >"$work/service.log" 2>&1 &
+svc run >"$work/service.log" 2>&1 &
 service_pid=$!
 ready=0
 for ((i = 0; i < 600; i++)); do
@@ -82,7 +84,7 @@ say "service ready (http://127.0.0.1:$http_port)"
 # 4. sample events
 count=5
 say "producing sample events to alerts.in"
-if ! clef-router produce >&2; then
+if ! svc produce >&2; then
     say "'clef-router produce' failed; producing $count built-in sample events instead"
     python - "$bootstrap" <<'PY'
 import asyncio, json, sys

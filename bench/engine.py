@@ -1,0 +1,335 @@
+"""`clef-router bench engine`: the whole engine path on the full-size Clef-omni thinker (one H200).
+
+Builds the thinker (text MoE + vision and audio towers) and the joint head at full size with random bf16
+weights directly on the GPU, then measures encode -> batch -> forward -> head -> answers on realistic
+SystemOne requests (3 questions: choice with 4-8 options, score with 4 levels, noul), and in the same run
+the plain transformers backbone forward on the same token batches as the baseline.
+The tokenizer is the tiny release's (the real one cannot be downloaded here); encoding cost is of the
+same order. Prints JSON lines and a table; writes `engine.jsonl`, `engine.md` and `throughput.png` to
+`--out` (default `$OUT` or `bench-out/`). Not a test: nothing here asserts a speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.fullsize import TEXT_CONFIG, randomize_
+from engine.runner import Engine, EngineConfig, Prepared
+from schemas.systemone import SystemOneRequest, parse_request
+
+PEAK_TFLOPS = 790.0
+WORDS = ("disk", "latency", "router", "packet", "loss", "on", "rack", "b7", "after", "deploy", "of", "the",
+         "payment", "service", "timeouts", "spiked", "database", "replica", "lag", "grew", "to", "minutes",
+         "badge", "reader", "offline", "ssl", "certificate", "expired", "users", "report", "errors", "503",
+         "cooling", "unit", "alarm", "temperature", "rising", "in", "hall", "c", "firewall", "blocked")
+DEPARTMENTS = ("network", "database", "storage", "security", "application", "facilities", "identity", "billing")
+
+
+def flops_per_token(context: int) -> float:
+    """Forward FLOPs per token of the thinker text stack at a given record length (matmuls + attention)."""
+    c = TEXT_CONFIG
+    h, layers, d = c["hidden_size"], c["num_hidden_layers"], c["head_dim"]
+    q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
+    attn_proj = h * (q + 2 * kv) + q * h
+    experts = c["num_experts_per_tok"] * 3 * h * c["moe_intermediate_size"] + h * c["num_experts"]
+    attn_scores = 2 * q * context / 2  # causal: on average half the context, QK and PV
+    return 2.0 * layers * (attn_proj + experts + attn_scores)
+
+
+@dataclass
+class Bench:
+    engine: Engine
+    out: Path
+    rows: list[dict[str, Any]]
+
+    def emit(self, **row: Any) -> None:
+        self.rows.append(row)
+        print(json.dumps(row), flush=True)
+
+
+def build_engine(config: EngineConfig) -> Engine:
+    """Full-size thinker + joint head, random bf16 weights on CUDA, tiny-release tokenizer."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeThinkerConfig
+
+    from engine.head import JointHeadConfig, JointSchemaHead
+    from engine.model import ClefOmniModel
+    from engine.thinker import build_thinker
+    from engine.tiny import write_tiny_release
+
+    tiny = write_tiny_release(Path(tempfile.mkdtemp(prefix="clef-bench-")) / "tiny")
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tiny))
+    tiny_cfg = json.loads((tiny / "config.json").read_text())["thinker_config"]
+    media_ids = {k: tiny_cfg[k] for k in ("audio_token_id", "image_token_id", "video_token_id",
+                                          "vision_start_token_id", "audio_start_token_id")}
+    thinker_config = Qwen3OmniMoeThinkerConfig(
+        text_config=dict(TEXT_CONFIG),
+        vision_config={"out_hidden_size": TEXT_CONFIG["hidden_size"]},
+        audio_config={"output_dim": TEXT_CONFIG["hidden_size"]},
+        **media_ids,
+    )
+    thinker = build_thinker(thinker_config, "cuda", torch.bfloat16, "sdpa")
+    randomize_(thinker)
+    with torch.device("cuda"):
+        head = JointSchemaHead(JointHeadConfig(hidden_size=TEXT_CONFIG["hidden_size"])).to(torch.bfloat16)
+    randomize_(head, seed=1)
+    model = ClefOmniModel(thinker, head, pad_token_id=int(tokenizer.pad_token_id or 0)).eval()
+    return Engine(model, tokenizer, config)
+
+
+def make_request(rng: random.Random, engine: Engine, target_tokens: int) -> SystemOneRequest:
+    """A 3-question SystemOne request whose encoding is close to `target_tokens` tokens."""
+    n_opts = rng.randint(4, 8)
+    questions = {
+        "department": {"type": "choice", "instructions": "Which team owns this incident?",
+                       "criteria": {d: f"Incidents handled by the {d} team." for d in DEPARTMENTS[:n_opts]}},
+        "urgency": {"type": "score", "instructions": "How urgent is it?",
+                    "criteria": ["low", "medium", "high", "critical"]},
+        "outage": {"type": "noul", "instructions": "Is a customer-facing service down?"},
+    }
+    words = max(1, target_tokens // 2)
+    request = parse_request({"state": "", "questions": questions})
+    for _ in range(4):  # proportional correction converges in a few steps
+        text = " ".join(rng.choice(WORDS) for _ in range(words))
+        request = parse_request({"state": {"alert": "incident", "message": text, "host": f"h{rng.randint(1, 99)}"},
+                                 "questions": questions})
+        have = engine.prepare(request).num_tokens
+        if abs(have - target_tokens) <= max(4, target_tokens // 100):
+            break
+        overhead = engine.prepare(parse_request({"state": "", "questions": questions})).num_tokens
+        words = max(1, round(words * (target_tokens - overhead) / max(1, have - overhead)))
+    return request
+
+
+def cuda_ms(fn: Callable[[], object]) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1000.0
+
+
+def stream(engine: Engine, requests: Sequence[SystemOneRequest], budget: int, max_records: int
+           ) -> dict[str, float]:
+    """Whole path with tokenization on 4 CPU threads overlapping the GPU: batches filled to `budget`."""
+    batch_ms: list[float] = []
+    tokens = 0
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(engine.prepare, r) for r in requests]
+        batch: list[Prepared] = []
+        size = 0
+
+        def flush() -> None:
+            nonlocal batch, size
+            if batch:
+                t = time.perf_counter()
+                engine.execute(batch)  # ends with a device-to-host copy: synchronous
+                batch_ms.append((time.perf_counter() - t) * 1000.0)
+                batch, size = [], 0
+
+        for f in futures:
+            p = f.result()
+            if batch and (size + p.num_tokens > budget or len(batch) >= max_records):
+                flush()
+            batch.append(p)
+            size += p.num_tokens
+            tokens += p.num_tokens
+        flush()
+    seconds = time.perf_counter() - t0
+    return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds, "req_s": len(requests) / seconds,
+            "batches": len(batch_ms), "batch_ms_p50": statistics.median(batch_ms),
+            "batch_ms_p99": max(batch_ms) if len(batch_ms) < 100 else statistics.quantiles(batch_ms, n=100)[98]}
+
+
+def baseline(engine: Engine, requests: Sequence[SystemOneRequest], batch_size: int) -> dict[str, float]:
+    """Plain transformers backbone (sdpa, default experts) on the same token batches, padded."""
+    text_model: Any = engine.model.thinker.model
+    encoded = [engine.prepare(r).encoded for r in requests]
+    times: list[float] = []
+    tokens = 0
+    with torch.inference_mode():
+        for start in range(0, len(encoded), batch_size):
+            group = encoded[start: start + batch_size]
+            longest = max(e.num_tokens for e in group)
+            ids = torch.zeros(len(group), longest, dtype=torch.long)
+            mask = torch.zeros(len(group), longest, dtype=torch.long)
+            for i, e in enumerate(group):
+                ids[i, : e.num_tokens] = torch.tensor(e.input_ids)
+                mask[i, : e.num_tokens] = 1
+            ids, mask = ids.cuda(), mask.cuda()
+            text_model(input_ids=ids, attention_mask=mask)  # warm this shape
+            times.append(cuda_ms(lambda ids=ids, mask=mask: text_model(input_ids=ids, attention_mask=mask)))
+            tokens += sum(e.num_tokens for e in group)
+    seconds = sum(times) / 1000.0
+    return {"tokens": tokens, "tok_s": tokens / seconds, "batch_ms_p50": statistics.median(times)}
+
+
+def latency(engine: Engine, request: SystemOneRequest, reps: int) -> dict[str, float]:
+    for _ in range(5):
+        engine.decide([request])
+    ms = sorted(cuda_ms(lambda: engine.decide([request])) for _ in range(reps))
+    return {"ms_p50": statistics.median(ms), "ms_p99": ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))],
+            "ms_min": ms[0]}
+
+
+def head_share(engine: Engine, requests: Sequence[SystemOneRequest]) -> dict[str, float]:
+    """Split one batch's execute time into backbone, head and answer building."""
+    from schemas.systemone import build_response
+
+    model: Any = engine.model
+    prepared = [engine.prepare(r) for r in requests]
+    out: dict[str, list[float]] = {"collate": [], "backbone": [], "head": [], "answers": []}
+    for _ in range(4):
+        with torch.inference_mode():
+            t = time.perf_counter()
+            batch = model.collate([p.encoded for p in prepared])
+            torch.cuda.synchronize()
+            out["collate"].append((time.perf_counter() - t) * 1000)
+            hidden: list[torch.Tensor] = []
+            out["backbone"].append(cuda_ms(lambda: hidden.append(model.hidden_states(batch))))
+            flat: list[Any] = []
+            out["head"].append(cuda_ms(lambda: flat.append(
+                model.head(hidden[0], model.lexical_table(), batch.index).float().cpu().numpy())))
+            t = time.perf_counter()
+            offset = 0
+            for p, counts, qids in zip(prepared, batch.options_per_question, batch.question_ids, strict=True):
+                probs = {}
+                for qid, n in zip(qids, counts, strict=True):
+                    probs[qid] = flat[0][offset: offset + n].tolist()
+                    offset += n
+                build_response(p.request, probs, input_tokens=p.num_tokens)
+            out["answers"].append((time.perf_counter() - t) * 1000)
+    med = {k: statistics.median(v[1:]) for k, v in out.items()}
+    total = sum(med.values())
+    return {**{f"{k}_ms": round(v, 2) for k, v in med.items()},
+            "head_and_answers_share": round((med["head"] + med["answers"]) / total, 4)}
+
+
+def invariance(engine: Engine, requests: Sequence[SystemOneRequest]) -> float:
+    """Max |dp| between each request decided alone and all of them decided together."""
+    together = engine.decide(list(requests))
+    worst = 0.0
+    for request, joint in zip(requests, together, strict=True):
+        alone = engine.decide([request])[0]
+        for qid, answer in joint.answers.items():  # type: ignore[union-attr]
+            a, b = alone.answers[qid], answer  # type: ignore[union-attr]
+            pa = a.probabilities if hasattr(a, "probabilities") else {"t": a.noul}
+            pb = b.probabilities if hasattr(b, "probabilities") else {"t": b.noul}
+            worst = max(worst, max(abs(pa[k] - pb[k]) for k in pb))
+    return worst
+
+
+def main(out_dir: str | None = None, quick: bool = False) -> int:
+    """Run every measurement; returns 0. Needs CUDA."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("bench engine needs a CUDA GPU (run it on the H200)")
+    out = Path(out_dir or os.environ.get("OUT") or "bench-out")
+    out.mkdir(parents=True, exist_ok=True)
+    import transformers
+
+    config = EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=65536, max_batch_records=256)
+    t0 = time.perf_counter()
+    engine = build_engine(config)
+    b = Bench(engine, out, [])
+    b.emit(kind="info", date=time.strftime("%Y-%m-%d"), torch=torch.__version__,
+           transformers=transformers.__version__, gpu=torch.cuda.get_device_name(),
+           build_s=round(time.perf_counter() - t0, 1), weights_gb=round(torch.cuda.memory_allocated() / 1e9, 1))
+    rng = random.Random(0)
+    n512 = 128 if quick else 256
+    reqs512 = [make_request(rng, engine, 512) for _ in range(n512)]
+    stream(engine, reqs512[:64], 32768, 256)  # warm-up: compile and first launches
+
+    budgets = (4096, 8192, 16384, 32768, 65536)
+    sweep = []
+    for budget in budgets:
+        torch.cuda.reset_peak_memory_stats()
+        r = stream(engine, reqs512, budget, 256)
+        r["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+        sweep.append(r)
+        b.emit(kind="throughput", workload="512-token requests", budget=budget, tok_s=round(r["tok_s"]),
+               req_s=round(r["req_s"], 1), batch_ms_p50=round(r["batch_ms_p50"], 1),
+               batch_ms_p99=round(r["batch_ms_p99"], 1), peak_gb=round(r["peak_gb"], 1),
+               mfu=round(r["tok_s"] * flops_per_token(512) / 1e12 / PEAK_TFLOPS, 3))
+    base = baseline(engine, reqs512[:128], 64)
+    b.emit(kind="baseline", workload="512-token requests", batch=64, tok_s=round(base["tok_s"]),
+           batch_ms_p50=round(base["batch_ms_p50"], 1),
+           mfu=round(base["tok_s"] * flops_per_token(512) / 1e12 / PEAK_TFLOPS, 3))
+
+    mixed = [make_request(rng, engine, rng.randint(200, 3000)) for _ in range(64 if quick else 128)]
+    r = stream(engine, mixed, 32768, 256)
+    b.emit(kind="throughput", workload="mixed 200-3000 tokens", budget=32768, tok_s=round(r["tok_s"]),
+           req_s=round(r["req_s"], 1), batch_ms_p50=round(r["batch_ms_p50"], 1),
+           batch_ms_p99=round(r["batch_ms_p99"], 1))
+    base = baseline(engine, sorted(mixed, key=lambda q: len(json.dumps(q.state))), 16)
+    b.emit(kind="baseline", workload="mixed 200-3000 tokens", batch=16, tok_s=round(base["tok_s"]),
+           batch_ms_p50=round(base["batch_ms_p50"], 1))
+
+    one = make_request(rng, engine, 800)
+    lat = latency(engine, one, 30)
+    b.emit(kind="latency", workload="one 800-token request", **{k: round(v, 2) for k, v in lat.items()})
+    base = baseline(engine, [one] * 5, 1)
+    b.emit(kind="baseline", workload="one 800-token request", batch=1, batch_ms_p50=round(base["batch_ms_p50"], 2))
+    eager = Engine(engine.model, engine.tokenizer, replace(config, graph_buckets=()))
+    engine.model.enable_fast_path(graph_buckets=(), compile_ops=True)
+    lat = latency(eager, one, 15)
+    b.emit(kind="latency", workload="one 800-token request, no CUDA graph", **{k: round(v, 2) for k, v in lat.items()})
+    engine.model.enable_fast_path(graph_buckets=config.graph_buckets, compile_ops=True)
+
+    b.emit(kind="head_share", workload="64 x 512", **head_share(engine, reqs512[:64]))
+    b.emit(kind="invariance", workload="6 mixed requests, bf16 full size",
+           max_abs_dp=invariance(engine, [make_request(rng, engine, n) for n in (150, 900, 400, 2500, 60, 700)]))
+    write_outputs(b, budgets, sweep)
+    return 0
+
+
+def write_outputs(b: Bench, budgets: Sequence[int], sweep: Sequence[dict[str, float]]) -> None:
+    (b.out / "engine.jsonl").write_text("".join(json.dumps(r) + "\n" for r in b.rows))
+    lines = ["| kind | workload | tok/s | req/s | p50 ms | p99 ms | MFU | extra |", "|---|---|---|---|---|---|---|---|"]
+    for r in b.rows:
+        if r["kind"] == "info":
+            continue
+        extra = {k: v for k, v in r.items() if k not in {"kind", "workload", "tok_s", "req_s", "mfu", "batch_ms_p50",
+                                                         "batch_ms_p99", "ms_p50", "ms_p99"}}
+        lines.append(f"| {r['kind']} | {r.get('workload', '')} | {r.get('tok_s', '')} | {r.get('req_s', '')} | "
+                     f"{r.get('batch_ms_p50', r.get('ms_p50', ''))} | {r.get('batch_ms_p99', r.get('ms_p99', ''))} | "
+                     f"{r.get('mfu', '')} | {json.dumps(extra) if extra else ''} |")
+    (b.out / "engine.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(list(budgets), [r["tok_s"] for r in sweep], marker="o", label="clef-router engine path")
+        base = [r for r in b.rows if r["kind"] == "baseline" and r["workload"] == "512-token requests"]
+        if base:
+            ax.axhline(base[0]["tok_s"], color="gray", linestyle="--", label="plain transformers backbone (64x512)")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch token budget")
+        ax.set_ylabel("tokens/s (512-token requests)")
+        ax.set_title("Clef-omni full size, random bf16, one H200")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(b.out / "throughput.png", dpi=120)
+    except ImportError:
+        print("matplotlib missing: no plot", flush=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,191 @@
+"""`clef-router run`, `produce`, `dlq replay` and `bench pipeline`.
+
+`run` loads settings (env `CLEF_*`, optional `--config` TOML), prints them masked, loads the engine (a
+release directory, or `--stub-engine` for demos and benchmarks), then serves Kafka and HTTP until SIGTERM
+or SIGINT: stop fetching, drain, commit, exit 0. A fatal error (DLQ guard, exhausted retries) exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from consumer.commands import CommandError, Commands, UsageError
+
+SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "events.jsonl"
+
+
+def register(commands: Commands) -> None:
+    """Add `run`, `produce`, `dlq replay` and `bench pipeline`."""
+    p = commands.add_parser("run", help="Run the Kafka routing service and its HTTP server")
+    p.add_argument("--config", type=Path, default=None, help="TOML settings file (env CLEF_* overrides it)")
+    p.add_argument(
+        "--stub-engine", action="store_true", help="answer instantly without a model (demo, bench)"
+    )
+    p.set_defaults(func=_run)
+
+    p = commands.add_parser("produce", help="Send the sample alert/fault events to the input topic")
+    p.add_argument("--config", type=Path, default=None)
+    p.add_argument("--bootstrap", default=None, help="override kafka.bootstrap_servers")
+    p.add_argument("--topic", default=None, help="default: the first input topic")
+    p.add_argument("--file", type=Path, default=SAMPLES, help="JSON lines of {key, headers, value}")
+    p.add_argument("--repeat", type=int, default=1, help="send the whole file this many times")
+    p.set_defaults(func=_produce)
+
+    dlq = commands.group("dlq", "Dead-letter topic tools")
+    p = dlq.add_parser("replay", help="Send DLQ records back to their original topic")
+    p.add_argument("--config", type=Path, default=None)
+    p.add_argument("--bootstrap", default=None, help="override kafka.bootstrap_servers")
+    p.add_argument("--reason", action="append", default=[], help="only this reason code (repeatable)")
+    p.add_argument("--limit", type=int, default=None, help="replay at most this many records")
+    p.add_argument("--group", default=None, help="replay consumer group (default: <group_id>.dlq-replay)")
+    p.add_argument("--dry-run", action="store_true", help="count only; send and commit nothing")
+    p.set_defaults(func=_dlq_replay)
+
+    p = commands.bench.add_parser("pipeline", help="Service events/s (stub engine) vs a plain aiokafka loop")
+    p.add_argument("--events", type=int, default=20_000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--bootstrap", default=None, help="use this broker instead of starting a local one")
+    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.set_defaults(func=_bench_pipeline)
+
+
+def _settings(args: argparse.Namespace, **overrides: Any) -> Any:
+    from consumer.settings import SettingsError, load_settings
+
+    if getattr(args, "bootstrap", None):
+        overrides.setdefault("kafka", {})["bootstrap_servers"] = args.bootstrap
+    try:
+        return load_settings(args.config, **overrides)
+    except SettingsError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _run(args: argparse.Namespace) -> int:
+    from consumer.logging import configure_logging, get_logger
+
+    settings = _settings(args)
+    configure_logging(settings.log_level)
+    log = get_logger("consumer.service")
+    log.info("settings", settings=settings.masked())
+    engine = _load_engine(settings, stub=args.stub_engine)
+    log.info("engine_loaded", stub=args.stub_engine, device=settings.engine.device)
+    try:
+        asyncio.run(_serve(settings, engine))
+    except Exception as exc:
+        log.error("service_failed", error=repr(exc)[:300])
+        raise CommandError(f"service stopped: {type(exc).__name__}: {exc}") from exc
+    return 0
+
+
+def _load_engine(settings: Any, *, stub: bool) -> Any:
+    if stub:
+        from bench.pipeline import StubEngine
+
+        return StubEngine()
+    if settings.engine.model_path is None:
+        raise UsageError("set CLEF_ENGINE__MODEL_PATH (a release directory) or pass --stub-engine")
+    from engine.runner import Engine, EngineConfig
+
+    e = settings.engine
+    config = EngineConfig(
+        device=e.device,
+        dtype=e.dtype,
+        max_batch_tokens=settings.batching.max_batch_tokens,
+        max_batch_records=settings.batching.max_batch_records,
+        max_tokens=e.max_input_tokens,
+        truncate_state=e.truncate_state,
+        confidence_formula=e.confidence_formula,
+    )
+    return Engine.from_release(e.model_path, config=config)
+
+
+async def _serve(settings: Any, engine: Any) -> None:
+    from consumer.http import HttpServer
+    from consumer.pipeline import Pipeline
+
+    pipeline = Pipeline(settings, engine)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, pipeline.request_stop)
+    server = None
+    if settings.http.enabled:
+        server = HttpServer(settings.http, pipeline, pipeline.metrics, [settings.engine.model_name])
+        await server.start()
+    try:
+        await pipeline.run()
+    finally:
+        if server is not None:
+            await server.stop()
+
+
+def _produce(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    topic = args.topic or settings.topics.input[0]
+    try:
+        lines = [json.loads(line) for line in args.file.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read samples from {args.file}: {exc}") from exc
+    sent = asyncio.run(_send_samples(settings, topic, lines * max(1, args.repeat)))
+    print(f"sent {sent} events to {topic} at {settings.kafka.bootstrap_servers}")
+    return 0
+
+
+async def _send_samples(settings: Any, topic: str, items: list[dict[str, Any]]) -> int:
+    from consumer.producer import Producer, ensure_topics
+    from consumer.router import OutRecord
+
+    await ensure_topics(settings.kafka, [topic])
+    producer = Producer(settings.kafka)
+    await producer.start()
+    try:
+        futures = []
+        for item in items:
+            key = str(item["key"]).encode() if item.get("key") is not None else None
+            headers = tuple((str(k), str(v).encode()) for k, v in (item.get("headers") or {}).items())
+            value = json.dumps(item["value"]).encode()
+            futures.append(await producer.send(OutRecord(topic, key, value, headers)))
+        await asyncio.gather(*futures)
+        return len(futures)
+    finally:
+        await producer.stop()
+
+
+def _dlq_replay(args: argparse.Namespace) -> int:
+    from consumer.dlq import reason_filter, replay
+
+    settings = _settings(args)
+    try:
+        reasons = reason_filter(args.reason)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    group = args.group or f"{settings.kafka.group_id}.dlq-replay"
+    counts = asyncio.run(
+        replay(
+            settings.kafka,
+            settings.topics.dlq,
+            group_id=group,
+            reasons=reasons,
+            limit=args.limit,
+            dry_run=args.dry_run,
+        )
+    )
+    print(json.dumps({"dlq_topic": settings.topics.dlq, "dry_run": args.dry_run, **counts}))
+    return 0
+
+
+def _bench_pipeline(args: argparse.Namespace) -> int:
+    from bench.pipeline import main as bench_main
+
+    if args.events < 100 or args.repeats < 1:
+        raise UsageError("--events must be >= 100 and --repeats >= 1")
+    result = bench_main(events=args.events, repeats=args.repeats, bootstrap=args.bootstrap)
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    sys.stdout.flush()
+    return 0

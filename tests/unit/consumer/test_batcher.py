@@ -1,0 +1,174 @@
+"""Batcher flush rules on an injected clock, prepare errors, one GPU thread, OOM splitting."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pytest
+
+from consumer.batcher import Batcher, plan_next
+from consumer.clock import ManualClock
+from consumer.retry import EngineError
+from consumer.settings import BatchingSettings
+from schemas.errors import DlqReason, RequestError
+
+
+@dataclass(frozen=True)
+class Item:
+    name: str
+    num_tokens: int = 10
+
+
+class FakeEngine:
+    """Records every batch and the thread it ran on; `fail_on` names raise; OOM above `oom_above` records."""
+
+    def __init__(self, fail_on: set[str] | None = None, oom_above: int | None = None) -> None:
+        self.batches: list[list[str]] = []
+        self.threads: set[str] = set()
+        self.fail_on = fail_on or set()
+        self.oom_above = oom_above
+
+    def execute(self, batch: Sequence[Item]) -> list[str]:
+        self.threads.add(threading.current_thread().name)
+        self.batches.append([i.name for i in batch])
+        if self.oom_above is not None and len(batch) > self.oom_above:
+            raise OutOfMemoryError("CUDA out of memory")
+        if any(i.name in self.fail_on for i in batch):
+            raise ValueError("poisoned batch")
+        return [f"answer:{i.name}" for i in batch]
+
+
+class OutOfMemoryError(RuntimeError):
+    """Stands in for torch.OutOfMemoryError (matched by class name)."""
+
+
+def thunk(item: Item) -> Callable[[], Item]:
+    return lambda: item
+
+
+def settings(**kw: float) -> BatchingSettings:
+    base: dict[str, float] = {"max_batch_records": 4, "max_batch_tokens": 1000, "max_wait_ms": 50, "prepare_chunk": 2}
+    base.update(kw)
+    return BatchingSettings.model_validate(base)
+
+
+async def settle(clock: ManualClock | None = None, rounds: int = 50) -> None:
+    for _ in range(rounds):
+        await asyncio.sleep(0.002)
+
+
+def test_plan_next_rules() -> None:
+    assert plan_next([10, 10, 10], max_records=4, max_tokens=100) == (3, False)
+    assert plan_next([10] * 5, max_records=4, max_tokens=100) == (4, True)
+    assert plan_next([60, 50], max_records=4, max_tokens=100) == (1, True)  # next does not fit
+    assert plan_next([500, 10], max_records=4, max_tokens=100) == (1, True)  # oversized runs alone
+    assert plan_next([50, 50, 1], max_records=4, max_tokens=100) == (2, True)  # budget used exactly
+    assert plan_next([], max_records=4, max_tokens=100) == (0, False)
+
+
+async def test_flush_on_max_records_without_waiting() -> None:
+    clock = ManualClock()
+    engine = FakeEngine()
+    b: Batcher[Item, str] = Batcher(engine.execute, settings(), clock=clock)
+    await b.start()
+    futs = b.submit([thunk(Item(f"r{i}")) for i in range(4)])
+    await settle()
+    assert engine.batches == [["r0", "r1", "r2", "r3"]]
+    assert [f.result() for f in futs] == [f"answer:r{i}" for i in range(4)]
+    await b.close()
+
+
+async def test_flush_on_max_wait_only_after_the_deadline() -> None:
+    clock = ManualClock()
+    engine = FakeEngine()
+    b: Batcher[Item, str] = Batcher(engine.execute, settings(max_wait_ms=50), clock=clock)
+    await b.start()
+    futs = b.submit([thunk(Item("a")), thunk(Item("b"))])
+    await settle()
+    assert engine.batches == []  # 2 < 4 records, deadline not reached
+    await clock.advance(0.049)
+    await settle()
+    assert engine.batches == []
+    await clock.advance(0.002)
+    await settle()
+    assert engine.batches == [["a", "b"]]
+    assert all(f.done() for f in futs)
+    await b.close()
+
+
+async def test_flush_on_token_budget() -> None:
+    clock = ManualClock()
+    engine = FakeEngine()
+    b: Batcher[Item, str] = Batcher(engine.execute, settings(max_batch_tokens=100, prepare_chunk=8), clock=clock)
+    await b.start()
+    b.submit([thunk(Item("big", 70)), thunk(Item("next", 40)), thunk(Item("small", 10))])
+    await settle()
+    assert engine.batches[0] == ["big"]  # "next" would exceed 100 tokens
+    await clock.advance(0.06)
+    await settle()
+    assert engine.batches[1:] == [["next", "small"]]
+    await b.close()
+
+
+async def test_prepare_errors_fail_only_their_record() -> None:
+    clock = ManualClock()
+    engine = FakeEngine()
+    b: Batcher[Item, str] = Batcher(engine.execute, settings(), clock=clock)
+    await b.start()
+
+    def bad() -> Item:
+        raise RequestError(DlqReason.bad_json, "nope")
+
+    futs = b.submit([thunk(Item("a")), bad, thunk(Item("b"))])
+    await settle()
+    await clock.advance(0.06)
+    await settle()
+    assert futs[0].result() == "answer:a" and futs[2].result() == "answer:b"
+    exc = futs[1].exception()
+    assert isinstance(exc, RequestError) and exc.reason == DlqReason.bad_json
+    await b.close()
+
+
+async def test_one_gpu_thread_and_poison_record_isolated() -> None:
+    clock = ManualClock()
+    engine = FakeEngine(fail_on={"r2"})
+    b: Batcher[Item, str] = Batcher(engine.execute, settings(), clock=clock, single_attempts=2)
+    await b.start()
+    futs = b.submit([thunk(Item(f"r{i}")) for i in range(8)])
+    await settle()
+    assert len(engine.threads) == 1 and next(iter(engine.threads)).startswith("clef-gpu")
+    results = [f.exception() or f.result() for f in futs]
+    assert results[:2] == ["answer:r0", "answer:r1"] and results[3:] == [f"answer:r{i}" for i in range(3, 8)]
+    failure = results[2]
+    assert isinstance(failure, EngineError) and failure.reason == DlqReason.engine_failed
+    assert failure.attempts == 2
+    await b.close()
+
+
+async def test_oom_splits_the_batch() -> None:
+    clock = ManualClock()
+    engine = FakeEngine(oom_above=1)
+    b: Batcher[Item, str] = Batcher(engine.execute, settings(), clock=clock)
+    await b.start()
+    futs = b.submit([thunk(Item(f"r{i}")) for i in range(4)])
+    await settle()
+    assert [f.result() for f in futs] == [f"answer:r{i}" for i in range(4)]
+    assert engine.batches[0] == ["r0", "r1", "r2", "r3"]
+    assert ["r0"] in engine.batches and ["r3"] in engine.batches
+    await b.close()
+
+
+async def test_close_flushes_without_waiting_for_the_deadline() -> None:
+    clock = ManualClock()
+    engine = FakeEngine()
+    b: Batcher[Item, str] = Batcher(engine.execute, settings(max_wait_ms=10_000), clock=clock)
+    await b.start()
+    futs = b.submit([thunk(Item("a"))])
+    await settle()
+    await b.close(timeout_s=2)
+    assert futs[0].result() == "answer:a"
+    with pytest.raises(RuntimeError):
+        b.submit([thunk(Item("late"))])
