@@ -66,22 +66,34 @@ def main() -> int:
     args = ap.parse_args()
     torch.manual_seed(0)
     model = build_text_model(args.layers)
-    emit(kind="info", torch=torch.__version__, gpu=torch.cuda.get_device_name(),
-         params_b=sum(p.numel() for p in model.parameters()) / 1e9,
-         mem_gb=torch.cuda.memory_allocated() / 1e9)
-    fast = PackedTextDecoder(model, compile_ops=args.compile)
+    emit(
+        kind="info",
+        torch=torch.__version__,
+        gpu=torch.cuda.get_device_name(),
+        params_b=sum(p.numel() for p in model.parameters()) / 1e9,
+        mem_gb=torch.cuda.memory_allocated() / 1e9,
+    )
+    fast = PackedTextDecoder(model, )
     vocab = model.config.vocab_size
 
     with torch.inference_mode():
         # Correctness: fast path on a mixed pack vs transformers on each record alone.
         lengths = [37, 512, 200, 800]
         ids = torch.randint(0, vocab, (len(lengths), max(lengths)), device="cuda")
-        hf_alone = [model(input_ids=ids[i: i + 1, :n]).last_hidden_state[0] for i, n in enumerate(lengths)]
+        hf_alone = [model(input_ids=ids[i : i + 1, :n]).last_hidden_state[0] for i, n in enumerate(lengths)]
         out = fast(packed(model, ids, lengths))
         parts = out.split(lengths)
-        emit(kind="check", what="fast_pack_vs_hf_alone", rel_err=[rel(p, h) for p, h in zip(parts, hf_alone, strict=True)])
-        alone = [fast(packed(model, ids[i: i + 1], [n]))for i, n in enumerate(lengths)]
-        emit(kind="check", what="fast_pack_vs_fast_alone", rel_err=[rel(p, h) for p, h in zip(parts, alone, strict=True)])
+        emit(
+            kind="check",
+            what="fast_pack_vs_hf_alone",
+            rel_err=[rel(p, h) for p, h in zip(parts, hf_alone, strict=True)],
+        )
+        alone = [fast(packed(model, ids[i : i + 1], [n])) for i, n in enumerate(lengths)]
+        emit(
+            kind="check",
+            what="fast_pack_vs_fast_alone",
+            rel_err=[rel(p, h) for p, h in zip(parts, alone, strict=True)],
+        )
 
         for b, n in [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]:
             ids = torch.randint(0, vocab, (b, n), device="cuda")
@@ -95,8 +107,16 @@ def main() -> int:
                 if args.no_hf and name.startswith("hf"):
                     continue
                 med = statistics.median(ms)
-                emit(kind="time", impl=name, batch=b, length=n, ms_p50=round(med, 2), ms_all=[round(x, 2) for x in ms],
-                     tok_s=round(b * n / med * 1000), peak_gb=round(peak, 1) if name == "fast_packed" else None)
+                emit(
+                    kind="time",
+                    impl=name,
+                    batch=b,
+                    length=n,
+                    ms_p50=round(med, 2),
+                    ms_all=[round(x, 2) for x in ms],
+                    tok_s=round(b * n / med * 1000),
+                    peak_gb=round(peak, 1) if name == "fast_packed" else None,
+                )
 
         if args.graph:
             from engine.fastpath import GraphedDecoder
@@ -109,10 +129,15 @@ def main() -> int:
                     ms = time_cuda(lambda p=p: graphed.run(p), warmup=3, reps=20)
                     out = graphed.run(p)
                     ref = fast(p)
-                    emit(kind="time", impl="fast_packed_cudagraph", lengths=lengths,
-                         ms_p50=round(statistics.median(ms), 2), ms_p99=round(max(ms), 2),
-                         tok_s=round(sum(lengths) / statistics.median(ms) * 1000),
-                         rel_err_vs_eager=rel(out, ref))
+                    emit(
+                        kind="time",
+                        impl="fast_packed_cudagraph",
+                        lengths=lengths,
+                        ms_p50=round(statistics.median(ms), 2),
+                        ms_p99=round(max(ms), 2),
+                        tok_s=round(sum(lengths) / statistics.median(ms) * 1000),
+                        rel_err_vs_eager=rel(out, ref),
+                    )
                 except Exception as exc:  # report and go on: a probe
                     emit(kind="error", what="cudagraph", error=repr(exc)[:800])
         # Fused kernels against their PyTorch twins, on fresh random inputs.
@@ -123,12 +148,19 @@ def main() -> int:
         w = torch.rand(2048, device="cuda", dtype=torch.bfloat16) + 0.5
         y, n = kernels.add_rms_norm(x, d, w, 1e-6)
         ry = x + d
-        emit(kind="check", what="kernel_add_rms_norm", rel_err=[rel(y, ry), rel(n, kernels.rms_norm_reference(ry, w, 1e-6))])
+        emit(
+            kind="check",
+            what="kernel_add_rms_norm",
+            rel_err=[rel(y, ry), rel(n, kernels.rms_norm_reference(ry, w, 1e-6))],
+        )
         h = torch.randn(70000, 1536, device="cuda", dtype=torch.bfloat16)
         rw = torch.rand(70000, device="cuda")
         g, u = h.float().chunk(2, dim=-1)
-        emit(kind="check", what="kernel_swiglu", rel_err=rel(kernels.swiglu_weighted(h, rw),
-                                                              torch.nn.functional.silu(g) * u * rw[:, None]))
+        emit(
+            kind="check",
+            what="kernel_swiglu",
+            rel_err=rel(kernels.swiglu_weighted(h, rw), torch.nn.functional.silu(g) * u * rw[:, None]),
+        )
         yy = torch.randn(8000 * 8, 2048, device="cuda", dtype=torch.bfloat16)
         inv = torch.randperm(8000 * 8, device="cuda")
         ref = yy.float()[inv].view(8000, 8, -1).sum(1)
@@ -153,11 +185,16 @@ def main() -> int:
             try:
                 with sdpa_kernel(be):
                     fn = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
-                        qb, kb, vb, is_causal=True, enable_gqa=True)
+                        qb, kb, vb, is_causal=True, enable_gqa=True
+                    )
                     o = fn()
                     ms = time_cuda(fn, reps=10)
-                emit(kind="time", impl=f"attn_sdpa_{be.name}_64x512", ms_p50=round(statistics.median(ms), 3),
-                     rel_err=rel(o.transpose(1, 2).reshape(t, 32, 128), fa))
+                emit(
+                    kind="time",
+                    impl=f"attn_sdpa_{be.name}_64x512",
+                    ms_p50=round(statistics.median(ms), 3),
+                    rel_err=rel(o.transpose(1, 2).reshape(t, 32, 128), fa),
+                )
             except Exception as exc:
                 emit(kind="error", what=f"sdpa_{be.name}", error=repr(exc)[:300])
         # Sorting expert ids: key width decides the radix passes.

@@ -19,7 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +30,60 @@ from engine.runner import Engine, EngineConfig, Prepared
 from schemas.systemone import SystemOneRequest, parse_request
 
 PEAK_TFLOPS = 790.0
-WORDS = ("disk", "latency", "router", "packet", "loss", "on", "rack", "b7", "after", "deploy", "of", "the",
-         "payment", "service", "timeouts", "spiked", "database", "replica", "lag", "grew", "to", "minutes",
-         "badge", "reader", "offline", "ssl", "certificate", "expired", "users", "report", "errors", "503",
-         "cooling", "unit", "alarm", "temperature", "rising", "in", "hall", "c", "firewall", "blocked")
-DEPARTMENTS = ("network", "database", "storage", "security", "application", "facilities", "identity", "billing")
+WORDS = (
+    "disk",
+    "latency",
+    "router",
+    "packet",
+    "loss",
+    "on",
+    "rack",
+    "b7",
+    "after",
+    "deploy",
+    "of",
+    "the",
+    "payment",
+    "service",
+    "timeouts",
+    "spiked",
+    "database",
+    "replica",
+    "lag",
+    "grew",
+    "to",
+    "minutes",
+    "badge",
+    "reader",
+    "offline",
+    "ssl",
+    "certificate",
+    "expired",
+    "users",
+    "report",
+    "errors",
+    "503",
+    "cooling",
+    "unit",
+    "alarm",
+    "temperature",
+    "rising",
+    "in",
+    "hall",
+    "c",
+    "firewall",
+    "blocked",
+)
+DEPARTMENTS = (
+    "network",
+    "database",
+    "storage",
+    "security",
+    "application",
+    "facilities",
+    "identity",
+    "billing",
+)
 
 
 def flops_per_token(context: int) -> float:
@@ -72,8 +121,16 @@ def build_engine(config: EngineConfig) -> Engine:
     tiny = write_tiny_release(Path(tempfile.mkdtemp(prefix="clef-bench-")) / "tiny")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tiny))
     tiny_cfg = json.loads((tiny / "config.json").read_text())["thinker_config"]
-    media_ids = {k: tiny_cfg[k] for k in ("audio_token_id", "image_token_id", "video_token_id",
-                                          "vision_start_token_id", "audio_start_token_id")}
+    media_ids = {
+        k: tiny_cfg[k]
+        for k in (
+            "audio_token_id",
+            "image_token_id",
+            "video_token_id",
+            "vision_start_token_id",
+            "audio_start_token_id",
+        )
+    }
     thinker_config = Qwen3OmniMoeThinkerConfig(
         text_config=dict(TEXT_CONFIG),
         vision_config={"out_hidden_size": TEXT_CONFIG["hidden_size"]},
@@ -93,18 +150,28 @@ def make_request(rng: random.Random, engine: Engine, target_tokens: int) -> Syst
     """A 3-question SystemOne request whose encoding is close to `target_tokens` tokens."""
     n_opts = rng.randint(4, 8)
     questions = {
-        "department": {"type": "choice", "instructions": "Which team owns this incident?",
-                       "criteria": {d: f"Incidents handled by the {d} team." for d in DEPARTMENTS[:n_opts]}},
-        "urgency": {"type": "score", "instructions": "How urgent is it?",
-                    "criteria": ["low", "medium", "high", "critical"]},
-        "outage": {"type": "noul", "instructions": "Is a customer-facing service down?"},
+        "department": {
+            "type": "choice",
+            "instructions": "Owning team?",
+            "criteria": {d: None for d in DEPARTMENTS[:n_opts]},
+        },
+        "urgency": {
+            "type": "score",
+            "instructions": "Urgency?",
+            "criteria": ["low", "medium", "high", "critical"],
+        },
+        "outage": {"type": "noul", "instructions": "Outage?"},
     }
     words = max(1, target_tokens // 2)
     request = parse_request({"state": "", "questions": questions})
     for _ in range(4):  # proportional correction converges in a few steps
         text = " ".join(rng.choice(WORDS) for _ in range(words))
-        request = parse_request({"state": {"alert": "incident", "message": text, "host": f"h{rng.randint(1, 99)}"},
-                                 "questions": questions})
+        request = parse_request(
+            {
+                "state": {"alert": "incident", "message": text, "host": f"h{rng.randint(1, 99)}"},
+                "questions": questions,
+            }
+        )
         have = engine.prepare(request).num_tokens
         if abs(have - target_tokens) <= max(4, target_tokens // 100):
             break
@@ -121,14 +188,16 @@ def cuda_ms(fn: Callable[[], object]) -> float:
     return (time.perf_counter() - t0) * 1000.0
 
 
-def stream(engine: Engine, requests: Sequence[SystemOneRequest], budget: int, max_records: int
-           ) -> dict[str, float]:
+def stream(
+    engine: Engine, requests: Sequence[SystemOneRequest], budget: int, max_records: int
+) -> dict[str, float]:
     """Whole path with tokenization on 4 CPU threads overlapping the GPU: batches filled to `budget`."""
     batch_ms: list[float] = []
     tokens = 0
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(4) as pool:
+    # One tokenizer thread keeps up with the GPU; more only contend for the GIL with kernel launches.
+    with ThreadPoolExecutor(1) as pool:
         futures = [pool.submit(engine.prepare, r) for r in requests]
         batch: list[Prepared] = []
         size = 0
@@ -150,9 +219,15 @@ def stream(engine: Engine, requests: Sequence[SystemOneRequest], budget: int, ma
             tokens += p.num_tokens
         flush()
     seconds = time.perf_counter() - t0
-    return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds, "req_s": len(requests) / seconds,
-            "batches": len(batch_ms), "batch_ms_p50": statistics.median(batch_ms),
-            "batch_ms_p99": max(batch_ms) if len(batch_ms) < 100 else statistics.quantiles(batch_ms, n=100)[98]}
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "tok_s": tokens / seconds,
+        "req_s": len(requests) / seconds,
+        "batches": len(batch_ms),
+        "batch_ms_p50": statistics.median(batch_ms),
+        "batch_ms_p99": max(batch_ms) if len(batch_ms) < 100 else statistics.quantiles(batch_ms, n=100)[98],
+    }
 
 
 def baseline(engine: Engine, requests: Sequence[SystemOneRequest], batch_size: int) -> dict[str, float]:
@@ -163,7 +238,7 @@ def baseline(engine: Engine, requests: Sequence[SystemOneRequest], batch_size: i
     tokens = 0
     with torch.inference_mode():
         for start in range(0, len(encoded), batch_size):
-            group = encoded[start: start + batch_size]
+            group = encoded[start : start + batch_size]
             longest = max(e.num_tokens for e in group)
             ids = torch.zeros(len(group), longest, dtype=torch.long)
             mask = torch.zeros(len(group), longest, dtype=torch.long)
@@ -182,8 +257,11 @@ def latency(engine: Engine, request: SystemOneRequest, reps: int) -> dict[str, f
     for _ in range(5):
         engine.decide([request])
     ms = sorted(cuda_ms(lambda: engine.decide([request])) for _ in range(reps))
-    return {"ms_p50": statistics.median(ms), "ms_p99": ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))],
-            "ms_min": ms[0]}
+    return {
+        "ms_p50": statistics.median(ms),
+        "ms_p99": ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))],
+        "ms_min": ms[0],
+    }
 
 
 def head_share(engine: Engine, requests: Sequence[SystemOneRequest]) -> dict[str, float]:
@@ -200,23 +278,30 @@ def head_share(engine: Engine, requests: Sequence[SystemOneRequest]) -> dict[str
             torch.cuda.synchronize()
             out["collate"].append((time.perf_counter() - t) * 1000)
             hidden: list[torch.Tensor] = []
-            out["backbone"].append(cuda_ms(lambda: hidden.append(model.hidden_states(batch))))
+            out["backbone"].append(cuda_ms(lambda b=batch, h=hidden: h.append(model.hidden_states(b))))
             flat: list[Any] = []
-            out["head"].append(cuda_ms(lambda: flat.append(
-                model.head(hidden[0], model.lexical_table(), batch.index).float().cpu().numpy())))
+            out["head"].append(
+                cuda_ms(
+                    lambda b=batch, h=hidden, f=flat: f.append(
+                        model.head(h[0], model.lexical_table(), b.index).float().cpu().numpy()
+                    )
+                )
+            )
             t = time.perf_counter()
             offset = 0
             for p, counts, qids in zip(prepared, batch.options_per_question, batch.question_ids, strict=True):
                 probs = {}
                 for qid, n in zip(qids, counts, strict=True):
-                    probs[qid] = flat[0][offset: offset + n].tolist()
+                    probs[qid] = flat[0][offset : offset + n].tolist()
                     offset += n
                 build_response(p.request, probs, input_tokens=p.num_tokens)
             out["answers"].append((time.perf_counter() - t) * 1000)
     med = {k: statistics.median(v[1:]) for k, v in out.items()}
     total = sum(med.values())
-    return {**{f"{k}_ms": round(v, 2) for k, v in med.items()},
-            "head_and_answers_share": round((med["head"] + med["answers"]) / total, 4)}
+    return {
+        **{f"{k}_ms": round(v, 2) for k, v in med.items()},
+        "head_and_answers_share": round((med["head"] + med["answers"]) / total, 4),
+    }
 
 
 def invariance(engine: Engine, requests: Sequence[SystemOneRequest]) -> float:
@@ -241,17 +326,43 @@ def main(out_dir: str | None = None, quick: bool = False) -> int:
     out.mkdir(parents=True, exist_ok=True)
     import transformers
 
-    config = EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=65536, max_batch_records=256)
+    from engine.fastpath import default_buckets
+
+    # Built without graphs first, to measure the eager fast path; graphs are captured further down.
+    config = EngineConfig(
+        device="cuda", dtype="bfloat16", max_batch_tokens=65536, max_batch_records=256, graph_buckets=()
+    )
     t0 = time.perf_counter()
     engine = build_engine(config)
     b = Bench(engine, out, [])
-    b.emit(kind="info", date=time.strftime("%Y-%m-%d"), torch=torch.__version__,
-           transformers=transformers.__version__, gpu=torch.cuda.get_device_name(),
-           build_s=round(time.perf_counter() - t0, 1), weights_gb=round(torch.cuda.memory_allocated() / 1e9, 1))
+    b.emit(
+        kind="info",
+        date=time.strftime("%Y-%m-%d"),
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        gpu=torch.cuda.get_device_name(),
+        build_s=round(time.perf_counter() - t0, 1),
+        weights_gb=round(torch.cuda.memory_allocated() / 1e9, 1),
+    )
     rng = random.Random(0)
     n512 = 128 if quick else 256
     reqs512 = [make_request(rng, engine, 512) for _ in range(n512)]
-    stream(engine, reqs512[:64], 32768, 256)  # warm-up: compile and first launches
+    one = make_request(rng, engine, 800)
+    lat = latency(engine, one, 15)
+    b.emit(
+        kind="latency",
+        workload="one 800-token request, no CUDA graph",
+        **{k: round(v, 2) for k, v in lat.items()},
+    )
+    t0 = time.perf_counter()
+    engine.model.enable_fast_path(graph_buckets=default_buckets(config.max_batch_tokens))
+    b.emit(
+        kind="info",
+        what="cuda graphs captured",
+        seconds=round(time.perf_counter() - t0, 1),
+        buckets=list(default_buckets(config.max_batch_tokens)),
+    )
+    stream(engine, reqs512[:64], 32768, 256)  # warm-up: first launches of every kernel
 
     budgets = (4096, 8192, 16384, 32768, 65536)
     sweep = []
@@ -260,53 +371,97 @@ def main(out_dir: str | None = None, quick: bool = False) -> int:
         r = stream(engine, reqs512, budget, 256)
         r["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
         sweep.append(r)
-        b.emit(kind="throughput", workload="512-token requests", budget=budget, tok_s=round(r["tok_s"]),
-               req_s=round(r["req_s"], 1), batch_ms_p50=round(r["batch_ms_p50"], 1),
-               batch_ms_p99=round(r["batch_ms_p99"], 1), peak_gb=round(r["peak_gb"], 1),
-               mfu=round(r["tok_s"] * flops_per_token(512) / 1e12 / PEAK_TFLOPS, 3))
+        b.emit(
+            kind="throughput",
+            workload="512-token requests",
+            budget=budget,
+            tok_s=round(r["tok_s"]),
+            req_s=round(r["req_s"], 1),
+            batch_ms_p50=round(r["batch_ms_p50"], 1),
+            batch_ms_p99=round(r["batch_ms_p99"], 1),
+            peak_gb=round(r["peak_gb"], 1),
+            mfu=round(r["tok_s"] * flops_per_token(512) / 1e12 / PEAK_TFLOPS, 3),
+        )
     base = baseline(engine, reqs512[:128], 64)
-    b.emit(kind="baseline", workload="512-token requests", batch=64, tok_s=round(base["tok_s"]),
-           batch_ms_p50=round(base["batch_ms_p50"], 1),
-           mfu=round(base["tok_s"] * flops_per_token(512) / 1e12 / PEAK_TFLOPS, 3))
+    b.emit(
+        kind="baseline",
+        workload="512-token requests",
+        batch=64,
+        tok_s=round(base["tok_s"]),
+        batch_ms_p50=round(base["batch_ms_p50"], 1),
+        mfu=round(base["tok_s"] * flops_per_token(512) / 1e12 / PEAK_TFLOPS, 3),
+    )
 
-    mixed = [make_request(rng, engine, rng.randint(200, 3000)) for _ in range(64 if quick else 128)]
+    mixed = [make_request(rng, engine, rng.randint(450, 3000)) for _ in range(64 if quick else 128)]
     r = stream(engine, mixed, 32768, 256)
-    b.emit(kind="throughput", workload="mixed 200-3000 tokens", budget=32768, tok_s=round(r["tok_s"]),
-           req_s=round(r["req_s"], 1), batch_ms_p50=round(r["batch_ms_p50"], 1),
-           batch_ms_p99=round(r["batch_ms_p99"], 1))
+    b.emit(
+        kind="throughput",
+        workload="mixed 450-3000 tokens",
+        budget=32768,
+        tok_s=round(r["tok_s"]),
+        req_s=round(r["req_s"], 1),
+        batch_ms_p50=round(r["batch_ms_p50"], 1),
+        batch_ms_p99=round(r["batch_ms_p99"], 1),
+    )
     base = baseline(engine, sorted(mixed, key=lambda q: len(json.dumps(q.state))), 16)
-    b.emit(kind="baseline", workload="mixed 200-3000 tokens", batch=16, tok_s=round(base["tok_s"]),
-           batch_ms_p50=round(base["batch_ms_p50"], 1))
+    b.emit(
+        kind="baseline",
+        workload="mixed 450-3000 tokens",
+        batch=16,
+        tok_s=round(base["tok_s"]),
+        batch_ms_p50=round(base["batch_ms_p50"], 1),
+    )
 
-    one = make_request(rng, engine, 800)
     lat = latency(engine, one, 30)
     b.emit(kind="latency", workload="one 800-token request", **{k: round(v, 2) for k, v in lat.items()})
     base = baseline(engine, [one] * 5, 1)
-    b.emit(kind="baseline", workload="one 800-token request", batch=1, batch_ms_p50=round(base["batch_ms_p50"], 2))
-    eager = Engine(engine.model, engine.tokenizer, replace(config, graph_buckets=()))
-    engine.model.enable_fast_path(graph_buckets=(), compile_ops=True)
-    lat = latency(eager, one, 15)
-    b.emit(kind="latency", workload="one 800-token request, no CUDA graph", **{k: round(v, 2) for k, v in lat.items()})
-    engine.model.enable_fast_path(graph_buckets=config.graph_buckets, compile_ops=True)
+    b.emit(
+        kind="baseline",
+        workload="one 800-token request",
+        batch=1,
+        batch_ms_p50=round(base["batch_ms_p50"], 2),
+    )
 
     b.emit(kind="head_share", workload="64 x 512", **head_share(engine, reqs512[:64]))
-    b.emit(kind="invariance", workload="6 mixed requests, bf16 full size",
-           max_abs_dp=invariance(engine, [make_request(rng, engine, n) for n in (150, 900, 400, 2500, 60, 700)]))
+    b.emit(
+        kind="invariance",
+        workload="6 mixed requests, bf16 full size",
+        max_abs_dp=invariance(engine, [make_request(rng, engine, n) for n in (150, 900, 400, 2500, 60, 700)]),
+    )
     write_outputs(b, budgets, sweep)
     return 0
 
 
 def write_outputs(b: Bench, budgets: Sequence[int], sweep: Sequence[dict[str, float]]) -> None:
     (b.out / "engine.jsonl").write_text("".join(json.dumps(r) + "\n" for r in b.rows))
-    lines = ["| kind | workload | tok/s | req/s | p50 ms | p99 ms | MFU | extra |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| kind | workload | tok/s | req/s | p50 ms | p99 ms | MFU | extra |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in b.rows:
         if r["kind"] == "info":
             continue
-        extra = {k: v for k, v in r.items() if k not in {"kind", "workload", "tok_s", "req_s", "mfu", "batch_ms_p50",
-                                                         "batch_ms_p99", "ms_p50", "ms_p99"}}
-        lines.append(f"| {r['kind']} | {r.get('workload', '')} | {r.get('tok_s', '')} | {r.get('req_s', '')} | "
-                     f"{r.get('batch_ms_p50', r.get('ms_p50', ''))} | {r.get('batch_ms_p99', r.get('ms_p99', ''))} | "
-                     f"{r.get('mfu', '')} | {json.dumps(extra) if extra else ''} |")
+        extra = {
+            k: v
+            for k, v in r.items()
+            if k
+            not in {
+                "kind",
+                "workload",
+                "tok_s",
+                "req_s",
+                "mfu",
+                "batch_ms_p50",
+                "batch_ms_p99",
+                "ms_p50",
+                "ms_p99",
+            }
+        }
+        lines.append(
+            f"| {r['kind']} | {r.get('workload', '')} | {r.get('tok_s', '')} | {r.get('req_s', '')} | "
+            f"{r.get('batch_ms_p50', r.get('ms_p50', ''))} | {r.get('batch_ms_p99', r.get('ms_p99', ''))} | "
+            f"{r.get('mfu', '')} | {json.dumps(extra) if extra else ''} |"
+        )
     (b.out / "engine.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
     try:
@@ -319,7 +474,9 @@ def write_outputs(b: Bench, budgets: Sequence[int], sweep: Sequence[dict[str, fl
         ax.plot(list(budgets), [r["tok_s"] for r in sweep], marker="o", label="clef-router engine path")
         base = [r for r in b.rows if r["kind"] == "baseline" and r["workload"] == "512-token requests"]
         if base:
-            ax.axhline(base[0]["tok_s"], color="gray", linestyle="--", label="plain transformers backbone (64x512)")
+            ax.axhline(
+                base[0]["tok_s"], color="gray", linestyle="--", label="plain transformers backbone (64x512)"
+            )
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch token budget")
         ax.set_ylabel("tokens/s (512-token requests)")

@@ -29,8 +29,12 @@ TEXT_CONFIG: dict[str, Any] = {
     "rms_norm_eps": 1e-6,
     "decoder_sparse_step": 1,
     "mlp_only_layers": [],
-    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
-                        "mrope_section": [24, 20, 20], "mrope_interleaved": True},
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 1000000.0,
+        "mrope_section": [24, 20, 20],
+        "mrope_interleaved": True,
+    },
 }
 
 

@@ -8,7 +8,8 @@ Two layouts, both invisible to the answers (SPEC section 5):
 - `padded`: `(B, Lmax)` right-padded with a 2D attention mask. Best for plain sdpa on the GPU, whose dense
   mask would otherwise cost `T^2` attention over a packed row.
 Text-only records use the same position for the three multimodal RoPE rows (t, h, w), as `get_rope_index`
-does.
+does. Records with media get their t/h/w rows and a `MediaBatch` from `engine.batch_media`; a text-only
+batch never builds one, so its tensors are unchanged.
 
 `SpanIndex` holds every gather/scatter index the joint head needs (built here on the CPU, once per batch).
 """
@@ -23,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from engine.batch_media import MediaBatch, RopeIndex, collate_media
 from engine.types import EncodedRequest
 
 Layout = Literal["packed", "padded"]
@@ -81,6 +83,7 @@ class ModelBatch:
     lengths: tuple[int, ...]
     question_ids: tuple[tuple[str, ...], ...]
     options_per_question: tuple[tuple[int, ...], ...]
+    media: MediaBatch | None = None  # None for a text-only batch
 
     @property
     def num_tokens(self) -> int:
@@ -101,6 +104,7 @@ class ModelBatch:
             attention_mask=None if self.attention_mask is None else move(self.attention_mask),
             token_gather=None if self.token_gather is None else move(self.token_gather),
             index=self.index.map_tensors(move),
+            media=None if self.media is None else self.media.map_tensors(move),
         )
 
 
@@ -121,17 +125,18 @@ def collate(
     layout: Layout = "packed",
     pad_token_id: int = 0,
     device: torch.device | str | None = None,
+    rope_index: RopeIndex | None = None,
+    n_window: int = 50,
 ) -> ModelBatch:
-    """Pack text-only records for one forward pass (CPU work; moved to `device` when given).
+    """Collate records for one forward pass (CPU work; moved to `device` when given).
 
-    Raises ValueError for an empty batch, a record without questions or options, a span outside its
-    record, or a record carrying media (media batching is not implemented yet).
+    Records with media also need `rope_index` (their 3D rope positions) and the audio tower's
+    `n_window`; see `engine.batch_media`. Raises ValueError for an empty batch, a record without
+    questions or options, a span outside its record, or inconsistent media.
     """
     if not encoded:
         raise ValueError("collate needs at least one record")
     for r, rec in enumerate(encoded):
-        if rec.media:
-            raise ValueError(f"record {r}: media inputs are not supported by collate yet")
         if not rec.question_spans or any(len(o) == 0 for o in rec.option_spans):
             raise ValueError(f"record {r}: needs at least one question and one option per question")
     lengths = np.array([rec.num_tokens for rec in encoded], dtype=np.int64)  # (B,)
@@ -223,6 +228,12 @@ def collate(
         )
     else:
         raise ValueError(f"unknown layout {layout!r}")
+    if any(rec.media for rec in encoded):
+        position_ids, media = collate_media(
+            encoded, batch.input_ids, batch.position_ids, [int(s) for s in starts],
+            padded=layout == "padded", pad_token_id=pad_token_id, rope_index=rope_index, n_window=n_window,
+        )
+        batch = replace(batch, position_ids=position_ids, media=media)
     return batch if device is None else batch.to(device)
 
 

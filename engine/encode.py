@@ -164,6 +164,7 @@ class TextEncoder:
             option_spans=tuple(tuple(span(p) for p in opts) for opts in option_pieces),
             state_truncated=truncated,
             media=media,
+            media_span=(len(self.prefix), len(self.prefix) + len(media_ids)) if media_ids else None,
         )
 
 

@@ -64,28 +64,6 @@ class PackedInputs:
 _rms_norm = kernels.rms_norm_reference
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-# The elementwise pieces below are kept apart from the GEMMs so that `torch.compile` can fuse each into
-# one or two kernels (profiling the eager version on the H200 showed them taking most of the layer time).
-
-def _qk_norm_rope(qkv: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor, cos: torch.Tensor,
-                  sin: torch.Tensor, hq: int, hk: int, eps: float
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Split fused QKV (T, (hq + 2 hk) d), per-head RMSNorm on q and k, rotary embedding."""
-    t = qkv.shape[0]
-    d = cos.shape[-1]
-    q, k, v = qkv.split([hq * d, hk * d, hk * d], dim=-1)
-    q = _rms_norm(q.reshape(t, hq, d), qw, eps)  # (T, hq, d)
-    k = _rms_norm(k.reshape(t, hk, d), kw, eps)  # (T, hk, d)
-    q = q * cos + _rotate_half(q) * sin
-    k = k * cos + _rotate_half(k) * sin
-    return q, k, v.reshape(t, hk, d).contiguous()
-
-
 def _route(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k experts per token from router logits (T, E): float32 softmax as the reference does."""
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # (T, E)
@@ -95,8 +73,9 @@ def _route(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor,
     return top_w, top_i
 
 
-def _causal_attention_per_record(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                                 cu_seqlens: torch.Tensor) -> torch.Tensor:
+def _causal_attention_per_record(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor
+) -> torch.Tensor:
     """CPU stand-in for varlen attention: one causal SDPA call per record (tests and CPU runs)."""
     bounds = cu_seqlens.tolist()
     outs = []
@@ -110,7 +89,7 @@ def _causal_attention_per_record(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 class PackedTextDecoder(nn.Module):
     """Runs a transformers Qwen3-Omni thinker text model's layers over a packed token axis."""
 
-    def __init__(self, text_model: nn.Module, *, compile_ops: bool = False) -> None:
+    def __init__(self, text_model: nn.Module) -> None:
         super().__init__()
         self.text_model = text_model
         cfg = text_model.config
@@ -125,22 +104,21 @@ class PackedTextDecoder(nn.Module):
             att = layer.self_attn
             w = torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight], dim=0)
             self._qkv.append(w)  # (q + 2 kv, hidden)
-        wrap: Any = (lambda f: torch.compile(f, dynamic=True)) if compile_ops else (lambda f: f)
-        self._ops_qk = wrap(_qk_norm_rope)
-        self._ops_route = wrap(_route)
 
-    def _attention(self, i: int, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   p: PackedInputs) -> torch.Tensor:
+    def _attention(
+        self, i: int, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, p: PackedInputs
+    ) -> torch.Tensor:
         from torch.nn.attention.varlen import varlen_attn
 
         att = layer.self_attn
         t = x.shape[0]
         hq, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = F.linear(x, self._qkv[i])  # (T, (hq + 2 hk) d)
-        q, k, v = self._ops_qk(qkv, att.q_norm.weight, att.k_norm.weight, cos, sin, hq, hk, self.eps)
+        q, k, v = kernels.qk_norm_rope(qkv, att.q_norm.weight, att.k_norm.weight, cos, sin, hq, hk, self.eps)
         if x.is_cuda:
-            out = varlen_attn(q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen,
-                              window_size=(-1, 0))  # (T, hq, d)
+            out = varlen_attn(
+                q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen, window_size=(-1, 0)
+            )  # (T, hq, d)
             assert isinstance(out, torch.Tensor)
         else:
             out = _causal_attention_per_record(q, k, v, p.cu_seqlens)
@@ -150,7 +128,7 @@ class PackedTextDecoder(nn.Module):
         experts = mlp.experts
         num_experts = experts.gate_up_proj.shape[0]
         k = self.top_k
-        top_w, top_i = self._ops_route(F.linear(x, mlp.gate.weight), k, self.norm_topk)  # (T, k) each
+        top_w, top_i = _route(F.linear(x, mlp.gate.weight), k, self.norm_topk)  # (T, k) each
         flat = top_i.reshape(-1)  # (T k,)
         # Sorting 1-byte keys takes one radix pass instead of eight for int64 expert ids.
         keys = flat.to(torch.uint8) if num_experts <= 256 else flat.to(torch.int32)
@@ -172,7 +150,7 @@ class PackedTextDecoder(nn.Module):
         tm = self.text_model
         x = p.inputs_embeds  # (T, hidden)
         cos, sin = tm.rotary_emb(x, p.position_ids[:, None, :])  # (1, T, d) each
-        cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # (T, 1, d)
+        cos, sin = cos[0].contiguous(), sin[0].contiguous()  # (T, d)
         layers = list(tm.layers)  # type: ignore[arg-type]
         h = _rms_norm(x, layers[0].input_layernorm.weight, self.eps)
         for i, layer in enumerate(layers):
@@ -190,19 +168,62 @@ class PackedTextDecoder(nn.Module):
         return h
 
 
-class GraphedDecoder:
-    """CUDA-graph replay of a `PackedTextDecoder` for a fixed token count (one graph per bucket).
+SEQLEN_CAPS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+"""Longest-record caps a graph is captured for: FlashAttention sizes its grid by the max record length."""
 
-    Records are packed into the first tokens; the tail of the bucket is a padding record of its own
-    (own cu_seqlens segment), so it never touches real records. Call `run` under inference mode, from
-    one thread. Graphs hold their own memory pool; build few buckets.
+
+def default_buckets(max_tokens: int) -> tuple[int, ...]:
+    """Token counts graphs are captured for: the small batches where kernel launches dominate.
+
+    Larger batches run eagerly: their GPU time (hundreds of ms) hides the launches, and capturing a
+    graph per large size would cost seconds each and memory for every size a token budget produces.
+    """
+    return tuple(b for b in (512, 1024, 2048, 4096) if b <= max(512, max_tokens))
+
+
+@dataclass(frozen=True, slots=True)
+class _Static:
+    """Per-bucket input buffers shared by that bucket's graphs (one graph per longest-record cap)."""
+
+    embeds: torch.Tensor  # (bucket, hidden)
+    positions: torch.Tensor  # (3, bucket)
+
+
+class GraphedDecoder:
+    """CUDA-graph replay of a `PackedTextDecoder`, one graph per (token bucket, longest-record cap).
+
+    Records are packed into the first tokens; the tail of the bucket is padding, split into records of
+    at most the cap each (own cu_seqlens segments), so it never touches real records. Graphs are captured
+    lazily, largest first is not required, and share one memory pool: replays must not overlap (call
+    `run` from one thread, under inference mode) and each result must be consumed before the next `run`.
+    Launch overhead vanishes: eager Python launches ~40 kernels per layer, which at large batches
+    competes for the GIL with tokenizer threads and at small batches dominates the latency.
     """
 
     def __init__(self, decoder: PackedTextDecoder, buckets: tuple[int, ...], max_records: int) -> None:
         self.decoder = decoder
         self.buckets = tuple(sorted(buckets))
         self.max_records = max_records
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, PackedInputs, torch.Tensor]] = {}
+        self._pool: Any = None
+        self._static: dict[int, _Static] = {}
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+
+    def capture_all(self, hidden: int, dtype: torch.dtype, device: torch.device) -> int:
+        """Capture every (bucket, cap) graph now (service start-up), so no request pays for a capture.
+
+        Returns the number of graphs captured. Blocking: a few hundred ms per graph at full size.
+        """
+        like = PackedInputs(
+            torch.zeros(1, hidden, dtype=dtype, device=device),
+            torch.zeros(3, 1, dtype=torch.long, device=device),
+            torch.zeros(2, dtype=torch.int32, device=device),
+            1,
+        )
+        for bucket in self.buckets:
+            for cap in SEQLEN_CAPS:
+                if cap <= bucket and (bucket, cap) not in self._graphs:
+                    self._graphs[(bucket, cap)] = self._build(bucket, cap, like)
+        return len(self._graphs)
 
     def bucket_for(self, tokens: int) -> int | None:
         """Smallest bucket holding `tokens`, or None when the batch is larger than every bucket."""
@@ -211,44 +232,61 @@ class GraphedDecoder:
                 return b
         return None
 
-    def _build(self, bucket: int, like: PackedInputs
-               ) -> tuple[torch.cuda.CUDAGraph, PackedInputs, torch.Tensor]:
+    def _slots(self, bucket: int, cap: int) -> int:
+        # real boundaries (max_records + 1) + padding records of <= cap tokens each
+        return self.max_records + 1 + -(-bucket // cap)
+
+    def _build(
+        self, bucket: int, cap: int, like: PackedInputs
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
         dev = like.inputs_embeds.device
-        hidden = like.inputs_embeds.shape[1]
-        static = PackedInputs(
-            torch.zeros(bucket, hidden, dtype=like.inputs_embeds.dtype, device=dev),
-            torch.zeros(3, bucket, dtype=like.position_ids.dtype, device=dev),
-            torch.full((self.max_records + 2,), bucket, dtype=torch.int32, device=dev),
-            bucket,
-        )
-        static.cu_seqlens[0] = 0
-        side = torch.cuda.Stream()
+        static = self._static.get(bucket)
+        if static is None:
+            static = _Static(
+                torch.zeros(bucket, like.inputs_embeds.shape[1], dtype=like.inputs_embeds.dtype, device=dev),
+                torch.zeros(3, bucket, dtype=like.position_ids.dtype, device=dev),
+            )
+            self._static[bucket] = static
+        cu = torch.arange(0, bucket + cap, cap, dtype=torch.int32, device=dev).clamp_(max=bucket)
+        cu = torch.cat([cu, cu.new_full((self._slots(bucket, cap) - cu.numel(),), bucket)])  # (slots,)
+        inputs = PackedInputs(static.embeds, static.positions, cu, cap)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self.decoder(static)
+                self.decoder(inputs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = self.decoder(static)
-        return graph, static, out
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self.decoder(inputs)
+        return graph, cu, out
 
     def run(self, p: PackedInputs) -> torch.Tensor:
         """Hidden states (T, hidden) for the packed records of `p` (T = its real token count)."""
         t = p.inputs_embeds.shape[0]
         n = p.cu_seqlens.shape[0] - 1
         bucket = self.bucket_for(t)
-        if bucket is None or n > self.max_records or p.visual_mask is not None:
-            return self.decoder(p)
-        if bucket not in self._graphs:
-            self._graphs[bucket] = self._build(bucket, p)
-        graph, static, out = self._graphs[bucket]
-        static.inputs_embeds[:t].copy_(p.inputs_embeds)
-        static.inputs_embeds[t:].zero_()
-        static.position_ids[:, :t].copy_(p.position_ids)
-        static.position_ids[:, t:].copy_(torch.arange(bucket - t, device=static.position_ids.device))
-        # Real boundaries first, then one padding record up to the bucket end; unused slots repeat the end.
-        static.cu_seqlens[: n + 1].copy_(p.cu_seqlens)
-        static.cu_seqlens[n + 1:].fill_(bucket)
+        cap = next((c for c in SEQLEN_CAPS if p.max_seqlen <= c), None)
+        if bucket is None or cap is None or n > self.max_records or p.visual_mask is not None:
+            return self.decoder(p)  # type: ignore[no-any-return]
+        cap = min(cap, bucket)
+        key = (bucket, cap)
+        if key not in self._graphs:
+            self._graphs[key] = self._build(bucket, cap, p)
+        graph, cu, out = self._graphs[key]
+        static = self._static[bucket]
+        static.embeds[:t].copy_(p.inputs_embeds)
+        static.embeds[t:].zero_()
+        static.positions[:, :t].copy_(p.position_ids)
+        pad = bucket - t
+        static.positions[:, t:].copy_((torch.arange(pad, device=cu.device) % cap).expand(3, -1))
+        # Real boundaries, then padding records of <= cap tokens up to the bucket end, then empty records.
+        pad_bounds = torch.arange(t + cap, bucket + cap, cap, dtype=torch.int32, device=cu.device)
+        pad_bounds.clamp_(max=bucket)
+        cu[: n + 1].copy_(p.cu_seqlens)
+        cu[n + 1 : n + 1 + pad_bounds.numel()].copy_(pad_bounds)
+        cu[n + 1 + pad_bounds.numel() :].fill_(bucket)
         graph.replay()
         return out[:t]

@@ -5,6 +5,7 @@ GEMMs taking more time than the expert GEMMs themselves. Each kernel here makes 
 
 - `add_rms_norm`: residual add and RMSNorm of the sum, (T, H) -> (T, H), (T, H).
 - `swiglu_weighted`: silu(gate) * up * routing weight, (S, 2I) -> (S, I).
+- `qk_norm_rope`: split fused QKV, per-head RMSNorm of q and k, rotary embedding.
 - `combine`: per token, the sum of its k expert outputs gathered from the expert-sorted layout.
 
 Contract: inputs are contiguous; CUDA tensors use Triton when it is importable, everything else the
@@ -35,8 +36,16 @@ def _use_triton(t: torch.Tensor) -> bool:
 if HAVE_TRITON:
 
     @triton.jit  # type: ignore[untyped-decorator]
-    def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, y_ptr, n_ptr, eps, hidden: tl.constexpr,  # type: ignore[no-untyped-def]
-                             block: tl.constexpr):
+    def _add_rms_norm_kernel(
+        x_ptr,
+        d_ptr,
+        w_ptr,
+        y_ptr,
+        n_ptr,
+        eps,
+        hidden: tl.constexpr,  # type: ignore[no-untyped-def]
+        block: tl.constexpr,
+    ):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, block)
         mask = cols < hidden
@@ -52,8 +61,14 @@ if HAVE_TRITON:
         tl.store(n_ptr + base + cols, normed.to(x.dtype), mask=mask)
 
     @triton.jit  # type: ignore[untyped-decorator]
-    def _swiglu_kernel(h_ptr, w_ptr, out_ptr, total, inter: tl.constexpr,  # type: ignore[no-untyped-def]
-                       block: tl.constexpr):
+    def _swiglu_kernel(
+        h_ptr,
+        w_ptr,
+        out_ptr,
+        total,
+        inter: tl.constexpr,  # type: ignore[no-untyped-def]
+        block: tl.constexpr,
+    ):
         idx = tl.program_id(0).to(tl.int64) * block + tl.arange(0, block)
         mask = idx < total
         s = idx // inter
@@ -65,8 +80,15 @@ if HAVE_TRITON:
         tl.store(out_ptr + idx, a.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit  # type: ignore[untyped-decorator]
-    def _combine_kernel(y_ptr, inv_ptr, out_ptr, total, hidden: tl.constexpr,  # type: ignore[no-untyped-def]
-                        k: tl.constexpr, block: tl.constexpr):
+    def _combine_kernel(
+        y_ptr,
+        inv_ptr,
+        out_ptr,
+        total,
+        hidden: tl.constexpr,  # type: ignore[no-untyped-def]
+        k: tl.constexpr,
+        block: tl.constexpr,
+    ):
         idx = tl.program_id(0).to(tl.int64) * block + tl.arange(0, block)
         mask = idx < total
         t = idx // hidden
@@ -78,6 +100,92 @@ if HAVE_TRITON:
         tl.store(out_ptr + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+if HAVE_TRITON:
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _qk_norm_rope_kernel(
+        qkv_ptr,
+        qw_ptr,
+        kw_ptr,
+        cos_ptr,
+        sin_ptr,
+        q_ptr,
+        k_ptr,
+        eps,  # type: ignore[no-untyped-def]
+        hq: tl.constexpr,
+        hk: tl.constexpr,
+        d: tl.constexpr,
+    ):
+        t = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1)
+        half: tl.constexpr = d // 2
+        cols = tl.arange(0, half)
+        row = qkv_ptr + t * ((hq + 2 * hk) * d) + head * d
+        x1 = tl.load(row + cols).to(tl.float32)
+        x2 = tl.load(row + half + cols).to(tl.float32)
+        rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / d + eps)
+        is_q = head < hq
+        w_ptr = tl.where(is_q, qw_ptr, kw_ptr)
+        w1 = tl.load(w_ptr + cols).to(tl.float32)
+        w2 = tl.load(w_ptr + half + cols).to(tl.float32)
+        # Round the normalised values to the activation dtype before scaling, as the reference does.
+        n1 = (x1 * rstd).to(q_ptr.dtype.element_ty).to(tl.float32) * w1
+        n2 = (x2 * rstd).to(q_ptr.dtype.element_ty).to(tl.float32) * w2
+        n1 = n1.to(q_ptr.dtype.element_ty).to(tl.float32)
+        n2 = n2.to(q_ptr.dtype.element_ty).to(tl.float32)
+        c1 = tl.load(cos_ptr + t * d + cols).to(tl.float32)
+        c2 = tl.load(cos_ptr + t * d + half + cols).to(tl.float32)
+        s1 = tl.load(sin_ptr + t * d + cols).to(tl.float32)
+        s2 = tl.load(sin_ptr + t * d + half + cols).to(tl.float32)
+        o1 = n1 * c1 - n2 * s1
+        o2 = n2 * c2 + n1 * s2
+        if is_q:  # noqa: SIM108 - a runtime branch inside a Triton kernel, not Python
+            out = q_ptr + t * (hq * d) + head * d
+        else:
+            out = k_ptr + t * (hk * d) + (head - hq) * d
+        tl.store(out + cols, o1.to(q_ptr.dtype.element_ty))
+        tl.store(out + half + cols, o2.to(q_ptr.dtype.element_ty))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def qk_norm_rope(
+    qkv: torch.Tensor,
+    qw: torch.Tensor,
+    kw: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    hq: int,
+    hk: int,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split fused QKV (T, (hq + 2 hk) d); per-head RMSNorm of q and k; rotary embedding with cos/sin (T, d).
+
+    Returns contiguous q (T, hq, d), k (T, hk, d), v (T, hk, d).
+    """
+    t = qkv.shape[0]
+    d = cos.shape[-1]
+    if not _use_triton(qkv) or d % 2 or (d & (d - 1)):
+        q, k, v = qkv.split([hq * d, hk * d, hk * d], dim=-1)
+        q = rms_norm_reference(q.reshape(t, hq, d), qw, eps)  # (T, hq, d)
+        k = rms_norm_reference(k.reshape(t, hk, d), kw, eps)  # (T, hk, d)
+        c, s = cos[:, None, :], sin[:, None, :]  # (T, 1, d)
+        q = q * c + _rotate_half(q) * s
+        k = k * c + _rotate_half(k) * s
+        return q, k, v.reshape(t, hk, d).contiguous()
+    q = torch.empty(t, hq, d, dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty(t, hk, d, dtype=qkv.dtype, device=qkv.device)
+    if t:
+        _qk_norm_rope_kernel[(t, hq + hk)](
+            qkv, qw, kw, cos.contiguous(), sin.contiguous(), q, k, eps, hq=hq, hk=hk, d=d, num_warps=1
+        )
+    v = qkv[:, (hq + hk) * d :].reshape(t, hk, d).contiguous()
+    return q, k, v
+
+
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm as the reference thinker computes it: float32 statistics, cast back, then scale."""
     xf = x.float()
@@ -85,8 +193,9 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return weight * xf.to(x.dtype)
 
 
-def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + delta, RMSNorm(x + delta)) for (T, H) tensors."""
     if not _use_triton(x):
         y = x + delta
@@ -95,8 +204,17 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
     y = torch.empty_like(x)
     n = torch.empty_like(x)
     if t:
-        _add_rms_norm_kernel[(t,)](x, delta.contiguous(), weight, y, n, eps, hidden=hidden,
-                                   block=triton.next_power_of_2(hidden), num_warps=8)
+        _add_rms_norm_kernel[(t,)](
+            x,
+            delta.contiguous(),
+            weight,
+            y,
+            n,
+            eps,
+            hidden=hidden,
+            block=triton.next_power_of_2(hidden),
+            num_warps=8,
+        )
     return y, n
 
 
@@ -110,8 +228,9 @@ def swiglu_weighted(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     out = torch.empty(s, inter, dtype=h.dtype, device=h.device)
     total = s * inter
     if total:
-        _swiglu_kernel[(triton.cdiv(total, _BLOCK),)](h, w.contiguous(), out, total, inter=inter,
-                                                       block=_BLOCK, num_warps=4)
+        _swiglu_kernel[(triton.cdiv(total, _BLOCK),)](
+            h, w.contiguous(), out, total, inter=inter, block=_BLOCK, num_warps=4
+        )
     return out
 
 
@@ -124,6 +243,7 @@ def combine(y: torch.Tensor, inv: torch.Tensor, k: int) -> torch.Tensor:
     out = torch.empty(t, hidden, dtype=y.dtype, device=y.device)
     total = t * hidden
     if total:
-        _combine_kernel[(triton.cdiv(total, _BLOCK),)](y, inv, out, total, hidden=hidden, k=k,
-                                                        block=_BLOCK, num_warps=4)
+        _combine_kernel[(triton.cdiv(total, _BLOCK),)](
+            y, inv, out, total, hidden=hidden, k=k, block=_BLOCK, num_warps=4
+        )
     return out

@@ -17,6 +17,7 @@ from torch import nn
 from engine.batch import Layout, ModelBatch, collate
 from engine.fastpath import GraphedDecoder, PackedInputs, PackedTextDecoder, varlen_available
 from engine.head import JointSchemaHead
+from engine.model_media import media_hidden_states, rope_positions
 from engine.types import EncodedRequest
 
 _VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
@@ -33,8 +34,7 @@ class ClefOmniModel(nn.Module):
         self._fast: PackedTextDecoder | None = None
         self._graphed: GraphedDecoder | None = None
 
-    def enable_fast_path(self, *, graph_buckets: tuple[int, ...] = (), max_graph_records: int = 8,
-                         compile_ops: bool = True) -> bool:
+    def enable_fast_path(self, *, graph_buckets: tuple[int, ...] = (), max_graph_records: int = 16) -> bool:
         """Use the padding-free varlen decoder (`engine.fastpath`) for text-only batches on CUDA.
 
         Optional CUDA graphs replay the decoder for batches up to the largest of `graph_buckets` tokens
@@ -43,9 +43,14 @@ class ClefOmniModel(nn.Module):
         """
         if self.device.type != "cuda" or not varlen_available():
             return False
-        self._fast = PackedTextDecoder(self.thinker.model, compile_ops=compile_ops)
+        if self._fast is None:  # built once: it holds fused QKV copies of the attention weights
+            self._fast = PackedTextDecoder(self.thinker.model)
         self._graphed = (GraphedDecoder(self._fast, graph_buckets, max_graph_records)
                          if graph_buckets else None)
+        if self._graphed is not None:
+            text_model: Any = self.thinker.model
+            weight: torch.Tensor = text_model.embed_tokens.weight
+            self._graphed.capture_all(weight.shape[1], weight.dtype, weight.device)
         return True
 
     @property
@@ -70,32 +75,54 @@ class ClefOmniModel(nn.Module):
             return "padded"
         return "packed"
 
+    @property
+    def media_layout(self) -> Layout:
+        """Layout for batches with media, which always take the transformers path: `padded` for dense
+        attention on a GPU (as `preferred_layout` without the fast path), else `packed`."""
+        dense = self.attn_implementation not in _VARLEN_ATTENTION
+        return "padded" if self.device.type == "cuda" and dense else "packed"
+
+    def rope_index(self, record: EncodedRequest) -> torch.Tensor:
+        """(3, L) int64 t/h/w rope positions of a media record (CPU; see `model_media.rope_positions`)."""
+        return rope_positions(self.thinker, record)
+
     def collate(self, encoded: Sequence[EncodedRequest], layout: Layout | None = None) -> ModelBatch:
-        """`engine.batch.collate` with this model's layout, pad id and device."""
+        """`engine.batch.collate` with this model's layout, pad id, device and media rope index."""
+        with_media = any(rec.media for rec in encoded)
+        config: Any = getattr(self.thinker, "config", None)
+        audio_config: Any = getattr(config, "audio_config", None)
         return collate(
             encoded,
-            layout=layout or self.preferred_layout,
+            layout=layout or (self.media_layout if with_media else self.preferred_layout),
             pad_token_id=self.pad_token_id,
             device=self.device,
+            rope_index=self.rope_index if with_media else None,
+            n_window=int(getattr(audio_config, "n_window", 50)),
         )
 
     def hidden_states(self, batch: ModelBatch) -> torch.Tensor:
         """(T, hidden) final normalised states of the batch's real tokens, records back to back."""
         text_model: Any = self.thinker.model
-        if self._fast is not None and batch.layout == "packed":
+        hidden: torch.Tensor
+        if batch.media is not None:  # media never takes the text-only fast path
+            hidden = media_hidden_states(self.thinker, batch)  # (rows, cols, H)
+        elif self._fast is not None and batch.layout == "packed":
             return self._fast_hidden_states(text_model, batch)
-        out = text_model(
-            input_ids=batch.input_ids,
-            position_ids=batch.position_ids,
-            attention_mask=batch.attention_mask,
-            use_cache=False,
-        )
-        hidden: torch.Tensor = out.last_hidden_state  # (rows, cols, H)
+        else:
+            out = text_model(
+                input_ids=batch.input_ids,
+                position_ids=batch.position_ids,
+                attention_mask=batch.attention_mask,
+                use_cache=False,
+            )
+            hidden = out.last_hidden_state  # (rows, cols, H)
         flat = hidden.reshape(-1, hidden.shape[-1])  # (rows * cols, H)
         return flat if batch.token_gather is None else flat[batch.token_gather]  # (T, H)
 
     def _fast_hidden_states(self, text_model: Any, batch: ModelBatch) -> torch.Tensor:
         assert self._fast is not None
+        if batch.media is not None:
+            raise ValueError("a batch with media cannot take the text-only fast path")
         ids = batch.input_ids[0]  # (T,)
         lengths = torch.tensor((0, *batch.lengths), dtype=torch.int32)
         cu = lengths.cumsum(0, dtype=torch.int32).to(ids.device, non_blocking=True)  # (N+1,)

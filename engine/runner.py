@@ -7,15 +7,19 @@ CLI, tests and the Python API. The Kafka consumer and HTTP server call `prepare`
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from engine.batch import Layout, forward, plan_batches
 from engine.encode import DEFAULT_MAX_TOKENS, TextEncoder, encoder_for
+from engine.media import MediaError, MediaLimits, MediaPolicy
 from engine.model import ClefOmniModel
 from engine.types import EncodedRequest
 from schemas.systemone import (
@@ -27,6 +31,8 @@ from schemas.systemone import (
     build_response,
     parse_request,
 )
+
+log = logging.getLogger(__name__)
 
 DTypeName = Literal["float32", "bfloat16", "float16"]
 _DTYPES: dict[str, torch.dtype] = {
@@ -42,7 +48,8 @@ class EngineConfig:
     longer than `max_batch_tokens` still runs, alone. `layout` picks the collate layout (`auto`: the
     model's `preferred_layout`). `device`/`dtype` apply when loading a release. On CUDA, `fast_path`
     runs text-only batches through the packed varlen decoder (`engine.fastpath`), replaying CUDA graphs
-    for batches of up to `max(graph_buckets)` tokens; `compile_ops` lets torch.compile fuse its glue."""
+    captured per token bucket (`graph_buckets`; None: `fastpath.default_buckets(max_batch_tokens)`, empty:
+    no graphs)."""
 
     device: str = "cuda"
     dtype: DTypeName = "bfloat16"
@@ -53,12 +60,22 @@ class EngineConfig:
     confidence_formula: Literal["typesafe", "top"] = "typesafe"
     layout: Literal["auto", "packed", "padded"] = "auto"
     fast_path: bool = True
-    graph_buckets: tuple[int, ...] = (1024, 2048, 4096)
-    compile_ops: bool = True
+    graph_buckets: tuple[int, ...] | None = None
+    media_limits: MediaLimits = MediaLimits()
+    media_policy: MediaPolicy = MediaPolicy()
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return _DTYPES[self.dtype]
+
+
+class MediaInputLike(Protocol):
+    """What a media hook returns (e.g. `engine.media.expand.PreparedMedia`)."""
+
+    @property
+    def token_ids(self) -> Sequence[int]: ...
+    @property
+    def tensors(self) -> Mapping[str, Any]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +86,7 @@ class MediaInput:
     tensors: Mapping[str, Any]
 
 
-MediaHook = Callable[[SystemOneRequest], MediaInput]
+MediaHook = Callable[[SystemOneRequest], MediaInputLike]
 """Decodes a request's media; raises `RequestError` (a media reason code) for bad or forbidden media."""
 
 
@@ -111,7 +128,12 @@ class Engine:
         cfg = self.config
         on_cuda = getattr(getattr(model, "device", None), "type", "cpu") == "cuda"
         if cfg.fast_path and on_cuda and not getattr(model, "fast_path", True):
-            model.enable_fast_path(graph_buckets=cfg.graph_buckets, compile_ops=cfg.compile_ops)
+            from engine.fastpath import default_buckets
+
+            buckets = cfg.graph_buckets
+            if buckets is None:
+                buckets = default_buckets(cfg.max_batch_tokens)
+            model.enable_fast_path(graph_buckets=buckets)
         self._layout: Layout | None = None if self.config.layout == "auto" else self.config.layout
 
     @classmethod
@@ -124,19 +146,29 @@ class Engine:
     ) -> Engine:
         """Load a release directory (blocking, seconds to minutes) and wrap it in an engine.
 
-        `device`/`dtype` override the ones in `config`. Raises whatever `load_release_model` raises
+        `device`/`dtype` override the ones in `config`. The media hook decodes media under
+        `config.media_limits`/`media_policy` with the release's processors; a release whose processor
+        files cannot be read serves text only (logged). Raises whatever `load_release_model` raises
         for a missing or inconsistent release.
         """
         from dataclasses import replace
 
+        from engine.media.expand import media_hook
+        from engine.media.features import MediaProcessors
         from engine.release import load_release_model
 
         cfg = config if config is not None else EngineConfig()
         cfg = replace(cfg, device=device or cfg.device, dtype=dtype or cfg.dtype)
         loaded = load_release_model(path, device=cfg.device, dtype=cfg.torch_dtype)
-        return cls(loaded.model, loaded.tokenizer, cfg, processor=loaded.processor)
+        hook: MediaHook | None = None
+        try:
+            processors = MediaProcessors.from_release(path)
+            hook = media_hook(loaded.tokenizer, processors, cfg.media_limits, cfg.media_policy)
+        except (OSError, KeyError, TypeError, ValueError) as exc:
+            log.warning("media disabled for %s: %s", path, exc)
+        return cls(loaded.model, loaded.tokenizer, cfg, processor=loaded.processor, media_hook=hook)
 
-    def _media(self, request: SystemOneRequest) -> MediaInput | None:
+    def _media(self, request: SystemOneRequest) -> MediaInputLike | None:
         """The one place a request's media is decoded (None for a text-only request).
 
         Media support plugs in here: pass `media_hook` (built from `self.processor` and the media
@@ -146,7 +178,13 @@ class Engine:
             return None
         if self._media_hook is None:
             raise RequestError(DlqReason.media_undecodable, "media not supported yet", status=400)
-        return self._media_hook(request)
+        try:
+            return self._media_hook(request)
+        except RequestError:
+            raise
+        except Exception as exc:  # a processor failure is still this request's media, never a 5xx
+            log.warning("media hook failed unexpectedly", exc_info=True)
+            raise MediaError(DlqReason.media_undecodable, f"cannot process media ({type(exc).__name__})") from exc
 
     def prepare(self, request: SystemOneRequest) -> Prepared:
         """Decode media and encode `request` (CPU only, thread-safe).
@@ -171,9 +209,7 @@ class Engine:
         """
         if not batch:
             return []
-        with torch.inference_mode():
-            inputs = self.model.collate([p.encoded for p in batch], layout=self._layout)
-            probabilities = forward(self.model, inputs)
+        probabilities = self._forward([p.encoded for p in batch])
         return [
             build_response(
                 p.request,
@@ -184,6 +220,21 @@ class Engine:
             )
             for p, per_question in zip(batch, probabilities, strict=True)
         ]
+
+    def _forward(self, encoded: list[EncodedRequest]) -> list[dict[str, npt.NDArray[np.float32]]]:
+        """Probabilities per record; with the text fast path on, a mixed batch runs its text-only
+        records there and its media records on the transformers path (two passes, same answers)."""
+        media = [bool(e.media) for e in encoded]
+        parts = [list(range(len(encoded)))]
+        if any(media) and not all(media) and getattr(self.model, "fast_path", False):
+            parts = [[i for i, m in enumerate(media) if not m], [i for i, m in enumerate(media) if m]]
+        out: list[dict[str, npt.NDArray[np.float32]]] = [{} for _ in encoded]
+        with torch.inference_mode():
+            for part in parts:
+                inputs = self.model.collate([encoded[i] for i in part], layout=self._layout)
+                for i, probs in zip(part, forward(self.model, inputs), strict=True):
+                    out[i] = probs
+        return out
 
     def decide(
         self, requests: Sequence[SystemOneRequest | Mapping[str, Any] | str | bytes]

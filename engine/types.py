@@ -27,7 +27,9 @@ class EncodedRequest:
     `question_spans[k]` is question k's instruction span (request order); `option_spans[k][j]` is option j
     of question k in `option_table` order. `media` holds processor outputs (tensors keyed by the names the
     Qwen3-Omni thinker takes, e.g. `pixel_values`, `image_grid_thw`, `input_features`) or is None for a
-    text-only record.
+    text-only record. `media_span` is the half-open range of the media tokens M inside `input_ids` (None
+    without media): only placeholders inside it are replaced by media features, so media tokens that a
+    state happens to spell out stay plain text.
     """
 
     input_ids: tuple[int, ...]
@@ -37,6 +39,7 @@ class EncodedRequest:
     option_spans: tuple[tuple[Span, ...], ...]
     state_truncated: bool = False
     media: Mapping[str, Any] | None = field(default=None)
+    media_span: Span | None = None
 
     @property
     def num_tokens(self) -> int:
