@@ -382,6 +382,20 @@ def main(out_dir: str | None = None, quick: bool = False) -> int:
             peak_gb=round(r["peak_gb"], 1),
             mfu=round(r["tok_s"] * flops_per_token(512) / 1e12 / PEAK_TFLOPS, 3),
         )
+    for budget in (32768, 65536):
+        prepared = [engine.prepare(r) for r in reqs512]
+        ms = []
+        for start in range(0, len(prepared), budget // 512):
+            group = prepared[start : start + budget // 512]
+            ms.append(cuda_ms(lambda g=group: engine.execute(g)))
+        tok = sum(p.num_tokens for p in prepared)
+        b.emit(
+            kind="throughput",
+            workload="512-token requests, pre-tokenized (execute only)",
+            budget=budget,
+            tok_s=round(tok / sum(ms) * 1000),
+            batch_ms_p50=round(statistics.median(ms), 1),
+        )
     base = baseline(engine, reqs512[:128], 64)
     b.emit(
         kind="baseline",

@@ -63,7 +63,8 @@ class MediaBatch:
 
 def has_media(record: EncodedRequest) -> bool:
     """True when the record carries media tensors and a non-empty media span."""
-    return bool(record.media) and record.media_span is not None and record.media_span[1] > record.media_span[0]
+    span = record.media_span
+    return bool(record.media) and span is not None and span[1] > span[0]
 
 
 def check_media_record(index: int, record: EncodedRequest) -> None:
@@ -89,9 +90,10 @@ def _audio(
     if not features:
         return None, None, (), ()
     longest = max(int(f.shape[-1]) for f in features)
-    padded = torch.cat([torch.nn.functional.pad(f, (0, longest - f.shape[-1])) for f in features])  # (A, mel, F)
+    pad = torch.nn.functional.pad
+    padded = torch.cat([pad(f, (0, longest - f.shape[-1])) for f in features])  # (A, mel, F)
     mask = torch.cat(
-        [torch.nn.functional.pad(m.to(torch.int64), (0, longest - m.shape[-1])) for m in masks]
+        [pad(m.to(torch.int64), (0, longest - m.shape[-1])) for m in masks]
     )  # (A, F)
     lengths = [int(n) for n in mask.sum(-1).tolist()]
     groups: dict[int, list[int]] = {}
@@ -132,7 +134,8 @@ def collate_media(
         check_media_record(r, rec)
         if not has_media(rec):
             continue
-        assert rec.media is not None and rec.media_span is not None
+        assert rec.media is not None
+        assert rec.media_span is not None
         media.append(rec.media)
         rope = rope_index(rec)  # (3, L)
         if tuple(rope.shape) != (3, rec.num_tokens):

@@ -8,6 +8,7 @@ schema) are cached per tokenizer, so a typical request only tokenizes its state.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -64,6 +65,10 @@ class TextEncoder:
     """
 
     def __init__(self, tokenizer: object, *, cache_size: int = 65_536) -> None:
+        # Requests are encoded one per worker thread; the tokenizers library would otherwise fan each
+        # small batch of pieces out over a pool as wide as the machine, competing for cores with the
+        # thread that feeds the GPU.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self._encode_batch = _batch_encoder(tokenizer)
         self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._cache_size = cache_size

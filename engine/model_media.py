@@ -58,7 +58,8 @@ def rope_positions(thinker: Any, record: EncodedRequest) -> torch.Tensor:
 
 def _audio_features(thinker: Any, media: MediaBatch) -> torch.Tensor:
     """(audio tokens, H) audio features, rows in `input_features` order."""
-    assert media.input_features is not None and media.feature_attention_mask is not None
+    assert media.input_features is not None
+    assert media.feature_attention_mask is not None
     per_row: list[torch.Tensor | None] = [None] * len(media.audio_tokens)
     for group in media.audio_groups:
         rows = torch.tensor(group, dtype=torch.int64, device=media.input_features.device)
@@ -105,7 +106,8 @@ def media_hidden_states(thinker: Any, batch: ModelBatch) -> torch.Tensor:
     assert media is not None
     text_model: Any = thinker.model
     embeds: torch.Tensor = text_model.embed_tokens(batch.input_ids)  # (rows, cols, H)
-    image_mask, video_mask, audio_mask = thinker.get_placeholder_mask(media.placeholder_ids, inputs_embeds=embeds)
+    masks = thinker.get_placeholder_mask(media.placeholder_ids, inputs_embeds=embeds)  # 3 x (rows, cols, 1)
+    image_mask, video_mask, audio_mask = masks
     if media.input_features is not None:
         audio = _audio_features(thinker, media).to(embeds.device, embeds.dtype)  # (A_tokens, H)
         _check_count(audio_mask, audio, "audio")

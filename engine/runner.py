@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -61,8 +61,8 @@ class EngineConfig:
     layout: Literal["auto", "packed", "padded"] = "auto"
     fast_path: bool = True
     graph_buckets: tuple[int, ...] | None = None
-    media_limits: MediaLimits = MediaLimits()
-    media_policy: MediaPolicy = MediaPolicy()
+    media_limits: MediaLimits = field(default_factory=MediaLimits)
+    media_policy: MediaPolicy = field(default_factory=MediaPolicy)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -184,7 +184,8 @@ class Engine:
             raise
         except Exception as exc:  # a processor failure is still this request's media, never a 5xx
             log.warning("media hook failed unexpectedly", exc_info=True)
-            raise MediaError(DlqReason.media_undecodable, f"cannot process media ({type(exc).__name__})") from exc
+            message = f"cannot process media ({type(exc).__name__})"
+            raise MediaError(DlqReason.media_undecodable, message) from exc
 
     def prepare(self, request: SystemOneRequest) -> Prepared:
         """Decode media and encode `request` (CPU only, thread-safe).
@@ -202,7 +203,8 @@ class Engine:
         return Prepared(request, encoded)
 
     def execute(self, batch: Sequence[Prepared]) -> list[SystemOneResponse]:
-        """Run one forward pass over `batch` and build a response per record, in batch order.
+        """Run `batch` (one forward pass; two when the text fast path splits off media records) and
+        build a response per record, in batch order.
 
         Call from one worker thread only. May raise `torch.OutOfMemoryError` (the caller splits the
         batch and retries the halves) or `ProbabilityError` when the model produced NaN/inf.

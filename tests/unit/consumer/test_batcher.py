@@ -50,7 +50,12 @@ def thunk(item: Item) -> Callable[[], Item]:
 
 
 def settings(**kw: float) -> BatchingSettings:
-    base: dict[str, float] = {"max_batch_records": 4, "max_batch_tokens": 1000, "max_wait_ms": 50, "prepare_chunk": 2}
+    base: dict[str, float] = {
+        "max_batch_records": 4,
+        "max_batch_tokens": 1000,
+        "max_wait_ms": 50,
+        "prepare_chunk": 2,
+    }
     base.update(kw)
     return BatchingSettings.model_validate(base)
 
@@ -102,7 +107,9 @@ async def test_flush_on_max_wait_only_after_the_deadline() -> None:
 async def test_flush_on_token_budget() -> None:
     clock = ManualClock()
     engine = FakeEngine()
-    b: Batcher[Item, str] = Batcher(engine.execute, settings(max_batch_tokens=100, prepare_chunk=8), clock=clock)
+    b: Batcher[Item, str] = Batcher(
+        engine.execute, settings(max_batch_tokens=100, prepare_chunk=8), clock=clock
+    )
     await b.start()
     b.submit([thunk(Item("big", 70)), thunk(Item("next", 40)), thunk(Item("small", 10))])
     await settle()
@@ -126,9 +133,11 @@ async def test_prepare_errors_fail_only_their_record() -> None:
     await settle()
     await clock.advance(0.06)
     await settle()
-    assert futs[0].result() == "answer:a" and futs[2].result() == "answer:b"
+    assert futs[0].result() == "answer:a"
+    assert futs[2].result() == "answer:b"
     exc = futs[1].exception()
-    assert isinstance(exc, RequestError) and exc.reason == DlqReason.bad_json
+    assert isinstance(exc, RequestError)
+    assert exc.reason == DlqReason.bad_json
     await b.close()
 
 
@@ -139,11 +148,14 @@ async def test_one_gpu_thread_and_poison_record_isolated() -> None:
     await b.start()
     futs = b.submit([thunk(Item(f"r{i}")) for i in range(8)])
     await settle()
-    assert len(engine.threads) == 1 and next(iter(engine.threads)).startswith("clef-gpu")
+    assert len(engine.threads) == 1
+    assert next(iter(engine.threads)).startswith("clef-gpu")
     results = [f.exception() or f.result() for f in futs]
-    assert results[:2] == ["answer:r0", "answer:r1"] and results[3:] == [f"answer:r{i}" for i in range(3, 8)]
+    assert results[:2] == ["answer:r0", "answer:r1"]
+    assert results[3:] == [f"answer:r{i}" for i in range(3, 8)]
     failure = results[2]
-    assert isinstance(failure, EngineError) and failure.reason == DlqReason.engine_failed
+    assert isinstance(failure, EngineError)
+    assert failure.reason == DlqReason.engine_failed
     assert failure.attempts == 2
     await b.close()
 
@@ -157,7 +169,8 @@ async def test_oom_splits_the_batch() -> None:
     await settle()
     assert [f.result() for f in futs] == [f"answer:r{i}" for i in range(4)]
     assert engine.batches[0] == ["r0", "r1", "r2", "r3"]
-    assert ["r0"] in engine.batches and ["r3"] in engine.batches
+    assert ["r0"] in engine.batches
+    assert ["r3"] in engine.batches
     await b.close()
 
 

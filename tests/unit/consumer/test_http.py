@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import pytest
 from pydantic import SecretStr
 
 from consumer.http import HttpServer
@@ -58,34 +57,41 @@ def post(path: str, body: bytes, extra: str = "") -> bytes:
     return f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
 
 
-@pytest.fixture
-async def server() -> HttpServer:
+async def new_server() -> HttpServer:
     srv = HttpServer(HttpSettings(port=0, max_body_bytes=2048), FakeBackend(), Metrics(), ["clef-omni"])
     await srv.start()
     return srv
 
 
-async def test_systemone_ok_and_errors(server: HttpServer) -> None:
+async def test_systemone_ok_and_errors() -> None:
+    server = await new_server()
     assert server.port is not None
     ok = json.dumps({"state": "disk full", "questions": {"outage": {"type": "noul"}}}).encode()
     status, headers, body = await call(server.port, post("/v1/systemone", ok))
-    assert status == 200 and headers["content-type"] == "application/json"
+    assert status == 200
+    assert headers["content-type"] == "application/json"
     assert json.loads(body)["answers"]["outage"] == {"type": "noul", "noul": 0.25}
     status, _, body = await call(server.port, post("/v1/systemone", b'{"state": "x", "questions": {}}'))
-    assert status == 422 and isinstance(json.loads(body)["detail"], list)
+    assert status == 422
+    assert isinstance(json.loads(body)["detail"], list)
     status, _, body = await call(server.port, post("/v1/systemone", b"{not json"))
-    assert status == 400 and json.loads(body)["detail"]["error_type"] == "bad_json"
+    assert status == 400
+    assert json.loads(body)["detail"]["error_type"] == "bad_json"
     boom = json.dumps({"model": "explode", "state": "x", "questions": {"q": {"type": "noul"}}}).encode()
     status, _, body = await call(server.port, post("/v1/systemone", boom))
-    assert status == 500 and json.loads(body)["detail"]["error_type"] == "engine_failed"
+    assert status == 500
+    assert json.loads(body)["detail"]["error_type"] == "engine_failed"
     status, _, _ = await call(server.port, post("/v1/systemone", b"x" * 4096))
     assert status == 413
-    status, _, _ = await call(server.port, b"POST /v1/systemone HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+    status, _, _ = await call(
+        server.port, b"POST /v1/systemone HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
     assert status == 411
     await server.stop()
 
 
-async def test_get_routes_and_keep_alive(server: HttpServer) -> None:
+async def test_get_routes_and_keep_alive() -> None:
+    server = await new_server()
     assert server.port is not None
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     for path in ("/v1/models", "/healthz", "/readyz", "/metrics", "/nope"):
@@ -93,9 +99,11 @@ async def test_get_routes_and_keep_alive(server: HttpServer) -> None:
         await writer.drain()
         status, headers, body = await read_response(reader)
         if path == "/v1/models":
-            assert status == 200 and json.loads(body)["data"][0]["id"] == "clef-omni"
+            assert status == 200
+            assert json.loads(body)["data"][0]["id"] == "clef-omni"
         elif path == "/metrics":
-            assert status == 200 and b"clef_router_http_requests_total" in body
+            assert status == 200
+            assert b"clef_router_http_requests_total" in body
         elif path == "/nope":
             assert status == 404
         else:
@@ -120,7 +128,8 @@ async def test_bearer_keys() -> None:
     srv = HttpServer(HttpSettings(port=0, api_keys=(SecretStr("s3cret"),)), FakeBackend(), Metrics(), ["m"])
     port = await srv.start()
     status, headers, _ = await call(port, b"GET /v1/models HTTP/1.1\r\n\r\n")
-    assert status == 401 and headers["www-authenticate"] == "Bearer"
+    assert status == 401
+    assert headers["www-authenticate"] == "Bearer"
     status, _, _ = await call(port, b"GET /v1/models HTTP/1.1\r\nAuthorization: Bearer wrong\r\n\r\n")
     assert status == 401
     status, _, _ = await call(port, b"GET /v1/models HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n\r\n")

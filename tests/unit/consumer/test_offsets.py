@@ -43,7 +43,8 @@ def test_partitions_are_independent_and_forgettable() -> None:
     t.track(b, 7)
     t.done(b, 7)
     assert t.committable() == {a: 0, b: 8}
-    assert t.pending(a) == 1 and t.pending(b) == 0
+    assert t.pending(a) == 1
+    assert t.pending(b) == 0
     t.forget(a)
     t.done(a, 0)  # unknown now: ignored
     assert t.committable() == {b: 8}

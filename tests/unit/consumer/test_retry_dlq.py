@@ -31,10 +31,13 @@ def test_single_oom_record_goes_to_dlq_and_the_rest_are_answered() -> None:
     oom_hooks: list[int] = []
     result = run_split(execute, [1, 2, 3, 4, 5], single_attempts=1, on_oom=lambda: oom_hooks.append(1))
     outcomes = result.outcomes
-    assert outcomes[:2] == [10, 20] and outcomes[3:] == [40, 50]
+    assert outcomes[:2] == [10, 20]
+    assert outcomes[3:] == [40, 50]
     failure = outcomes[2]
-    assert isinstance(failure, EngineError) and failure.reason == DlqReason.oom_single_record
-    assert result.stats.splits >= 2 and result.stats.ooms == len(oom_hooks)
+    assert isinstance(failure, EngineError)
+    assert failure.reason == DlqReason.oom_single_record
+    assert result.stats.splits >= 2
+    assert result.stats.ooms == len(oom_hooks)
 
 
 def test_wrong_result_count_is_treated_as_failure() -> None:
@@ -53,23 +56,31 @@ def test_is_oom_and_is_transient() -> None:
 
 
 async def test_transient_retry_retries_then_reraises() -> None:
-    attempts = 0
-    with pytest.raises(KafkaConnectionError):
+    calls: list[int] = []
+
+    async def failing() -> None:
         async for attempt in transient_retry(3, initial_s=0.001, max_s=0.002):
             with attempt:
-                attempts += 1
+                calls.append(1)
                 raise KafkaConnectionError()
-    assert attempts == 3
+
+    with pytest.raises(KafkaConnectionError):
+        await failing()
+    assert len(calls) == 3
 
 
 async def test_transient_retry_does_not_retry_permanent_errors() -> None:
-    attempts = 0
-    with pytest.raises(ValueError, match="bad"):
+    calls: list[int] = []
+
+    async def failing() -> None:
         async for attempt in transient_retry(5, initial_s=0.001):
             with attempt:
-                attempts += 1
+                calls.append(1)
                 raise ValueError("bad")
-    assert attempts == 1
+
+    with pytest.raises(ValueError, match="bad"):
+        await failing()
+    assert len(calls) == 1
 
 
 def test_dlq_guard_trips_on_share() -> None:
@@ -99,12 +110,23 @@ def test_dlq_guard_window_slides() -> None:
 def test_dead_letter_record_keeps_original_bytes_key_and_headers() -> None:
     raw = b'{"broken": '
     record = InputRecord("alerts.in", 2, 41, b"key-1", raw, (("ce_id", b"e1"), ("trace", b"t")), 0)
-    out, info = dead_letter(record, RequestError(DlqReason.bad_json, "Invalid JSON"), topic="alerts.dlq",
-                            stage="decode", attempts=1)
-    assert out.topic == "alerts.dlq" and out.value == raw and out.key == b"key-1"
+    out, info = dead_letter(
+        record,
+        RequestError(DlqReason.bad_json, "Invalid JSON"),
+        topic="alerts.dlq",
+        stage="decode",
+        attempts=1,
+    )
+    assert out.topic == "alerts.dlq"
+    assert out.value == raw
+    assert out.key == b"key-1"
     assert out.headers[:2] == (("ce_id", b"e1"), ("trace", b"t"))
     parsed = parse_dlq_headers(out.headers)
-    assert parsed.original_topic == "alerts.in" and parsed.original_partition == 2
-    assert parsed.original_offset == 41 and parsed.reason == DlqReason.bad_json
-    assert parsed.stage == "decode" and parsed.attempts == 1
-    assert parsed.exception_fqcn.endswith("RequestError") and info.reason == DlqReason.bad_json
+    assert parsed.original_topic == "alerts.in"
+    assert parsed.original_partition == 2
+    assert parsed.original_offset == 41
+    assert parsed.reason == DlqReason.bad_json
+    assert parsed.stage == "decode"
+    assert parsed.attempts == 1
+    assert parsed.exception_fqcn.endswith("RequestError")
+    assert info.reason == DlqReason.bad_json

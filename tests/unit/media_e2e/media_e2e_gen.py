@@ -33,7 +33,9 @@ def _audio_stream(container: av.container.OutputContainer, codec: str, rate: int
     return stream
 
 
-def _write_audio(container: av.container.OutputContainer, stream: av.AudioStream, seconds: float, hz: float) -> None:
+def _write_audio(
+    container: av.container.OutputContainer, stream: av.AudioStream, seconds: float, hz: float
+) -> None:
     rate = stream.codec_context.sample_rate
     fmt = stream.codec_context.format.name
     step = stream.codec_context.frame_size or 1024
@@ -68,10 +70,25 @@ def mp4(seconds: float = 1.0, sound: bool = False, fps: int = 24, width: int = 6
         ramp = np.linspace(0, 255, width, dtype=np.float32)[None, :, None]
         for i in range(round(seconds * fps)):
             rgb = np.broadcast_to((ramp + 20 * i) % 256, (height, width, 3)).astype(np.uint8)
-            for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")):
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
+            for packet in stream.encode(frame):
                 container.mux(packet)
         for packet in stream.encode(None):
             container.mux(packet)
         if audio is not None:
             _write_audio(container, audio, seconds, 330.0)
     return buffer.getvalue()
+
+
+def png_bomb(width: int = 50_000, height: int = 50_000) -> bytes:
+    """A valid PNG header declaring `width` x `height` RGB pixels, with no pixel data."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        crc = zlib.crc32(kind + payload) & 0xFFFFFFFF
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    body = chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + body
