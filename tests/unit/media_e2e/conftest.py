@@ -6,20 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from media_e2e_gen import b64, mp4, png, wav
+from media_e2e_gen import b64, mp4, png, request, wav
 
 from engine.runner import Engine, EngineConfig
 from engine.tiny import write_tiny_release
-
-QUESTIONS: dict[str, Any] = {
-    "department": {"type": "choice", "criteria": {"net": "network", "db": "database", "sec": "security"}},
-    "outage": {"type": "noul"},
-    "urgency": {"type": "score", "criteria": ["low", "medium", "high"]},
-}
-
-
-def request(state: str, **media: list[str]) -> dict[str, Any]:
-    return {"state": state, "questions": QUESTIONS, **media}
 
 
 @pytest.fixture(scope="session")

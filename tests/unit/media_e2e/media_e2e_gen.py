@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import base64
 import io
+from typing import Any
 
 import av
 import numpy as np
 from PIL import Image
+
+QUESTIONS: dict[str, Any] = {
+    "department": {"type": "choice", "criteria": {"net": "network", "db": "database", "sec": "security"}},
+    "outage": {"type": "noul"},
+    "urgency": {"type": "score", "criteria": ["low", "medium", "high"]},
+}
+
+
+def request(state: str, **media: list[str]) -> dict[str, Any]:
+    """A SystemOne request body with the shared three questions."""
+    return {"state": state, "questions": QUESTIONS, **media}
 
 
 def b64(data: bytes) -> str:

@@ -8,8 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import request
-from media_e2e_gen import b64, mp4, png, png_bomb
+from media_e2e_gen import b64, mp4, png, png_bomb, request
 
 from engine.batch import Layout
 from engine.runner import Engine, Prepared

@@ -1,0 +1,324 @@
+"""The whole service on a real broker with the tiny release on CPU (issue 6 "done when").
+
+(a) 2,000 mixed events -> exactly one decision each, routed to the topic its answer names, per-key order kept,
+    all input offsets committed. (b) 100 poison records -> DLQ with reason code, headers and original bytes.
+(c) SIGTERM mid-stream on a `clef-router run` subprocess, then a restart: nothing lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from consumer.kafka_local import LocalKafka
+from consumer.pipeline import Pipeline
+from consumer.router import route_topic
+from consumer.settings import Settings, load_settings
+from schemas.dead_letter import parse_dlq_headers
+from schemas.errors import DlqReason
+from schemas.routing import RoutedDecision
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+PARTITIONS = 3
+KEYS = [f"host-{i}" for i in range(12)]
+DEPARTMENTS = {"network": "links", "database": "sql", "storage": "disks", "security": "threats"}
+SCHEMA = {"department_instructions": "team", "departments": DEPARTMENTS, "urgency_instructions": "urgency",
+          "urgency_levels": ["low", "high", "critical"], "outage_instructions": "outage"}
+
+
+@pytest.fixture(scope="module")
+def tiny_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from engine.tiny import write_tiny_release
+
+    return write_tiny_release(tmp_path_factory.mktemp("tiny-release"))
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_release: Path) -> Any:
+    from engine.runner import Engine, EngineConfig
+
+    return Engine.from_release(tiny_release, config=EngineConfig(device="cpu", dtype="float32"))
+
+
+def _settings(broker: LocalKafka, prefix: str, input_topic: str, **extra: Any) -> Settings:
+    topics = {"input": [input_topic], "decisions": f"{prefix}.decisions", "route_prefix": f"{prefix}.route.",
+              "review": f"{prefix}.route.review", "unrouted": f"{prefix}.route.unrouted", "dlq": f"{prefix}.dlq"}
+    return load_settings(
+        kafka={"bootstrap_servers": broker.bootstrap_servers, "group_id": f"{prefix}.group",
+               "commit_interval_ms": 200, **extra.pop("kafka", {})},
+        topics=topics,
+        batching={"max_batch_records": 32, "max_wait_ms": 30},
+        engine={"device": "cpu", "dtype": "float32", **extra.pop("engine", {})},
+        routing={"default_schema": SCHEMA, "review_threshold": 0.2},
+        http={"enabled": False},
+        **extra,
+    )
+
+
+def _event(seq: int, key: str, n: int) -> bytes:
+    """Alternates bare events and SystemOne bodies (several question sets)."""
+    state = {"seq": seq, "key": key, "n": n, "msg": ["disk full", "link down", "sql slow", "login burst"][seq % 4]}
+    if seq % 3 == 0:
+        return json.dumps({"event_id": f"ev-{seq}", **state}).encode()
+    if seq % 3 == 1:
+        body = {"state": state, "questions": {
+            "department": {"type": "choice", "criteria": {"network": "net", "storage": None, "marketing": "ads"}},
+            "urgency": {"type": "score", "criteria": ["low", "high"]}}}
+    else:
+        body = {"model": "clef-omni", "state": state, "questions": {"outage": {"type": "noul"}}}
+    return json.dumps(body).encode()
+
+
+async def _produce(bootstrap: str, topic: str, items: list[tuple[bytes | None, bytes | None, list[Any]]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=10)
+    await producer.start()
+    try:
+        futs = [await producer.send(topic, value, key=key, headers=headers) for key, value, headers in items]
+        await asyncio.gather(*futs)
+    finally:
+        await producer.stop()
+
+
+async def _read_all(bootstrap: str, topics: list[str], timeout_s: float = 30) -> dict[str, list[ConsumerRecord[bytes, bytes]]]:
+    """Every record currently in `topics` (read up to the end offsets seen at start), in partition order."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+    await consumer.start()
+    out: dict[str, list[ConsumerRecord[bytes, bytes]]] = defaultdict(list)
+    try:
+        parts = [TopicPartition(t, p) for t in topics for p in (consumer.partitions_for_topic(t) or set())]
+        if not parts:
+            for t in topics:
+                await consumer._client.force_metadata_update()  # noqa: SLF001 - fresh topics
+                parts += [TopicPartition(t, p) for p in (consumer.partitions_for_topic(t) or set())]
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        ends = await consumer.end_offsets(parts)
+        deadline = time.monotonic() + timeout_s
+        while any(await consumer.position(tp) < ends[tp] for tp in parts) and time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=200)
+            for tp, records in batch.items():
+                out[tp.topic].extend(records)
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def _committed(bootstrap: str, group: str) -> dict[TopicPartition, int]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+        return {tp: meta.offset for tp, meta in offsets.items()}
+    finally:
+        await admin.close()
+
+
+async def _run_until_committed(pipeline: Pipeline, total: int, timeout_s: float) -> None:
+    task = asyncio.create_task(pipeline.run())
+    deadline = time.monotonic() + timeout_s
+    try:
+        while sum(pipeline.tracker.committed().values()) < total:
+            assert not task.done(), f"pipeline stopped early: {task.exception() if task.done() else ''}"
+            assert time.monotonic() < deadline, f"only {sum(pipeline.tracker.committed().values())}/{total} committed"
+            await asyncio.sleep(0.1)
+    finally:
+        pipeline.request_stop()
+        await asyncio.wait_for(task, 60)
+
+
+def _out_topics(s: Settings) -> list[str]:
+    t = s.topics
+    return [t.decisions, t.review, t.unrouted, t.dlq, *(t.route_prefix + v for v in s.routing.department_map.values())]
+
+
+async def test_mixed_events_are_answered_once_routed_and_committed(
+    kafka_broker: LocalKafka, new_topic: Any, engine: Any
+) -> None:
+    total = 2000
+    topic = new_topic("in", partitions=PARTITIONS)
+    prefix = f"mix-{uuid.uuid4().hex[:6]}"
+    counters: dict[str, int] = defaultdict(int)
+    items = []
+    for seq in range(total):
+        key = KEYS[seq % len(KEYS)]
+        counters[key] += 1
+        items.append((key.encode(), _event(seq, key, counters[key]), [("ce_id", f"ce-{seq}".encode())]))
+    await _produce(kafka_broker.bootstrap_servers, topic, items)
+    settings = _settings(kafka_broker, prefix, topic)
+    pipeline = Pipeline(settings, engine)
+    t0 = time.monotonic()
+    await _run_until_committed(pipeline, total, timeout_s=600)
+    elapsed = time.monotonic() - t0
+    print(f"\n{total} events through the tiny release on CPU in {elapsed:.1f} s ({total / elapsed:.0f}/s)")
+
+    got = await _read_all(kafka_broker.bootstrap_servers, _out_topics(settings))
+    decisions = got[settings.topics.decisions]
+    assert len(decisions) == total
+    by_source = {}
+    for rec in decisions:
+        d = RoutedDecision.from_json(rec.value)
+        by_source[(d.source.partition, d.source.offset)] = (rec, d)
+    assert len(by_source) == total  # exactly once
+    route_records = [(t, r) for t, recs in got.items() if ".route." in t for r in recs]
+    assert len(route_records) == total  # exactly one route record per event
+    for t, rec in route_records:
+        d = RoutedDecision.from_json(rec.value)
+        assert t == route_topic(d.route, settings.routing, settings.topics)
+        assert by_source[(d.source.partition, d.source.offset)][0].key == rec.key
+    assert not got.get(settings.topics.dlq)
+    # Per-key order: within each output partition, each key's events appear in input order.
+    seen: dict[bytes, int] = {}
+    for rec in sorted(decisions, key=lambda r: (r.partition, r.offset)):
+        state = json.loads(rec.value)
+        d = RoutedDecision.from_json(rec.value)
+        assert rec.key is not None
+        assert d.source.offset > seen.get(rec.key, -1)
+        seen[rec.key] = d.source.offset
+        assert dict(rec.headers)["ce_id"].decode().startswith("ce-")
+        assert state["event_id"]
+    assert len(seen) == len(KEYS)
+    committed = await _committed(kafka_broker.bootstrap_servers, settings.kafka.group_id)
+    ends = await _end_offsets(kafka_broker.bootstrap_servers, topic)
+    assert {tp: off for tp, off in committed.items() if tp.topic == topic} == ends
+
+
+async def _end_offsets(bootstrap: str, topic: str) -> dict[TopicPartition, int]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        parts = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        return dict(await consumer.end_offsets(parts))
+    finally:
+        await consumer.stop()
+
+
+POISON: list[tuple[bytes | None, DlqReason]] = [
+    (b'{"summary": "cut', DlqReason.bad_json),
+    (b"\xff\xfe not utf8", DlqReason.bad_json),
+    (b"[1, 2, 3]", DlqReason.not_an_object),
+    (b'"just a string"', DlqReason.not_an_object),
+    (b'{"state": "x", "questions": {}}', DlqReason.schema_violation),
+    (b'{"state": "x", "questions": {"u": {"type": "score", "criteria": {"a": 1}}}}', DlqReason.schema_violation),
+    (b'{"state": null, "questions": {"q": {"type": "noul"}}}', DlqReason.schema_violation),
+    (b'{"state": "x", "questions": {"bad id!": {"type": "noul"}}}', DlqReason.schema_violation),
+    (b'{"blob": "' + b"x" * 6000 + b'"}', DlqReason.value_too_large),
+    (b"", DlqReason.empty_value),
+]
+
+
+async def test_poison_records_go_to_the_dlq_and_nothing_else_is_affected(
+    kafka_broker: LocalKafka, new_topic: Any, engine: Any
+) -> None:
+    good, poison = 300, 100
+    topic = new_topic("in", partitions=PARTITIONS)
+    prefix = f"poison-{uuid.uuid4().hex[:6]}"
+    items: list[tuple[bytes | None, bytes | None, list[Any]]] = []
+    expected: dict[bytes, tuple[bytes | None, DlqReason]] = {}
+    for i in range(good + poison):
+        if i % 4 == 1 and len(expected) < poison:
+            value, reason = POISON[len(expected) % len(POISON)]
+            pid = f"p{len(expected)}".encode()
+            expected[pid] = (value, reason)
+            items.append((pid, value, [("ce_id", pid), ("x-trace", b"t1")]))
+        else:
+            items.append((f"g{i % 7}".encode(), _event(i, f"g{i % 7}", i), []))
+    await _produce(kafka_broker.bootstrap_servers, topic, items)
+    settings = _settings(kafka_broker, prefix, topic, engine={"max_message_bytes": 4096},
+                         dlq={"guard_min_records": 50, "guard_max_share": 0.6})
+    await _run_until_committed(Pipeline(settings, engine), len(items), timeout_s=300)
+
+    got = await _read_all(kafka_broker.bootstrap_servers, _out_topics(settings))
+    dlq = got[settings.topics.dlq]
+    assert len(dlq) == poison
+    for rec in dlq:
+        assert rec.key is not None
+        value, reason = expected[rec.key]
+        info = parse_dlq_headers([(k, bytes(v)) for k, v in rec.headers])
+        assert info.reason == reason, (rec.key, info)
+        assert rec.value == (value if value else None) or (not value and not rec.value)
+        assert info.original_topic == topic and info.stage == "decode" and info.attempts == 1
+        headers = dict(rec.headers)
+        assert headers["ce_id"] == rec.key and headers["x-trace"] == b"t1"
+        assert len(headers["kafka_dlt-exception-message"]) <= 200
+    decisions = got[settings.topics.decisions]
+    assert len(decisions) == good
+    assert not any((r.key or b"").startswith(b"p") for recs in got.values() for r in recs if r.topic != settings.topics.dlq)
+    route_count = sum(len(recs) for t, recs in got.items() if ".route." in t)
+    assert route_count == good
+
+
+def _service_env(broker: LocalKafka, settings: Settings, release: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLEF_")}
+    t = settings.topics
+    env.update({
+        "CLEF_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap_servers, "CLEF_KAFKA__GROUP_ID": settings.kafka.group_id,
+        "CLEF_KAFKA__COMMIT_INTERVAL_MS": "200", "CLEF_ENGINE__MODEL_PATH": str(release),
+        "CLEF_ENGINE__DEVICE": "cpu", "CLEF_ENGINE__DTYPE": "float32", "CLEF_HTTP__ENABLED": "false",
+        "CLEF_TOPICS__INPUT": json.dumps(list(t.input)), "CLEF_TOPICS__DECISIONS": t.decisions,
+        "CLEF_TOPICS__ROUTE_PREFIX": t.route_prefix, "CLEF_TOPICS__REVIEW": t.review,
+        "CLEF_TOPICS__UNROUTED": t.unrouted, "CLEF_TOPICS__DLQ": t.dlq,
+        "CLEF_ROUTING__DEFAULT_SCHEMA": json.dumps(SCHEMA), "CLEF_BATCHING__MAX_BATCH_RECORDS": "16",
+    })
+    return env
+
+
+def _start_service(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "consumer.cli", "run"], env=env,
+                            stdout=log.open("ab"), stderr=subprocess.STDOUT)
+
+
+async def test_sigterm_mid_stream_and_restart_loses_nothing(
+    kafka_broker: LocalKafka, new_topic: Any, tiny_release: Path, tmp_path: Path
+) -> None:
+    total = 600
+    topic = new_topic("in", partitions=PARTITIONS)
+    prefix = f"term-{uuid.uuid4().hex[:6]}"
+    settings = _settings(kafka_broker, prefix, topic)
+    await _produce(kafka_broker.bootstrap_servers, topic,
+                   [(KEYS[i % 5].encode(), _event(i, KEYS[i % 5], i), []) for i in range(total)])
+    env = _service_env(kafka_broker, settings, tiny_release)
+    log = tmp_path / "service.log"
+    proc = _start_service(env, log)
+    try:
+        deadline = time.monotonic() + 180
+        while sum((await _committed(kafka_broker.bootstrap_servers, settings.kafka.group_id)).values()) < 50:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            await asyncio.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(proc.wait, 60)
+        assert code == 0, log.read_text()[-3000:]
+        first = sum((await _committed(kafka_broker.bootstrap_servers, settings.kafka.group_id)).values())
+        assert 0 < first < total, "stopped too late to test a restart"
+        assert '"pipeline_stopped"' in log.read_text()
+        proc = _start_service(env, log)
+        deadline = time.monotonic() + 300
+        while sum((await _committed(kafka_broker.bootstrap_servers, settings.kafka.group_id)).values()) < total:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            await asyncio.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    got = await _read_all(kafka_broker.bootstrap_servers, [settings.topics.decisions])
+    sources = [RoutedDecision.from_json(r.value).source.offset for r in got[settings.topics.decisions]]
+    seqs = {json.loads(r.value)["source"]["partition"] * 10**6 + o for r, o in zip(got[settings.topics.decisions], sources)}
+    assert len(seqs) == total  # every input answered at least once (duplicates allowed at-least-once)
