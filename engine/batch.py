@@ -275,8 +275,11 @@ def segment_mean(
     picked = values if rows is None else values[rows]  # (M, D)
     sums = torch.zeros(num_segments, picked.shape[-1], dtype=torch.float32, device=picked.device)  # (S, D)
     sums.index_add_(0, segment, picked.float())
-    counts = torch.bincount(segment, minlength=num_segments).clamp_min(1)  # (S,)
-    return sums / counts[:, None].to(torch.float32)  # (S, D)
+    # index_add rather than bincount: bincount sizes its output from the data, a device-to-host sync.
+    ones = torch.ones(segment.shape[0], dtype=torch.float32, device=segment.device)  # (M,)
+    counts = torch.zeros(num_segments, dtype=torch.float32, device=segment.device)  # (S,)
+    counts = counts.index_add_(0, segment, ones).clamp_min(1.0)
+    return sums / counts[:, None]  # (S, D)
 
 
 def segment_softmax(logits: torch.Tensor, segment: torch.Tensor, num_segments: int) -> torch.Tensor:

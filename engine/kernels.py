@@ -103,48 +103,42 @@ if HAVE_TRITON:
 if HAVE_TRITON:
 
     @triton.jit  # type: ignore[untyped-decorator]
-    def _qk_norm_rope_kernel(
-        qkv_ptr,
-        qw_ptr,
-        kw_ptr,
-        cos_ptr,
-        sin_ptr,
-        q_ptr,
-        k_ptr,
-        eps,  # type: ignore[no-untyped-def]
-        hq: tl.constexpr,
-        hk: tl.constexpr,
-        d: tl.constexpr,
-    ):
+    def _qk_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, eps,  # type: ignore[no-untyped-def]
+                             hq: tl.constexpr, hk: tl.constexpr, d: tl.constexpr, heads_pad: tl.constexpr):
+        # One program per token: all its q and k heads as a (heads, d/2) tile, both rotary halves at once.
         t = tl.program_id(0).to(tl.int64)
-        head = tl.program_id(1)
         half: tl.constexpr = d // 2
-        cols = tl.arange(0, half)
-        row = qkv_ptr + t * ((hq + 2 * hk) * d) + head * d
-        x1 = tl.load(row + cols).to(tl.float32)
-        x2 = tl.load(row + half + cols).to(tl.float32)
-        rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / d + eps)
-        is_q = head < hq
-        w_ptr = tl.where(is_q, qw_ptr, kw_ptr)
-        w1 = tl.load(w_ptr + cols).to(tl.float32)
-        w2 = tl.load(w_ptr + half + cols).to(tl.float32)
+        heads = tl.arange(0, heads_pad)[:, None]  # (Hp, 1)
+        cols = tl.arange(0, half)[None, :]  # (1, half)
+        mask = (heads < hq + hk) & (cols < half)  # (Hp, half)
+        row = qkv_ptr + t * ((hq + 2 * hk) * d) + heads * d
+        x1 = tl.load(row + cols, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(row + half + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / d + eps)  # (Hp,)
+        rstd2 = rstd[:, None]  # (Hp, 1)
+        is_q = heads < hq  # (Hp, 1)
+        w1 = tl.where(is_q, tl.load(qw_ptr + cols).to(tl.float32), tl.load(kw_ptr + cols).to(tl.float32))
+        w2 = tl.where(is_q, tl.load(qw_ptr + half + cols).to(tl.float32),
+                      tl.load(kw_ptr + half + cols).to(tl.float32))
         # Round the normalised values to the activation dtype before scaling, as the reference does.
-        n1 = (x1 * rstd).to(q_ptr.dtype.element_ty).to(tl.float32) * w1
-        n2 = (x2 * rstd).to(q_ptr.dtype.element_ty).to(tl.float32) * w2
-        n1 = n1.to(q_ptr.dtype.element_ty).to(tl.float32)
-        n2 = n2.to(q_ptr.dtype.element_ty).to(tl.float32)
-        c1 = tl.load(cos_ptr + t * d + cols).to(tl.float32)
+        n1 = ((x1 * rstd2).to(q_ptr.dtype.element_ty).to(tl.float32) * w1).to(q_ptr.dtype.element_ty)
+        n2 = ((x2 * rstd2).to(q_ptr.dtype.element_ty).to(tl.float32) * w2).to(q_ptr.dtype.element_ty)
+        n1 = n1.to(tl.float32)
+        n2 = n2.to(tl.float32)
+        c1 = tl.load(cos_ptr + t * d + cols).to(tl.float32)  # (1, half)
         c2 = tl.load(cos_ptr + t * d + half + cols).to(tl.float32)
         s1 = tl.load(sin_ptr + t * d + cols).to(tl.float32)
         s2 = tl.load(sin_ptr + t * d + half + cols).to(tl.float32)
-        o1 = n1 * c1 - n2 * s1
-        o2 = n2 * c2 + n1 * s2
-        if is_q:  # noqa: SIM108 - a runtime branch inside a Triton kernel, not Python
-            out = q_ptr + t * (hq * d) + head * d
-        else:
-            out = k_ptr + t * (hk * d) + (head - hq) * d
-        tl.store(out + cols, o1.to(q_ptr.dtype.element_ty))
-        tl.store(out + half + cols, o2.to(q_ptr.dtype.element_ty))
+        o1 = (n1 * c1 - n2 * s1).to(q_ptr.dtype.element_ty)
+        o2 = (n2 * c2 + n1 * s2).to(q_ptr.dtype.element_ty)
+        q_mask = mask & is_q
+        q_out = q_ptr + t * (hq * d) + heads * d
+        tl.store(q_out + cols, o1, mask=q_mask)
+        tl.store(q_out + half + cols, o2, mask=q_mask)
+        k_mask = mask & (heads >= hq)
+        k_out = k_ptr + t * (hk * d) + (heads - hq) * d
+        tl.store(k_out + cols, o1, mask=k_mask)
+        tl.store(k_out + half + cols, o2, mask=k_mask)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

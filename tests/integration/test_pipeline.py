@@ -110,10 +110,12 @@ async def _read_all(bootstrap: str, topics: list[str], timeout_s: float = 30) ->
         await consumer.seek_to_beginning(*parts)
         ends = await consumer.end_offsets(parts)
         deadline = time.monotonic() + timeout_s
-        while any(await consumer.position(tp) < ends[tp] for tp in parts) and time.monotonic() < deadline:
+        todo = {tp for tp in parts if ends[tp] > 0}
+        while todo and time.monotonic() < deadline:
             batch = await consumer.getmany(timeout_ms=200)
             for tp, records in batch.items():
                 out[tp.topic].extend(records)
+            todo = {tp for tp in todo if await consumer.position(tp) < ends[tp]}
     finally:
         await consumer.stop()
     return out
