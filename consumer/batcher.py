@@ -198,11 +198,9 @@ class Batcher(Generic[PreparedT, ResponseT]):
         started = self._clock.now()
         tokens = sum(job.prepared.num_tokens for job in batch)
         try:
-            t0 = time.perf_counter()
-            result: BatchResult[ResponseT] = await loop.run_in_executor(
+            result, elapsed = await loop.run_in_executor(
                 self._gpu_pool, self._run, [job.prepared for job in batch]
             )
-            elapsed = time.perf_counter() - t0
         except BaseException as exc:  # the GPU thread itself died: fail the whole batch, loudly
             for job in batch:
                 if not job.future.done():
@@ -241,8 +239,11 @@ class Batcher(Generic[PreparedT, ResponseT]):
             failed=failures,
         )
 
-    def _run(self, batch: list[PreparedT]) -> BatchResult[ResponseT]:
-        return run_split(self._execute, batch, single_attempts=self._single_attempts, on_oom=self._on_oom)
+    def _run(self, batch: list[PreparedT]) -> tuple[BatchResult[ResponseT], float]:
+        """GPU thread: execute with splitting; returns the result and the engine time in seconds."""
+        t0 = time.perf_counter()
+        result = run_split(self._execute, batch, single_attempts=self._single_attempts, on_oom=self._on_oom)
+        return result, time.perf_counter() - t0
 
     def _track(self, task: asyncio.Future[Any]) -> None:
         self._tasks.add(task)

@@ -173,8 +173,9 @@ def qk_norm_rope(
     q = torch.empty(t, hq, d, dtype=qkv.dtype, device=qkv.device)
     k = torch.empty(t, hk, d, dtype=qkv.dtype, device=qkv.device)
     if t:
-        _qk_norm_rope_kernel[(t, hq + hk)](
-            qkv, qw, kw, cos.contiguous(), sin.contiguous(), q, k, eps, hq=hq, hk=hk, d=d, num_warps=1
+        _qk_norm_rope_kernel[(t,)](
+            qkv, qw, kw, cos.contiguous(), sin.contiguous(), q, k, eps,
+            hq=hq, hk=hk, d=d, heads_pad=triton.next_power_of_2(hq + hk), num_warps=4,
         )
     v = qkv[:, (hq + hk) * d :].reshape(t, hk, d).contiguous()
     return q, k, v

@@ -51,7 +51,7 @@ def _bodies() -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
     path = write_tiny_release(tmp_path_factory.mktemp("tiny") / "release")
-    config = EngineConfig(device="cuda", dtype="bfloat16", graph_buckets=(), compile_ops=False)
+    config = EngineConfig(device="cuda", dtype="bfloat16", graph_buckets=())
     return Engine.from_release(path, config=config)
 
 

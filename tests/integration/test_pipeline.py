@@ -16,7 +16,6 @@ import sys
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +37,13 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 PARTITIONS = 3
 KEYS = [f"host-{i}" for i in range(12)]
 DEPARTMENTS = {"network": "links", "database": "sql", "storage": "disks", "security": "threats"}
-SCHEMA = {"department_instructions": "team", "departments": DEPARTMENTS, "urgency_instructions": "urgency",
-          "urgency_levels": ["low", "high", "critical"], "outage_instructions": "outage"}
+SCHEMA = {
+    "department_instructions": "team",
+    "departments": DEPARTMENTS,
+    "urgency_instructions": "urgency",
+    "urgency_levels": ["low", "high", "critical"],
+    "outage_instructions": "outage",
+}
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +61,21 @@ def engine(tiny_release: Path) -> Any:
 
 
 def _settings(broker: LocalKafka, prefix: str, input_topic: str, **extra: Any) -> Settings:
-    topics = {"input": [input_topic], "decisions": f"{prefix}.decisions", "route_prefix": f"{prefix}.route.",
-              "review": f"{prefix}.route.review", "unrouted": f"{prefix}.route.unrouted", "dlq": f"{prefix}.dlq"}
+    topics = {
+        "input": [input_topic],
+        "decisions": f"{prefix}.decisions",
+        "route_prefix": f"{prefix}.route.",
+        "review": f"{prefix}.route.review",
+        "unrouted": f"{prefix}.route.unrouted",
+        "dlq": f"{prefix}.dlq",
+    }
     return load_settings(
-        kafka={"bootstrap_servers": broker.bootstrap_servers, "group_id": f"{prefix}.group",
-               "commit_interval_ms": 200, **extra.pop("kafka", {})},
+        kafka={
+            "bootstrap_servers": broker.bootstrap_servers,
+            "group_id": f"{prefix}.group",
+            "commit_interval_ms": 200,
+            **extra.pop("kafka", {}),
+        },
         topics=topics,
         batching={"max_batch_records": 32, "max_wait_ms": 30},
         engine={"device": "cpu", "dtype": "float32", **extra.pop("engine", {})},
@@ -73,20 +87,36 @@ def _settings(broker: LocalKafka, prefix: str, input_topic: str, **extra: Any) -
 
 def _event(seq: int, key: str, n: int) -> bytes:
     """Alternates bare events and SystemOne bodies (several question sets)."""
-    state = {"seq": seq, "key": key, "n": n, "msg": ["disk full", "link down", "sql slow", "login burst"][seq % 4]}
+    state = {
+        "seq": seq,
+        "key": key,
+        "n": n,
+        "msg": ["disk full", "link down", "sql slow", "login burst"][seq % 4],
+    }
     if seq % 3 == 0:
         return json.dumps({"event_id": f"ev-{seq}", **state}).encode()
     if seq % 3 == 1:
-        body = {"state": state, "questions": {
-            "department": {"type": "choice", "criteria": {"network": "net", "storage": None, "marketing": "ads"}},
-            "urgency": {"type": "score", "criteria": ["low", "high"]}}}
+        body = {
+            "state": state,
+            "questions": {
+                "department": {
+                    "type": "choice",
+                    "criteria": {"network": "net", "storage": None, "marketing": "ads"},
+                },
+                "urgency": {"type": "score", "criteria": ["low", "high"]},
+            },
+        }
     else:
         body = {"model": "clef-omni", "state": state, "questions": {"outage": {"type": "noul"}}}
     return json.dumps(body).encode()
 
 
-async def _produce(bootstrap: str, topic: str, items: list[tuple[bytes | None, bytes | None, list[Any]]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=10)
+async def _produce(
+    bootstrap: str, topic: str, items: list[tuple[bytes | None, bytes | None, list[Any]]]
+) -> None:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=10
+    )
     await producer.start()
     try:
         futs = [await producer.send(topic, value, key=key, headers=headers) for key, value, headers in items]
@@ -95,16 +125,20 @@ async def _produce(bootstrap: str, topic: str, items: list[tuple[bytes | None, b
         await producer.stop()
 
 
-async def _read_all(bootstrap: str, topics: list[str], timeout_s: float = 30) -> dict[str, list[ConsumerRecord[bytes, bytes]]]:
+async def _read_all(
+    bootstrap: str, topics: list[str], timeout_s: float = 30
+) -> dict[str, list[ConsumerRecord[bytes, bytes]]]:
     """Every record currently in `topics` (read up to the end offsets seen at start), in partition order."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+    )
     await consumer.start()
     out: dict[str, list[ConsumerRecord[bytes, bytes]]] = defaultdict(list)
     try:
         parts = [TopicPartition(t, p) for t in topics for p in (consumer.partitions_for_topic(t) or set())]
         if not parts:
             for t in topics:
-                await consumer._client.force_metadata_update()  # noqa: SLF001 - fresh topics
+                await consumer._client.force_metadata_update()
                 parts += [TopicPartition(t, p) for p in (consumer.partitions_for_topic(t) or set())]
         consumer.assign(parts)
         await consumer.seek_to_beginning(*parts)
@@ -137,7 +171,9 @@ async def _run_until_committed(pipeline: Pipeline, total: int, timeout_s: float)
     try:
         while sum(pipeline.tracker.committed().values()) < total:
             assert not task.done(), f"pipeline stopped early: {task.exception() if task.done() else ''}"
-            assert time.monotonic() < deadline, f"only {sum(pipeline.tracker.committed().values())}/{total} committed"
+            assert time.monotonic() < deadline, (
+                f"only {sum(pipeline.tracker.committed().values())}/{total} committed"
+            )
             await asyncio.sleep(0.1)
     finally:
         pipeline.request_stop()
@@ -146,7 +182,13 @@ async def _run_until_committed(pipeline: Pipeline, total: int, timeout_s: float)
 
 def _out_topics(s: Settings) -> list[str]:
     t = s.topics
-    return [t.decisions, t.review, t.unrouted, t.dlq, *(t.route_prefix + v for v in s.routing.department_map.values())]
+    return [
+        t.decisions,
+        t.review,
+        t.unrouted,
+        t.dlq,
+        *(t.route_prefix + v for v in s.routing.department_map.values()),
+    ]
 
 
 async def test_mixed_events_are_answered_once_routed_and_committed(
@@ -216,7 +258,10 @@ POISON: list[tuple[bytes | None, DlqReason]] = [
     (b"[1, 2, 3]", DlqReason.not_an_object),
     (b'"just a string"', DlqReason.not_an_object),
     (b'{"state": "x", "questions": {}}', DlqReason.schema_violation),
-    (b'{"state": "x", "questions": {"u": {"type": "score", "criteria": {"a": 1}}}}', DlqReason.schema_violation),
+    (
+        b'{"state": "x", "questions": {"u": {"type": "score", "criteria": {"a": 1}}}}',
+        DlqReason.schema_violation,
+    ),
     (b'{"state": null, "questions": {"q": {"type": "noul"}}}', DlqReason.schema_violation),
     (b'{"state": "x", "questions": {"bad id!": {"type": "noul"}}}', DlqReason.schema_violation),
     (b'{"blob": "' + b"x" * 6000 + b'"}', DlqReason.value_too_large),
@@ -241,8 +286,13 @@ async def test_poison_records_go_to_the_dlq_and_nothing_else_is_affected(
         else:
             items.append((f"g{i % 7}".encode(), _event(i, f"g{i % 7}", i), []))
     await _produce(kafka_broker.bootstrap_servers, topic, items)
-    settings = _settings(kafka_broker, prefix, topic, engine={"max_message_bytes": 4096},
-                         dlq={"guard_min_records": 50, "guard_max_share": 0.6})
+    settings = _settings(
+        kafka_broker,
+        prefix,
+        topic,
+        engine={"max_message_bytes": 4096},
+        dlq={"guard_min_records": 50, "guard_max_share": 0.6},
+    )
     await _run_until_committed(Pipeline(settings, engine), len(items), timeout_s=300)
 
     got = await _read_all(kafka_broker.bootstrap_servers, _out_topics(settings))
@@ -260,7 +310,12 @@ async def test_poison_records_go_to_the_dlq_and_nothing_else_is_affected(
         assert len(headers["kafka_dlt-exception-message"]) <= 200
     decisions = got[settings.topics.decisions]
     assert len(decisions) == good
-    assert not any((r.key or b"").startswith(b"p") for recs in got.values() for r in recs if r.topic != settings.topics.dlq)
+    assert not any(
+        (r.key or b"").startswith(b"p")
+        for recs in got.values()
+        for r in recs
+        if r.topic != settings.topics.dlq
+    )
     route_count = sum(len(recs) for t, recs in got.items() if ".route." in t)
     assert route_count == good
 
@@ -268,21 +323,35 @@ async def test_poison_records_go_to_the_dlq_and_nothing_else_is_affected(
 def _service_env(broker: LocalKafka, settings: Settings, release: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLEF_")}
     t = settings.topics
-    env.update({
-        "CLEF_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap_servers, "CLEF_KAFKA__GROUP_ID": settings.kafka.group_id,
-        "CLEF_KAFKA__COMMIT_INTERVAL_MS": "200", "CLEF_ENGINE__MODEL_PATH": str(release),
-        "CLEF_ENGINE__DEVICE": "cpu", "CLEF_ENGINE__DTYPE": "float32", "CLEF_HTTP__ENABLED": "false",
-        "CLEF_TOPICS__INPUT": json.dumps(list(t.input)), "CLEF_TOPICS__DECISIONS": t.decisions,
-        "CLEF_TOPICS__ROUTE_PREFIX": t.route_prefix, "CLEF_TOPICS__REVIEW": t.review,
-        "CLEF_TOPICS__UNROUTED": t.unrouted, "CLEF_TOPICS__DLQ": t.dlq,
-        "CLEF_ROUTING__DEFAULT_SCHEMA": json.dumps(SCHEMA), "CLEF_BATCHING__MAX_BATCH_RECORDS": "16",
-    })
+    env.update(
+        {
+            "CLEF_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap_servers,
+            "CLEF_KAFKA__GROUP_ID": settings.kafka.group_id,
+            "CLEF_KAFKA__COMMIT_INTERVAL_MS": "200",
+            "CLEF_ENGINE__MODEL_PATH": str(release),
+            "CLEF_ENGINE__DEVICE": "cpu",
+            "CLEF_ENGINE__DTYPE": "float32",
+            "CLEF_HTTP__ENABLED": "false",
+            "CLEF_TOPICS__INPUT": json.dumps(list(t.input)),
+            "CLEF_TOPICS__DECISIONS": t.decisions,
+            "CLEF_TOPICS__ROUTE_PREFIX": t.route_prefix,
+            "CLEF_TOPICS__REVIEW": t.review,
+            "CLEF_TOPICS__UNROUTED": t.unrouted,
+            "CLEF_TOPICS__DLQ": t.dlq,
+            "CLEF_ROUTING__DEFAULT_SCHEMA": json.dumps(SCHEMA),
+            "CLEF_BATCHING__MAX_BATCH_RECORDS": "16",
+        }
+    )
     return env
 
 
 def _start_service(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "consumer.cli", "run"], env=env,
-                            stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "consumer.cli", "run"],
+        env=env,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+    )
 
 
 async def test_sigterm_mid_stream_and_restart_loses_nothing(
@@ -292,8 +361,11 @@ async def test_sigterm_mid_stream_and_restart_loses_nothing(
     topic = new_topic("in", partitions=PARTITIONS)
     prefix = f"term-{uuid.uuid4().hex[:6]}"
     settings = _settings(kafka_broker, prefix, topic)
-    await _produce(kafka_broker.bootstrap_servers, topic,
-                   [(KEYS[i % 5].encode(), _event(i, KEYS[i % 5], i), []) for i in range(total)])
+    await _produce(
+        kafka_broker.bootstrap_servers,
+        topic,
+        [(KEYS[i % 5].encode(), _event(i, KEYS[i % 5], i), []) for i in range(total)],
+    )
     env = _service_env(kafka_broker, settings, tiny_release)
     log = tmp_path / "service.log"
     proc = _start_service(env, log)
@@ -311,7 +383,9 @@ async def test_sigterm_mid_stream_and_restart_loses_nothing(
         assert '"pipeline_stopped"' in log.read_text()
         proc = _start_service(env, log)
         deadline = time.monotonic() + 300
-        while sum((await _committed(kafka_broker.bootstrap_servers, settings.kafka.group_id)).values()) < total:
+        while (
+            sum((await _committed(kafka_broker.bootstrap_servers, settings.kafka.group_id)).values()) < total
+        ):
             assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             await asyncio.sleep(0.3)
@@ -322,5 +396,8 @@ async def test_sigterm_mid_stream_and_restart_loses_nothing(
             proc.kill()
     got = await _read_all(kafka_broker.bootstrap_servers, [settings.topics.decisions])
     sources = [RoutedDecision.from_json(r.value).source.offset for r in got[settings.topics.decisions]]
-    seqs = {json.loads(r.value)["source"]["partition"] * 10**6 + o for r, o in zip(got[settings.topics.decisions], sources)}
+    seqs = {
+        json.loads(r.value)["source"]["partition"] * 10**6 + o
+        for r, o in zip(got[settings.topics.decisions], sources)
+    }
     assert len(seqs) == total  # every input answered at least once (duplicates allowed at-least-once)
