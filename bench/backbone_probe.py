@@ -12,6 +12,7 @@ import os
 import statistics
 import sys
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -27,13 +28,18 @@ def emit(**row: Any) -> None:
     print(json.dumps(row), flush=True)
 
 
+def _event() -> Any:
+    make: Any = torch.cuda.Event
+    return make(enable_timing=True)
+
+
 def time_cuda(fn: Callable[[], object], warmup: int = 2, reps: int = 5) -> list[float]:
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     out = []
     for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a, b = _event(), _event()
         a.record()
         fn()
         b.record()
@@ -73,7 +79,9 @@ def main() -> int:
         params_b=sum(p.numel() for p in model.parameters()) / 1e9,
         mem_gb=torch.cuda.memory_allocated() / 1e9,
     )
-    fast = PackedTextDecoder(model, )
+    fast = PackedTextDecoder(
+        model,
+    )
     vocab = model.config.vocab_size
 
     with torch.inference_mode():
@@ -82,7 +90,7 @@ def main() -> int:
         ids = torch.randint(0, vocab, (len(lengths), max(lengths)), device="cuda")
         hf_alone = [model(input_ids=ids[i : i + 1, :n]).last_hidden_state[0] for i, n in enumerate(lengths)]
         out = fast(packed(model, ids, lengths))
-        parts = out.split(lengths)
+        parts = torch.split(out, lengths)
         emit(
             kind="check",
             what="fast_pack_vs_hf_alone",
@@ -97,9 +105,9 @@ def main() -> int:
 
         for b, n in [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]:
             ids = torch.randint(0, vocab, (b, n), device="cuda")
-            hf_ms = [float("nan")] if args.no_hf else time_cuda(lambda ids=ids: model(input_ids=ids))
+            hf_ms = [float("nan")] if args.no_hf else time_cuda(partial(model, input_ids=ids))
             p = packed(model, ids, [n] * b)
-            fast_ms = time_cuda(lambda p=p: fast(p))
+            fast_ms = time_cuda(partial(fast, p))
             torch.cuda.reset_peak_memory_stats()
             fast(p)
             peak = torch.cuda.max_memory_allocated() / 1e9
@@ -126,7 +134,7 @@ def main() -> int:
                 ids = torch.randint(0, vocab, (len(lengths), max(lengths)), device="cuda")
                 p = packed(model, ids, lengths)
                 try:
-                    ms = time_cuda(lambda p=p: graphed.run(p), warmup=3, reps=20)
+                    ms = time_cuda(partial(graphed.run, p), warmup=3, reps=20)
                     out = graphed.run(p)
                     ref = fast(p)
                     emit(
@@ -146,12 +154,12 @@ def main() -> int:
         x = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16)
         d = torch.randn_like(x)
         w = torch.rand(2048, device="cuda", dtype=torch.bfloat16) + 0.5
-        y, n = kernels.add_rms_norm(x, d, w, 1e-6)
+        y, normed = kernels.add_rms_norm(x, d, w, 1e-6)
         ry = x + d
         emit(
             kind="check",
             what="kernel_add_rms_norm",
-            rel_err=[rel(y, ry), rel(n, kernels.rms_norm_reference(ry, w, 1e-6))],
+            rel_err=[rel(y, ry), rel(normed, kernels.rms_norm_reference(ry, w, 1e-6))],
         )
         h = torch.randn(70000, 1536, device="cuda", dtype=torch.bfloat16)
         rw = torch.rand(70000, device="cuda")
@@ -174,6 +182,7 @@ def main() -> int:
         v = torch.randn(t, 4, 128, device="cuda", dtype=torch.bfloat16)
         cu = torch.arange(0, t + 1, 512, device="cuda", dtype=torch.int32)
         fa = varlen_attn(q, k, v, cu, cu, 512, 512, window_size=(-1, 0))
+        assert isinstance(fa, torch.Tensor)
         ms = time_cuda(lambda: varlen_attn(q, k, v, cu, cu, 512, 512, window_size=(-1, 0)), reps=10)
         emit(kind="time", impl="attn_flash_varlen_64x512", ms_p50=round(statistics.median(ms), 3))
         qb = q.view(64, 512, 32, 128).transpose(1, 2)
@@ -184,10 +193,15 @@ def main() -> int:
         for be in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
             try:
                 with sdpa_kernel(be):
-                    fn = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
-                        qb, kb, vb, is_causal=True, enable_gqa=True
+                    fn = partial(
+                        torch.nn.functional.scaled_dot_product_attention,
+                        qb,
+                        kb,
+                        vb,
+                        is_causal=True,
+                        enable_gqa=True,
                     )
-                    o = fn()
+                    o: torch.Tensor = fn()
                     ms = time_cuda(fn, reps=10)
                 emit(
                     kind="time",
@@ -201,7 +215,7 @@ def main() -> int:
         flat = torch.randint(0, 128, (262144,), device="cuda")
         for dt in (torch.int64, torch.int32, torch.int16, torch.uint8):
             keys = flat.to(dt)
-            ms = time_cuda(lambda keys=keys: torch.argsort(keys), warmup=2, reps=10)
+            ms = time_cuda(partial(torch.argsort, keys), warmup=2, reps=10)
             emit(kind="time", impl=f"argsort_{dt}", ms_p50=round(statistics.median(ms), 3))
 
         if args.profile:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,7 @@ def flops_per_token(context: int) -> float:
     attn_proj = h * (q + 2 * kv) + q * h
     experts = c["num_experts_per_tok"] * 3 * h * c["moe_intermediate_size"] + h * c["num_experts"]
     attn_scores = 2 * q * context / 2  # causal: on average half the context, QK and PV
-    return 2.0 * layers * (attn_proj + experts + attn_scores)
+    return float(2.0 * layers * (attn_proj + experts + attn_scores))
 
 
 @dataclass
@@ -247,7 +248,7 @@ def baseline(engine: Engine, requests: Sequence[SystemOneRequest], batch_size: i
                 mask[i, : e.num_tokens] = 1
             ids, mask = ids.cuda(), mask.cuda()
             text_model(input_ids=ids, attention_mask=mask)  # warm this shape
-            times.append(cuda_ms(lambda ids=ids, mask=mask: text_model(input_ids=ids, attention_mask=mask)))
+            times.append(cuda_ms(partial(text_model, input_ids=ids, attention_mask=mask)))
             tokens += sum(e.num_tokens for e in group)
     seconds = sum(times) / 1000.0
     return {"tokens": tokens, "tok_s": tokens / seconds, "batch_ms_p50": statistics.median(times)}
@@ -264,6 +265,14 @@ def latency(engine: Engine, request: SystemOneRequest, reps: int) -> dict[str, f
     }
 
 
+def _append(sink: list[Any], fn: Callable[..., Any], *args: Any) -> None:
+    sink.append(fn(*args))
+
+
+def _head_to_host(head: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
+    return head(*args).float().cpu()
+
+
 def head_share(engine: Engine, requests: Sequence[SystemOneRequest]) -> dict[str, float]:
     """Split one batch's execute time into backbone, head and answer building."""
     from schemas.systemone import build_response
@@ -278,21 +287,16 @@ def head_share(engine: Engine, requests: Sequence[SystemOneRequest]) -> dict[str
             torch.cuda.synchronize()
             out["collate"].append((time.perf_counter() - t) * 1000)
             hidden: list[torch.Tensor] = []
-            out["backbone"].append(cuda_ms(lambda b=batch, h=hidden: h.append(model.hidden_states(b))))
+            out["backbone"].append(cuda_ms(partial(_append, hidden, model.hidden_states, batch)))
             flat: list[Any] = []
-            out["head"].append(
-                cuda_ms(
-                    lambda b=batch, h=hidden, f=flat: f.append(
-                        model.head(h[0], model.lexical_table(), b.index).float().cpu().numpy()
-                    )
-                )
-            )
+            head_in = (hidden[0], model.lexical_table(), batch.index)
+            out["head"].append(cuda_ms(partial(_append, flat, _head_to_host, model.head, *head_in)))
             t = time.perf_counter()
             offset = 0
             for p, counts, qids in zip(prepared, batch.options_per_question, batch.question_ids, strict=True):
                 probs = {}
                 for qid, n in zip(qids, counts, strict=True):
-                    probs[qid] = flat[0][offset : offset + n].tolist()
+                    probs[qid] = flat[0][offset : offset + n].numpy().tolist()
                     offset += n
                 build_response(p.request, probs, input_tokens=p.num_tokens)
             out["answers"].append((time.perf_counter() - t) * 1000)
@@ -387,7 +391,7 @@ def main(out_dir: str | None = None, quick: bool = False) -> int:
         ms = []
         for start in range(0, len(prepared), budget // 512):
             group = prepared[start : start + budget // 512]
-            ms.append(cuda_ms(lambda g=group: engine.execute(g)))
+            ms.append(cuda_ms(partial(engine.execute, group)))
         tok = sum(p.num_tokens for p in prepared)
         b.emit(
             kind="throughput",

@@ -76,4 +76,5 @@ def build_text_model(num_layers: int | None = None, attn: str = "sdpa", experts:
     finally:
         torch.set_default_dtype(old)
     randomize_(model)
-    return model.eval()
+    model.train(False)
+    return model

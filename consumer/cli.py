@@ -95,10 +95,20 @@ def _describe(exc: BaseException) -> tuple[str, int]:
     return f"{type(exc).__name__}: {_one_line(exc)}", 1
 
 
+def _stderr_logger(*_args: object) -> structlog.PrintLogger:
+    """A structlog logger factory that writes to whatever ``sys.stderr`` is when a logger is made.
+
+    ``PrintLoggerFactory(sys.stderr)`` would pin the stream object current at configuration time; when
+    that is a temporary stream (a test's captured stderr, a redirected stream) that is closed later, every
+    later log call raises ``ValueError: I/O operation on closed file``, e.g. inside a pydantic validator.
+    """
+    return structlog.PrintLogger(file=sys.stderr)
+
+
 def _configure_default_logging() -> None:
     """Send structlog output to stderr (stdout is for command results) unless already configured."""
     if not structlog.is_configured():
-        structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+        structlog.configure(logger_factory=_stderr_logger)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -117,7 +117,10 @@ async def replay(
     await consumer.start()
     await producer.start()
     try:
+        await consumer.topics()  # loads cluster metadata, so partitions_for_topic knows the DLQ topic
         parts = [TopicPartition(dlq_topic, p) for p in (consumer.partitions_for_topic(dlq_topic) or set())]
+        if not parts:
+            return counts
         consumer.assign(parts)
         ends: dict[Any, int] = await consumer.end_offsets(parts)
         todo = {tp for tp in parts if ends[tp] > await consumer.position(tp)}

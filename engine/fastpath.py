@@ -41,7 +41,7 @@ def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.T
     """(S, K) rows grouped by `offs` times per-group (G, K, N) -> (S, N)."""
     if hasattr(F, "grouped_mm"):
         return F.grouped_mm(a, b, offs=offs)
-    return torch._grouped_mm(a, b, offs=offs)  # type: ignore[no-any-return]
+    return torch._grouped_mm(a, b, offs=offs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,13 +86,13 @@ def _causal_attention_per_record(
     return torch.cat(outs, dim=0)  # (T, hq, d)
 
 
-class PackedTextDecoder(nn.Module):
+class PackedTextDecoder:
     """Runs a transformers Qwen3-Omni thinker text model's layers over a packed token axis."""
 
-    def __init__(self, text_model: nn.Module) -> None:
-        super().__init__()
-        self.text_model = text_model
-        cfg = text_model.config
+    def __init__(self, text_model: Any) -> None:
+        # Not an nn.Module itself: the text model's parameters stay registered once, in the thinker.
+        self.text_model: Any = text_model
+        cfg: Any = text_model.config
         self.num_heads: int = cfg.num_attention_heads
         self.num_kv_heads: int = cfg.num_key_value_heads
         self.head_dim: int = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -100,13 +100,13 @@ class PackedTextDecoder(nn.Module):
         self.top_k: int = getattr(cfg, "num_experts_per_tok", 0)
         self.norm_topk: bool = bool(getattr(cfg, "norm_topk_prob", True))
         self._qkv: list[torch.Tensor] = []
-        for layer in text_model.layers:  # type: ignore[union-attr]
+        for layer in text_model.layers:
             att = layer.self_attn
             w = torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight], dim=0)
             self._qkv.append(w)  # (q + 2 kv, hidden)
 
     def _attention(
-        self, i: int, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, p: PackedInputs
+        self, i: int, layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, p: PackedInputs
     ) -> torch.Tensor:
         from torch.nn.attention.varlen import varlen_attn
 
@@ -124,7 +124,7 @@ class PackedTextDecoder(nn.Module):
             out = _causal_attention_per_record(q, k, v, p.cu_seqlens)
         return att.o_proj(out.reshape(t, hq * d))  # type: ignore[no-any-return]
 
-    def _moe(self, mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def _moe(self, mlp: Any, x: torch.Tensor) -> torch.Tensor:
         experts = mlp.experts
         num_experts = experts.gate_up_proj.shape[0]
         k = self.top_k
@@ -145,13 +145,13 @@ class PackedTextDecoder(nn.Module):
         y = _grouped_mm(a, experts.down_proj.transpose(-2, -1), offs)  # (S, hidden)
         return kernels.combine(y, inv, k)  # (T, hidden)
 
-    def forward(self, p: PackedInputs) -> torch.Tensor:
+    def __call__(self, p: PackedInputs) -> torch.Tensor:
         """Final RMS-normalised hidden states (T, hidden) for every packed token."""
         tm = self.text_model
         x = p.inputs_embeds  # (T, hidden)
         cos, sin = tm.rotary_emb(x, p.position_ids[:, None, :])  # (1, T, d) each
         cos, sin = cos[0].contiguous(), sin[0].contiguous()  # (T, d)
-        layers = list(tm.layers)  # type: ignore[arg-type]
+        layers: list[Any] = list(tm.layers)
         h = _rms_norm(x, layers[0].input_layernorm.weight, self.eps)
         for i, layer in enumerate(layers):
             att = self._attention(i, layer, h, cos, sin, p)
@@ -270,7 +270,7 @@ class GraphedDecoder:
         bucket = self.bucket_for(t)
         cap = next((c for c in SEQLEN_CAPS if p.max_seqlen <= c), None)
         if bucket is None or cap is None or n > self.max_records or p.visual_mask is not None:
-            return self.decoder(p)  # type: ignore[no-any-return]
+            return self.decoder(p)
         cap = min(cap, bucket)
         key = (bucket, cap)
         if key not in self._graphs:

@@ -134,7 +134,7 @@ class ClefOmniModel(nn.Module):
         )
         if self._graphed is not None:
             return self._graphed.run(packed)
-        return self._fast(packed)  # type: ignore[no-any-return]
+        return self._fast(packed)
 
     def lexical_table(self) -> torch.Tensor:
         lm_head: Any = self.thinker.lm_head

@@ -139,11 +139,8 @@ async def _read_all(
     await consumer.start()
     out: dict[str, list[ConsumerRecord[bytes, bytes]]] = defaultdict(list)
     try:
+        await consumer.topics()  # load metadata for every topic
         parts = [TopicPartition(t, p) for t in topics for p in (consumer.partitions_for_topic(t) or set())]
-        if not parts:
-            for t in topics:
-                await consumer._client.force_metadata_update()
-                parts += [TopicPartition(t, p) for p in (consumer.partitions_for_topic(t) or set())]
         consumer.assign(parts)
         await consumer.seek_to_beginning(*parts)
         ends = await consumer.end_offsets(parts)

@@ -133,3 +133,32 @@ def test_schema_command_prints_both_schemas(capsys: pytest.CaptureFixture[str]) 
     assert {"request", "response"} <= set(printed)
     assert "questions" in printed["request"]["properties"]
     assert "answers" in printed["response"]["properties"]
+
+
+def test_default_logging_follows_the_current_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Logging configured by a command must not pin the stderr object current at that time.
+
+    Regression: ``PrintLoggerFactory(sys.stderr)`` kept a captured stream that was closed after the test,
+    and every later structlog call (e.g. in the SystemOne request validator) raised "I/O operation on
+    closed file", which turned valid requests into schema violations.
+    """
+    import io
+
+    import structlog
+
+    structlog.reset_defaults()
+    try:
+        first = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", first)
+        cli._configure_default_logging()
+        assert structlog.is_configured()
+        structlog.get_logger("t").info("first_line")
+        assert "first_line" in first.getvalue()
+        first.close()
+
+        second = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", second)
+        structlog.get_logger("t").info("second_line")
+        assert "second_line" in second.getvalue()
+    finally:
+        structlog.reset_defaults()

@@ -1,0 +1,127 @@
+"""Triton kernels of the GPU fast path; typed wrappers and PyTorch twins live in `engine.kernels`.
+
+Triton's JIT reads kernel arguments without Python annotations, so this module alone is checked
+without `disallow_untyped_defs` (see pyproject.toml); nothing outside `engine.kernels` calls it.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_rms_norm_kernel(
+    x_ptr,
+    d_ptr,
+    w_ptr,
+    y_ptr,
+    n_ptr,
+    eps,
+    hidden: tl.constexpr,
+    block: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, block)
+    mask = cols < hidden
+    base = row * hidden
+    x = tl.load(x_ptr + base + cols, mask=mask, other=0.0)
+    d = tl.load(d_ptr + base + cols, mask=mask, other=0.0)
+    y = (x.to(tl.float32) + d.to(tl.float32)).to(x.dtype)
+    tl.store(y_ptr + base + cols, y, mask=mask)
+    yf = y.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(yf * yf, axis=0) / hidden + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    normed = (yf * rstd).to(x.dtype).to(tl.float32) * w.to(tl.float32)
+    tl.store(n_ptr + base + cols, normed.to(x.dtype), mask=mask)
+
+
+@triton.jit
+def _swiglu_kernel(
+    h_ptr,
+    w_ptr,
+    out_ptr,
+    total,
+    inter: tl.constexpr,
+    block: tl.constexpr,
+):
+    idx = tl.program_id(0).to(tl.int64) * block + tl.arange(0, block)
+    mask = idx < total
+    s = idx // inter
+    i = idx % inter
+    g = tl.load(h_ptr + s * (2 * inter) + i, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(h_ptr + s * (2 * inter) + inter + i, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + s, mask=mask, other=0.0).to(tl.float32)
+    a = g / (1.0 + tl.exp(-g)) * u * w
+    tl.store(out_ptr + idx, a.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _combine_kernel(
+    y_ptr,
+    inv_ptr,
+    out_ptr,
+    total,
+    hidden: tl.constexpr,
+    k: tl.constexpr,
+    block: tl.constexpr,
+):
+    idx = tl.program_id(0).to(tl.int64) * block + tl.arange(0, block)
+    mask = idx < total
+    t = idx // hidden
+    col = idx % hidden
+    acc = tl.zeros([block], dtype=tl.float32)
+    for j in tl.static_range(k):
+        row = tl.load(inv_ptr + t * k + j, mask=mask, other=0).to(tl.int64)
+        acc += tl.load(y_ptr + row * hidden + col, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    qkv_ptr,
+    qw_ptr,
+    kw_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_ptr,
+    k_ptr,
+    eps,
+    hq: tl.constexpr,
+    hk: tl.constexpr,
+    d: tl.constexpr,
+    heads_pad: tl.constexpr,
+):
+    # One program per token: all its q and k heads as a (heads, d/2) tile, both rotary halves at once.
+    t = tl.program_id(0).to(tl.int64)
+    half: tl.constexpr = d // 2
+    heads = tl.arange(0, heads_pad)[:, None]  # (Hp, 1)
+    cols = tl.arange(0, half)[None, :]  # (1, half)
+    mask = (heads < hq + hk) & (cols < half)  # (Hp, half)
+    row = qkv_ptr + t * ((hq + 2 * hk) * d) + heads * d
+    x1 = tl.load(row + cols, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(row + half + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / d + eps)  # (Hp,)
+    rstd2 = rstd[:, None]  # (Hp, 1)
+    is_q = heads < hq  # (Hp, 1)
+    w1 = tl.where(is_q, tl.load(qw_ptr + cols).to(tl.float32), tl.load(kw_ptr + cols).to(tl.float32))
+    w2 = tl.where(
+        is_q, tl.load(qw_ptr + half + cols).to(tl.float32), tl.load(kw_ptr + half + cols).to(tl.float32)
+    )
+    # Round the normalised values to the activation dtype before scaling, as the reference does.
+    n1 = ((x1 * rstd2).to(q_ptr.dtype.element_ty).to(tl.float32) * w1).to(q_ptr.dtype.element_ty)
+    n2 = ((x2 * rstd2).to(q_ptr.dtype.element_ty).to(tl.float32) * w2).to(q_ptr.dtype.element_ty)
+    n1 = n1.to(tl.float32)
+    n2 = n2.to(tl.float32)
+    c1 = tl.load(cos_ptr + t * d + cols).to(tl.float32)  # (1, half)
+    c2 = tl.load(cos_ptr + t * d + half + cols).to(tl.float32)
+    s1 = tl.load(sin_ptr + t * d + cols).to(tl.float32)
+    s2 = tl.load(sin_ptr + t * d + half + cols).to(tl.float32)
+    o1 = (n1 * c1 - n2 * s1).to(q_ptr.dtype.element_ty)
+    o2 = (n2 * c2 + n1 * s2).to(q_ptr.dtype.element_ty)
+    q_mask = mask & is_q
+    q_out = q_ptr + t * (hq * d) + heads * d
+    tl.store(q_out + cols, o1, mask=q_mask)
+    tl.store(q_out + half + cols, o2, mask=q_mask)
+    k_mask = mask & (heads >= hq)
+    k_out = k_ptr + t * (hk * d) + (heads - hq) * d
+    tl.store(k_out + cols, o1, mask=k_mask)
+    tl.store(k_out + half + cols, o2, mask=k_mask)
