@@ -90,6 +90,21 @@ def reason_filter(reasons: Collection[str]) -> frozenset[DlqReason]:
     return frozenset(DlqReason(r) for r in reasons)
 
 
+async def topic_partitions(kafka: KafkaSettings, topic: str) -> list[int]:
+    """Partition ids of `topic` ([] when it does not exist), from the cluster metadata."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from consumer.producer import client_options
+
+    admin = AIOKafkaAdminClient(**client_options(kafka))
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    return sorted(p["partition"] for t in described if t["error_code"] == 0 for p in t["partitions"])
+
+
 async def replay(
     kafka: KafkaSettings,
     dlq_topic: str,
@@ -117,8 +132,7 @@ async def replay(
     await consumer.start()
     await producer.start()
     try:
-        await consumer.topics()  # loads cluster metadata, so partitions_for_topic knows the DLQ topic
-        parts = [TopicPartition(dlq_topic, p) for p in (consumer.partitions_for_topic(dlq_topic) or set())]
+        parts = [TopicPartition(dlq_topic, p) for p in await topic_partitions(kafka, dlq_topic)]
         if not parts:
             return counts
         consumer.assign(parts)

@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
-from torch import nn
 
 from engine import kernels
 

@@ -7,6 +7,7 @@ byte: nothing is normalised, trimmed or re-cased.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -153,7 +154,10 @@ class SystemOneRequest(BaseModel):
             if unknown:
                 # Names only (shortened), never values: they may be large or sensitive.
                 names = [str(key)[:64] for key in unknown[:10]]
-                _log.debug("systemone_unknown_fields_ignored", fields=names, count=len(unknown))
+                # Best effort: inside a validator, a broken log sink would otherwise turn a valid
+                # request into a schema violation.
+                with contextlib.suppress(Exception):
+                    _log.debug("systemone_unknown_fields_ignored", fields=names, count=len(unknown))
         return data
 
     @property

@@ -11,7 +11,7 @@ def register(commands: Commands) -> None:
     """Add `bench engine`."""
     p = commands.bench.add_parser(
         "engine",
-        help="Whole engine path on the full-size Clef-omni thinker (random bf16 weights) vs plain transformers",
+        help="Whole engine path, full-size Clef-omni thinker (random bf16 weights) vs plain transformers",
         description="Builds the full-size thinker + joint head on the GPU and measures throughput, latency, "
         "head share and memory against the plain transformers backbone. Needs CUDA.",
     )
