@@ -205,8 +205,8 @@ def main(events: int, repeats: int, bootstrap: str | None = None) -> dict[str, A
 
     from consumer.kafka_local import LocalKafka
     from consumer.logging import configure_logging
-    from consumer.producer import service_topics
     from consumer.settings import load_settings
+    from consumer.source import service_topics
 
     configure_logging("warning")
     broker: LocalKafka | None = None
@@ -285,7 +285,7 @@ def _create_topics(bootstrap: str, names: list[str], broker: Any) -> None:
     if broker is not None:
         broker.create_topics(names, partitions=3)
         return
-    from consumer.producer import ensure_topics
     from consumer.settings import KafkaSettings
+    from consumer.source import ensure_topics
 
     asyncio.run(ensure_topics(KafkaSettings(bootstrap_servers=bootstrap, topic_partitions=3), names))

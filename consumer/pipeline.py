@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.metadata
 import sys
 import time
 from typing import Any
@@ -27,15 +28,22 @@ from consumer.decode import decode_value, header_event_id
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
 from consumer.offsets import OffsetTracker
-from consumer.producer import Emitter, PartitionState, Producer, Work, ensure_topics, service_topics
+from consumer.producer import Emitter, PartitionState, Producer, Work
 from consumer.router import InputRecord
 from consumer.settings import Settings
-from consumer.source import Source
+from consumer.source import Source, ensure_topics, service_topics
 from schemas.parse import RequestLimits, parse_request
 from schemas.routing import EngineInfo
 from schemas.systemone import SystemOneResponse
 
 log = get_logger("consumer.pipeline")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("clef-router")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
 
 
 def _empty_cuda_cache() -> None:
@@ -80,7 +88,8 @@ class Pipeline:
             self.producer,
             self.tracker,
             self.metrics,
-            engine_info or EngineInfo(name="clef-router", model=settings.engine.model_name),
+            engine_info
+            or EngineInfo(name="clef-router", version=_version(), model=settings.engine.model_name),
             on_fatal=self._fail,
             on_progress=self._beat,
         )

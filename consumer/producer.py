@@ -1,9 +1,11 @@
-"""Kafka producer (idempotent, acks=all), topic checks at start, and shared client options.
+"""Publishing stage: the Kafka producer (idempotent, acks=all) and the per-partition ordered emitter.
 
 `Producer.send` enqueues a record and returns the delivery future without waiting for the broker (it awaits
 only when aiokafka's accumulator is full, which is the producer's own backpressure). `send_retrying` waits
 for the acknowledgement and retries transient errors with tenacity. Records sent to one topic partition are
-delivered in send order (idempotence keeps order across aiokafka's internal retries).
+delivered in send order (idempotence keeps order across aiokafka's internal retries). `send_many` batches
+records per output partition. `Emitter` turns each input record's outcome into output or DLQ records, in
+offset order per input partition, and marks the offset done once every output is acknowledged.
 """
 
 from __future__ import annotations
@@ -12,12 +14,11 @@ import asyncio
 import functools
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.partitioner import DefaultPartitioner
 
 from consumer.decode import stage_for
@@ -27,7 +28,8 @@ from consumer.metrics import Metrics
 from consumer.offsets import OffsetTracker
 from consumer.retry import EngineError, transient_retry
 from consumer.router import InputRecord, OutRecord, route_outputs
-from consumer.settings import KafkaSettings, Settings, TopicSettings
+from consumer.settings import KafkaSettings, Settings
+from consumer.source import client_options
 from schemas.errors import DlqReason, RequestError
 from schemas.routing import EngineInfo
 from schemas.systemone import SystemOneResponse
@@ -35,25 +37,6 @@ from schemas.systemone import SystemOneResponse
 log = get_logger("consumer.producer")
 
 PARTITIONS_TTL_S = 30.0  # how long a topic's partition list is reused before asking the metadata again
-
-
-def client_options(settings: KafkaSettings) -> dict[str, Any]:
-    """Connection options shared by consumer, producer and admin clients (secrets unwrapped here only)."""
-    opts: dict[str, Any] = {
-        "bootstrap_servers": settings.bootstrap_servers,
-        "client_id": settings.client_id,
-        "security_protocol": settings.security_protocol,
-    }
-    if settings.sasl_mechanism is not None:
-        opts["sasl_mechanism"] = settings.sasl_mechanism
-        opts["sasl_plain_username"] = settings.sasl_username
-        if settings.sasl_password is not None:
-            opts["sasl_plain_password"] = settings.sasl_password.get_secret_value()
-    if settings.security_protocol in ("SSL", "SASL_SSL"):
-        from aiokafka.helpers import create_ssl_context
-
-        opts["ssl_context"] = create_ssl_context()
-    return opts
 
 
 class Producer:
@@ -145,42 +128,6 @@ class Producer:
             with attempt:
                 return await (await self.send(record))
         raise AssertionError("unreachable")  # pragma: no cover
-
-
-class MissingTopicsError(RuntimeError):
-    """Configured topics are missing and `create_topics` is off."""
-
-
-def service_topics(topics: TopicSettings, department_suffixes: Iterable[str]) -> list[str]:
-    """Every topic the service reads or writes (inputs, decisions, all route topics, DLQ), deduplicated."""
-    names = [*topics.input, topics.decisions, topics.review, topics.unrouted, topics.dlq]
-    names += [topics.route_prefix + suffix for suffix in department_suffixes]
-    return list(dict.fromkeys(names))
-
-
-async def ensure_topics(settings: KafkaSettings, names: list[str]) -> list[str]:
-    """Check `names` exist; create the missing ones when `create_topics` is on. Returns those created.
-
-    Raises `MissingTopicsError` when some are missing and creation is off, or creation failed.
-    """
-    admin = AIOKafkaAdminClient(**client_options(settings), request_timeout_ms=15_000)
-    await admin.start()
-    try:
-        existing = set(await admin.list_topics())
-        missing = [name for name in names if name not in existing]
-        if not missing:
-            return []
-        if not settings.create_topics:
-            raise MissingTopicsError(f"missing topics (create_topics is off): {', '.join(missing)}")
-        new = [NewTopic(name, settings.topic_partitions, settings.replication_factor) for name in missing]
-        response = await admin.create_topics(new, timeout_ms=15_000)
-        for entry in response.topic_errors:
-            if entry[1] not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS (a concurrent creator won)
-                raise MissingTopicsError(f"creating topic {entry[0]!r} failed with error code {entry[1]}")
-        log.info("topics_created", topics=missing, partitions=settings.topic_partitions)
-        return missing
-    finally:
-        await admin.close()
 
 
 @dataclass(slots=True, eq=False)

@@ -1,4 +1,4 @@
-"""`clef-router run`, `produce`, `dlq replay` and `bench pipeline`.
+"""`clef-router run`, `produce`, `tail`, `dlq replay` and `bench pipeline`.
 
 `run` loads settings (env `CLEF_*`, optional `--config` TOML), prints them masked, loads the engine (a
 release directory, or `--stub-engine` for demos and benchmarks), then serves Kafka and HTTP until SIGTERM
@@ -21,7 +21,7 @@ SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "events.jsonl"
 
 
 def register(commands: Commands) -> None:
-    """Add `run`, `produce`, `dlq replay` and `bench pipeline`."""
+    """Add `run`, `produce`, `tail`, `dlq replay` and `bench pipeline`."""
     p = commands.add_parser("run", help="Run the Kafka routing service and its HTTP server")
     p.add_argument("--config", type=Path, default=None, help="TOML settings file (env CLEF_* overrides it)")
     p.add_argument(
@@ -46,6 +46,14 @@ def register(commands: Commands) -> None:
     p.add_argument("--group", default=None, help="replay consumer group (default: <group_id>.dlq-replay)")
     p.add_argument("--dry-run", action="store_true", help="count only; send and commit nothing")
     p.set_defaults(func=_dlq_replay)
+
+    p = commands.add_parser("tail", help="Print routed decisions (department, urgency, outage) from a topic")
+    p.add_argument("--config", type=Path, default=None)
+    p.add_argument("--bootstrap", default=None, help="override kafka.bootstrap_servers")
+    p.add_argument("--topic", default=None, help="default: the decisions topic")
+    p.add_argument("--count", type=int, default=20, help="stop after this many decisions")
+    p.add_argument("--timeout", type=float, default=10.0, help="stop after this many seconds without news")
+    p.set_defaults(func=_tail)
 
     p = commands.bench.add_parser("pipeline", help="Service events/s (stub engine) vs a plain aiokafka loop")
     p.add_argument("--events", type=int, default=20_000)
@@ -137,8 +145,9 @@ def _produce(args: argparse.Namespace) -> int:
 
 
 async def _send_samples(settings: Any, topic: str, items: list[dict[str, Any]]) -> int:
-    from consumer.producer import Producer, ensure_topics
+    from consumer.producer import Producer
     from consumer.router import OutRecord
+    from consumer.source import ensure_topics
 
     await ensure_topics(settings.kafka, [topic])
     producer = Producer(settings.kafka)
@@ -189,3 +198,57 @@ def _bench_pipeline(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     sys.stdout.flush()
     return 0
+
+
+def _tail(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    topic = args.topic or settings.topics.decisions
+    shown = asyncio.run(_tail_decisions(settings, topic, args.count, args.timeout))
+    print(f"{shown} decisions from {topic}", file=sys.stderr)
+    return 0
+
+
+async def _tail_decisions(settings: Any, topic: str, count: int, timeout_s: float) -> int:
+    """Print one line per decision record (from the beginning) until `count` or `timeout_s` without news."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from consumer.dlq import topic_partitions
+    from consumer.source import client_options
+
+    consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False)
+    await consumer.start()
+    shown = 0
+    try:
+        parts = [TopicPartition(topic, p) for p in await topic_partitions(settings.kafka, topic)]
+        if not parts:
+            raise CommandError(f"topic {topic} does not exist")
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        idle_since = asyncio.get_running_loop().time()
+        while shown < count and asyncio.get_running_loop().time() - idle_since < timeout_s:
+            batch = await consumer.getmany(timeout_ms=500, max_records=count - shown)
+            for records in batch.values():
+                for rec in records:
+                    shown += 1
+                    idle_since = asyncio.get_running_loop().time()
+                    print(_decision_line(rec.key, rec.value), flush=True)
+    finally:
+        await consumer.stop()
+    return shown
+
+
+def _decision_line(key: bytes | None, value: bytes | None) -> str:
+    try:
+        d = json.loads(value or b"")
+        r = d.get("route", {})
+        conf = r.get("department_confidence")
+        urgency = r.get("urgency")
+        outage = r.get("outage_probability")
+        return (
+            f"{(key or b'-').decode(errors='replace'):>10}  {d.get('event_id', '?'):<28} "
+            f"department={r.get('department')} ({conf if conf is None else round(conf, 2)})  "
+            f"urgency={r.get('urgency_label')} ({urgency if urgency is None else round(urgency, 2)})  "
+            f"outage={r.get('outage')} ({outage})"
+        )
+    except (ValueError, AttributeError):
+        return f"{key!r}: <not a decision record>"
