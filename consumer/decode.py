@@ -91,7 +91,7 @@ def stage_for(reason: DlqReason) -> str:
     if reason in _MEDIA_REASONS:
         return DlqStage.media.value
     if reason == DlqReason.context_length_exceeded:
-        return "encode"  # no `DlqStage.encode` member: the name clashes with `str.encode`
+        return DlqStage.tokenize.value
     if reason in _ENGINE_REASONS:
         return DlqStage.engine.value
     return DlqStage.decode.value

@@ -30,6 +30,7 @@ from consumer.retry import EngineError, transient_retry
 from consumer.router import InputRecord, OutRecord, route_outputs
 from consumer.settings import KafkaSettings, Settings
 from consumer.source import client_options
+from schemas.dead_letter import DlqStage
 from schemas.errors import DlqReason, RequestError
 from schemas.routing import EngineInfo
 from schemas.systemone import SystemOneResponse
@@ -281,7 +282,7 @@ class Emitter:
             reason, cause, attempts = exc.reason, exc, 1
         else:
             reason, cause, attempts = DlqReason.engine_failed, exc, 1
-        stage = stage_for(reason) if isinstance(exc, RequestError | EngineError) else "encode"
+        stage = stage_for(reason) if isinstance(exc, RequestError | EngineError) else DlqStage.publish.value
         out, info = dead_letter(
             work.record, cause, topic=topics.dlq, stage=stage, attempts=attempts, reason=reason
         )

@@ -44,6 +44,7 @@ class DlqStage(StrEnum):
     media = "media"  # fetching / decoding attachments
     tokenize = "tokenize"  # encoding to tokens, context length
     engine = "engine"  # forward pass / building answers
+    publish = "publish"  # routing and serialising the output records
 
 
 class DlqHeaderError(ValueError):

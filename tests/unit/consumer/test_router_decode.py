@@ -134,5 +134,5 @@ def test_header_event_id_and_stage() -> None:
     assert header_event_id([("other", b"abc")]) is None
     assert stage_for(DlqReason.bad_json) == "decode"
     assert stage_for(DlqReason.media_bomb) == "media"
-    assert stage_for(DlqReason.context_length_exceeded) == "encode"
+    assert stage_for(DlqReason.context_length_exceeded) == "tokenize"
     assert stage_for(DlqReason.oom_single_record) == "engine"
