@@ -17,15 +17,15 @@ batch never builds one, so its tensors are unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
-from typing import Any, Literal, Protocol
+from dataclasses import dataclass, replace
+from typing import Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
 from engine.batch_media import MediaBatch, RopeIndex, collate_media
-from engine.types import EncodedRequest
+from engine.types import EncodedRequest, map_tensor_fields
 
 Layout = Literal["packed", "padded"]
 IntArray = npt.NDArray[np.int64]
@@ -60,12 +60,7 @@ class SpanIndex:
 
     def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> SpanIndex:
         """A copy with `fn` applied to every tensor field (e.g. a device move)."""
-        moved: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, torch.Tensor):
-                moved[f.name] = fn(value)
-        return replace(self, **moved)
+        return map_tensor_fields(self, fn)
 
 
 @dataclass(frozen=True, slots=True)

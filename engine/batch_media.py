@@ -20,13 +20,13 @@ this module, so their tensors stay exactly what the fast path expects.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from engine.media.features import audio_output_length
-from engine.types import EncodedRequest
+from engine.types import EncodedRequest, map_tensor_fields
 
 RopeIndex = Callable[[EncodedRequest], torch.Tensor]
 """(record) -> (3, L) int64 t/h/w rope positions of a media record (see `model_media.rope_positions`)."""
@@ -53,12 +53,7 @@ class MediaBatch:
 
     def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> MediaBatch:
         """A copy with `fn` applied to every tensor field (e.g. a device move)."""
-        moved: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, torch.Tensor):
-                moved[f.name] = fn(value)
-        return replace(self, **moved)
+        return map_tensor_fields(self, fn)
 
 
 def has_media(record: EncodedRequest) -> bool:

@@ -7,9 +7,16 @@ collates several of them into one forward pass, and the model returns per-option
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_D = TypeVar("_D", bound="DataclassInstance")
 
 # Question type ids, as the joint head's type embedding expects them (SPEC section 4).
 TYPE_NOUL = 0
@@ -44,3 +51,9 @@ class EncodedRequest:
     @property
     def num_tokens(self) -> int:
         return len(self.input_ids)
+
+
+def map_tensor_fields(obj: _D, fn: Callable[[torch.Tensor], torch.Tensor]) -> _D:
+    """A copy of dataclass `obj` with `fn` applied to every field holding a tensor (e.g. a device move)."""
+    moved = {f.name: fn(v) for f in fields(obj) if isinstance(v := getattr(obj, f.name), torch.Tensor)}
+    return replace(obj, **moved)
