@@ -15,76 +15,22 @@ import json
 import os
 import random
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.fullsize import TEXT_CONFIG, randomize_
+from bench.fullsize import TEXT_CONFIG
+from bench.report import Bench, write_outputs
+from bench.workload import build_engine, make_request
 from engine.runner import Engine, EngineConfig, Prepared
-from schemas.systemone import SystemOneRequest, parse_request
+from schemas.systemone import SystemOneRequest
 
 PEAK_TFLOPS = 790.0
-WORDS = (
-    "disk",
-    "latency",
-    "router",
-    "packet",
-    "loss",
-    "on",
-    "rack",
-    "b7",
-    "after",
-    "deploy",
-    "of",
-    "the",
-    "payment",
-    "service",
-    "timeouts",
-    "spiked",
-    "database",
-    "replica",
-    "lag",
-    "grew",
-    "to",
-    "minutes",
-    "badge",
-    "reader",
-    "offline",
-    "ssl",
-    "certificate",
-    "expired",
-    "users",
-    "report",
-    "errors",
-    "503",
-    "cooling",
-    "unit",
-    "alarm",
-    "temperature",
-    "rising",
-    "in",
-    "hall",
-    "c",
-    "firewall",
-    "blocked",
-)
-DEPARTMENTS = (
-    "network",
-    "database",
-    "storage",
-    "security",
-    "application",
-    "facilities",
-    "identity",
-    "billing",
-)
 
 
 def flops_per_token(context: int) -> float:
@@ -96,89 +42,6 @@ def flops_per_token(context: int) -> float:
     experts = c["num_experts_per_tok"] * 3 * h * c["moe_intermediate_size"] + h * c["num_experts"]
     attn_scores = 2 * q * context / 2  # causal: on average half the context, QK and PV
     return float(2.0 * layers * (attn_proj + experts + attn_scores))
-
-
-@dataclass
-class Bench:
-    engine: Engine
-    out: Path
-    rows: list[dict[str, Any]]
-
-    def emit(self, **row: Any) -> None:
-        self.rows.append(row)
-        print(json.dumps(row), flush=True)
-
-
-def build_engine(config: EngineConfig) -> Engine:
-    """Full-size thinker + joint head, random bf16 weights on CUDA, tiny-release tokenizer."""
-    from transformers import PreTrainedTokenizerFast
-    from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeThinkerConfig
-
-    from engine.head import JointHeadConfig, JointSchemaHead
-    from engine.model import ClefOmniModel
-    from engine.thinker import build_thinker
-    from engine.tiny import write_tiny_release
-
-    tiny = write_tiny_release(Path(tempfile.mkdtemp(prefix="clef-bench-")) / "tiny")
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tiny))
-    tiny_cfg = json.loads((tiny / "config.json").read_text())["thinker_config"]
-    media_ids = {
-        k: tiny_cfg[k]
-        for k in (
-            "audio_token_id",
-            "image_token_id",
-            "video_token_id",
-            "vision_start_token_id",
-            "audio_start_token_id",
-        )
-    }
-    thinker_config = Qwen3OmniMoeThinkerConfig(
-        text_config=dict(TEXT_CONFIG),
-        vision_config={"out_hidden_size": TEXT_CONFIG["hidden_size"]},
-        audio_config={"output_dim": TEXT_CONFIG["hidden_size"]},
-        **media_ids,
-    )
-    thinker = build_thinker(thinker_config, "cuda", torch.bfloat16, "sdpa")
-    randomize_(thinker)
-    with torch.device("cuda"):
-        head = JointSchemaHead(JointHeadConfig(hidden_size=TEXT_CONFIG["hidden_size"])).to(torch.bfloat16)
-    randomize_(head, seed=1)
-    model = ClefOmniModel(thinker, head, pad_token_id=int(tokenizer.pad_token_id or 0)).eval()
-    return Engine(model, tokenizer, config)
-
-
-def make_request(rng: random.Random, engine: Engine, target_tokens: int) -> SystemOneRequest:
-    """A 3-question SystemOne request whose encoding is close to `target_tokens` tokens."""
-    n_opts = rng.randint(4, 8)
-    questions = {
-        "department": {
-            "type": "choice",
-            "instructions": "Owning team?",
-            "criteria": {d: None for d in DEPARTMENTS[:n_opts]},
-        },
-        "urgency": {
-            "type": "score",
-            "instructions": "Urgency?",
-            "criteria": ["low", "medium", "high", "critical"],
-        },
-        "outage": {"type": "noul", "instructions": "Outage?"},
-    }
-    words = max(1, target_tokens // 2)
-    request = parse_request({"state": "", "questions": questions})
-    for _ in range(4):  # proportional correction converges in a few steps
-        text = " ".join(rng.choice(WORDS) for _ in range(words))
-        request = parse_request(
-            {
-                "state": {"alert": "incident", "message": text, "host": f"h{rng.randint(1, 99)}"},
-                "questions": questions,
-            }
-        )
-        have = engine.prepare(request).num_tokens
-        if abs(have - target_tokens) <= max(4, target_tokens // 100):
-            break
-        overhead = engine.prepare(parse_request({"state": "", "questions": questions})).num_tokens
-        words = max(1, round(words * (target_tokens - overhead) / max(1, have - overhead)))
-    return request
 
 
 def cuda_ms(fn: Callable[[], object]) -> float:
@@ -448,62 +311,6 @@ def main(out_dir: str | None = None, quick: bool = False) -> int:
     )
     write_outputs(b, budgets, sweep)
     return 0
-
-
-def write_outputs(b: Bench, budgets: Sequence[int], sweep: Sequence[dict[str, float]]) -> None:
-    (b.out / "engine.jsonl").write_text("".join(json.dumps(r) + "\n" for r in b.rows))
-    lines = [
-        "| kind | workload | tok/s | req/s | p50 ms | p99 ms | MFU | extra |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in b.rows:
-        if r["kind"] == "info":
-            continue
-        extra = {
-            k: v
-            for k, v in r.items()
-            if k
-            not in {
-                "kind",
-                "workload",
-                "tok_s",
-                "req_s",
-                "mfu",
-                "batch_ms_p50",
-                "batch_ms_p99",
-                "ms_p50",
-                "ms_p99",
-            }
-        }
-        lines.append(
-            f"| {r['kind']} | {r.get('workload', '')} | {r.get('tok_s', '')} | {r.get('req_s', '')} | "
-            f"{r.get('batch_ms_p50', r.get('ms_p50', ''))} | {r.get('batch_ms_p99', r.get('ms_p99', ''))} | "
-            f"{r.get('mfu', '')} | {json.dumps(extra) if extra else ''} |"
-        )
-    (b.out / "engine.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines), flush=True)
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot(list(budgets), [r["tok_s"] for r in sweep], marker="o", label="clef-router engine path")
-        base = [r for r in b.rows if r["kind"] == "baseline" and r["workload"] == "512-token requests"]
-        if base:
-            ax.axhline(
-                base[0]["tok_s"], color="gray", linestyle="--", label="plain transformers backbone (64x512)"
-            )
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("batch token budget")
-        ax.set_ylabel("tokens/s (512-token requests)")
-        ax.set_title("Clef-omni full size, random bf16, one H200")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(b.out / "throughput.png", dpi=120)
-    except ImportError:
-        print("matplotlib missing: no plot", flush=True)
 
 
 if __name__ == "__main__":

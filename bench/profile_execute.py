@@ -13,7 +13,8 @@ from functools import partial
 
 import torch
 
-from bench.engine import build_engine, cuda_ms, make_request
+from bench.engine import cuda_ms
+from bench.workload import build_engine, make_request
 from engine.runner import EngineConfig
 
 

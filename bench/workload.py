@@ -1,0 +1,147 @@
+"""Workload for `bench.engine`: the full-size engine built on the GPU, and realistic SystemOne requests.
+
+`build_engine` makes the full-size thinker (text MoE, vision and audio towers) and the joint head with random
+bf16 weights directly on CUDA, with the tiny release's tokenizer (the real one cannot be downloaded here).
+`make_request` builds 3-question requests (choice with 4-8 options, score with 4 levels, noul) whose encoding
+comes close to a target token count.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+from pathlib import Path
+
+import torch
+
+from bench.fullsize import TEXT_CONFIG, randomize_
+from engine.runner import Engine, EngineConfig
+from schemas.systemone import SystemOneRequest, parse_request
+
+WORDS = (
+    "disk",
+    "latency",
+    "router",
+    "packet",
+    "loss",
+    "on",
+    "rack",
+    "b7",
+    "after",
+    "deploy",
+    "of",
+    "the",
+    "payment",
+    "service",
+    "timeouts",
+    "spiked",
+    "database",
+    "replica",
+    "lag",
+    "grew",
+    "to",
+    "minutes",
+    "badge",
+    "reader",
+    "offline",
+    "ssl",
+    "certificate",
+    "expired",
+    "users",
+    "report",
+    "errors",
+    "503",
+    "cooling",
+    "unit",
+    "alarm",
+    "temperature",
+    "rising",
+    "in",
+    "hall",
+    "c",
+    "firewall",
+    "blocked",
+)
+DEPARTMENTS = (
+    "network",
+    "database",
+    "storage",
+    "security",
+    "application",
+    "facilities",
+    "identity",
+    "billing",
+)
+
+
+def build_engine(config: EngineConfig) -> Engine:
+    """Full-size thinker + joint head, random bf16 weights on CUDA, tiny-release tokenizer."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeThinkerConfig
+
+    from engine.head import JointHeadConfig, JointSchemaHead
+    from engine.model import ClefOmniModel
+    from engine.thinker import build_thinker
+    from engine.tiny import write_tiny_release
+
+    tiny = write_tiny_release(Path(tempfile.mkdtemp(prefix="clef-bench-")) / "tiny")
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tiny))
+    tiny_cfg = json.loads((tiny / "config.json").read_text())["thinker_config"]
+    media_ids = {
+        k: tiny_cfg[k]
+        for k in (
+            "audio_token_id",
+            "image_token_id",
+            "video_token_id",
+            "vision_start_token_id",
+            "audio_start_token_id",
+        )
+    }
+    thinker_config = Qwen3OmniMoeThinkerConfig(
+        text_config=dict(TEXT_CONFIG),
+        vision_config={"out_hidden_size": TEXT_CONFIG["hidden_size"]},
+        audio_config={"output_dim": TEXT_CONFIG["hidden_size"]},
+        **media_ids,
+    )
+    thinker = build_thinker(thinker_config, "cuda", torch.bfloat16, "sdpa")
+    randomize_(thinker)
+    with torch.device("cuda"):
+        head = JointSchemaHead(JointHeadConfig(hidden_size=TEXT_CONFIG["hidden_size"])).to(torch.bfloat16)
+    randomize_(head, seed=1)
+    model = ClefOmniModel(thinker, head, pad_token_id=int(tokenizer.pad_token_id or 0)).eval()
+    return Engine(model, tokenizer, config)
+
+
+def make_request(rng: random.Random, engine: Engine, target_tokens: int) -> SystemOneRequest:
+    """A 3-question SystemOne request whose encoding is close to `target_tokens` tokens."""
+    n_opts = rng.randint(4, 8)
+    questions = {
+        "department": {
+            "type": "choice",
+            "instructions": "Owning team?",
+            "criteria": {d: None for d in DEPARTMENTS[:n_opts]},
+        },
+        "urgency": {
+            "type": "score",
+            "instructions": "Urgency?",
+            "criteria": ["low", "medium", "high", "critical"],
+        },
+        "outage": {"type": "noul", "instructions": "Outage?"},
+    }
+    words = max(1, target_tokens // 2)
+    request = parse_request({"state": "", "questions": questions})
+    for _ in range(4):  # proportional correction converges in a few steps
+        text = " ".join(rng.choice(WORDS) for _ in range(words))
+        request = parse_request(
+            {
+                "state": {"alert": "incident", "message": text, "host": f"h{rng.randint(1, 99)}"},
+                "questions": questions,
+            }
+        )
+        have = engine.prepare(request).num_tokens
+        if abs(have - target_tokens) <= max(4, target_tokens // 100):
+            break
+        overhead = engine.prepare(parse_request({"state": "", "questions": questions})).num_tokens
+        words = max(1, round(words * (target_tokens - overhead) / max(1, have - overhead)))
+    return request
