@@ -6,7 +6,8 @@
 
 Per-key order: each input partition has one emitter that publishes results in offset order, and outputs keep
 the input key, so records of one key keep their order. Backpressure: at most `kafka.max_in_flight` records
-between fetch and acknowledgement; beyond that every partition is paused until half have drained.
+between fetch and acknowledgement; at the bound no more records are taken, and when it stays reached for
+`PAUSE_AFTER_S` every partition is paused until half have drained.
 Rebalance: revoked partitions stop taking records, get up to `revoke_timeout_s` to finish, have their
 watermark committed, and anything still unfinished is dropped unpublished. SIGTERM (`request_stop`): stop
 fetching, drain within `shutdown_timeout_s`, commit, return.
@@ -37,6 +38,9 @@ from schemas.routing import EngineInfo
 from schemas.systemone import SystemOneResponse
 
 log = get_logger("consumer.pipeline")
+
+PAUSE_AFTER_S = 0.5  # the in-flight bound reached this long -> pause every input partition
+FULL_POLL_S = 0.005  # how often the fetch loop looks at the in-flight count while it is full or paused
 
 
 def _version() -> str:
@@ -163,13 +167,26 @@ class Pipeline:
     # ---- fetching -----------------------------------------------------------------------------------------
     async def _fetch_loop(self) -> None:
         cfg = self.settings.kafka
+        full_since: float | None = None  # monotonic() since when the in-flight bound is reached
         while not self._stop.is_set():
             room = cfg.max_in_flight - self.in_flight
             if room <= 0:
-                self.source.pause_all()
-                await asyncio.sleep(0.01)
+                # Full: stop taking records. The consumer keeps at most one fetched response per partition
+                # meanwhile; pausing would discard it (aiokafka drops the buffered records of a paused
+                # partition, so they would be fetched again), so partitions are paused only when the bound
+                # stays reached for `PAUSE_AFTER_S` (a slow engine), not on every short wait.
+                if full_since is None:
+                    full_since = time.monotonic()
+                elif not self.source.paused and time.monotonic() - full_since >= PAUSE_AFTER_S:
+                    self.source.pause_all()
+                await asyncio.sleep(FULL_POLL_S)
                 continue
-            if self.source.paused and self.in_flight <= cfg.max_in_flight // 2:
+            full_since = None
+            if self.source.paused:
+                if self.in_flight > cfg.max_in_flight // 2:
+                    # every partition is paused: a fetch could only wait out its timeout
+                    await asyncio.sleep(FULL_POLL_S)
+                    continue
                 self.source.resume_all()
             batch = await self.source.fetch(min(cfg.fetch_max_records, room), timeout_ms=100)
             if batch:

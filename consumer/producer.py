@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.partitioner import DefaultPartitioner, murmur2
 
 from consumer.decode import stage_for
 from consumer.dlq import DlqGuard, DlqGuardTrippedError, dead_letter
@@ -32,12 +32,13 @@ from consumer.settings import KafkaSettings, Settings
 from consumer.source import client_options
 from schemas.dead_letter import DlqStage
 from schemas.errors import DlqReason, RequestError
-from schemas.routing import EngineInfo
+from schemas.routing import EngineInfo, engine_json
 from schemas.systemone import SystemOneResponse
 
 log = get_logger("consumer.producer")
 
 PARTITIONS_TTL_S = 30.0  # how long a topic's partition list is reused before asking the metadata again
+KEY_HASH_CACHE = 100_000  # keys whose partitioner hash is remembered (the cache is emptied when full)
 
 
 class Producer:
@@ -47,6 +48,8 @@ class Producer:
         self._settings = settings
         self._partitioner = DefaultPartitioner()
         self._partitions: dict[str, tuple[float, list[int]]] = {}
+        self._key_hashes: dict[bytes, int] = {}  # key -> murmur2 (positive), as aiokafka's partitioner
+        self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._producer = AIOKafkaProducer(
             **client_options(settings),
             acks="all",
@@ -74,54 +77,73 @@ class Producer:
         return fut
 
     async def send_many(self, records: Sequence[OutRecord]) -> list[asyncio.Future[Any]]:
-        """Enqueue `records` as one batch per topic partition; returns, per record, its batch's future.
+        """Enqueue `records` as one batch per topic partition; returns, per record, its batch's future."""
+        futures: list[asyncio.Future[Any] | None] = [None] * len(records)
+        for fut, indexes in await self.send_batches(records):
+            for index in indexes:
+                futures[index] = fut
+        return [fut for fut in futures if fut is not None]
+
+    async def send_batches(self, records: Sequence[OutRecord]) -> list[tuple[asyncio.Future[Any], list[int]]]:
+        """Enqueue `records` as one batch per topic partition; returns each batch's future with the indexes
+        (into `records`) of the records it carries.
 
         Partitions are chosen like aiokafka's default partitioner (murmur2 of the key), so a key always maps
         to the same partition as with `send`; records of one partition keep their order. Far cheaper per
-        record than `send` (one accumulator call per batch instead of per record).
+        record than `send` (no future per record, one accumulator call per batch). Records never join a
+        batch already handed to aiokafka: that would need its private accumulator state.
         """
         groups: dict[tuple[str, int], list[int]] = {}
         for index, record in enumerate(records):
-            part = await self._partition_for(record)
-            groups.setdefault((record.topic, part), []).append(index)
-        futures: list[asyncio.Future[Any] | None] = [None] * len(records)
+            topic = record.topic
+            cached = self._partitions.get(topic)
+            if cached is None or time.monotonic() - cached[0] > PARTITIONS_TTL_S:
+                cached = await self._refresh_partitions(topic)
+            parts = cached[1]
+            key = record.key
+            if key is None:
+                part = int(self._partitioner(None, parts, parts))
+            else:
+                hashed = self._key_hashes.get(key)
+                if hashed is None:
+                    hashed = murmur2(key) & 0x7FFFFFFF
+                    if len(self._key_hashes) >= KEY_HASH_CACHE:
+                        self._key_hashes.clear()
+                    self._key_hashes[key] = hashed
+                part = parts[hashed % len(parts)]
+            group = groups.get((topic, part))
+            if group is None:
+                groups[(topic, part)] = [index]
+            else:
+                group.append(index)
+        sent: list[tuple[asyncio.Future[Any], list[int]]] = []
         for (topic, part), indexes in groups.items():
-            batch = self._producer.create_batch()
-            members: list[int] = []
-            for index in indexes:
-                rec = records[index]
-                if (
-                    batch.append(key=rec.key, value=rec.value, timestamp=None, headers=list(rec.headers))
-                    is None
-                ):
-                    if members:  # batch full: ship it and start the next one
-                        fut = await self._producer.send_batch(batch, topic, partition=part)
-                        for member in members:
-                            futures[member] = fut
-                        members = []
-                        batch = self._producer.create_batch()
-                    if (
-                        batch.append(key=rec.key, value=rec.value, timestamp=None, headers=list(rec.headers))
-                        is None
-                    ):
-                        futures[index] = await self.send(rec)  # larger than a batch: aiokafka sends it alone
+            count, i = len(indexes), 0
+            while i < count:
+                batch = self._producer.create_batch()
+                members = []
+                while i < count and _append(batch, records[indexes[i]]):
+                    members.append(indexes[i])
+                    i += 1
+                # One hand-over at a time per partition, so batches of a partition are queued in order
+                # (aiokafka's `send_batch` waits while an earlier batch of the partition is not drained).
+                lock = self._locks.get((topic, part))
+                if lock is None:
+                    lock = self._locks[(topic, part)] = asyncio.Lock()
+                async with lock:
+                    if not members:  # larger than a batch: aiokafka sends it alone, after its queued batches
+                        sent.append((await self.send(records[indexes[i]]), [indexes[i]]))
+                        i += 1
                         continue
-                members.append(index)
-            if members:
-                fut = await self._producer.send_batch(batch, topic, partition=part)
-                for member in members:
-                    futures[member] = fut
-        return [fut for fut in futures if fut is not None]
+                    fut = await self._producer.send_batch(batch, topic, partition=part)
+                sent.append((fut, members))
+        return sent
 
-    async def _partition_for(self, record: OutRecord) -> int:
-        now = time.monotonic()
-        cached = self._partitions.get(record.topic)
-        if cached is None or now - cached[0] > PARTITIONS_TTL_S:
-            parts = sorted(await self._producer.partitions_for(record.topic))
-            cached = (now, parts)
-            self._partitions[record.topic] = cached
-        parts = cached[1]
-        return int(self._partitioner(record.key, parts, parts))
+    async def _refresh_partitions(self, topic: str) -> tuple[float, list[int]]:
+        parts = sorted(await self._producer.partitions_for(topic))
+        cached = (time.monotonic(), parts)
+        self._partitions[topic] = cached
+        return cached
 
     async def send_retrying(self, record: OutRecord, attempts: int) -> Any:
         """Send and wait for the acknowledgement, retrying transient errors (tenacity); re-raises the last."""
@@ -129,6 +151,11 @@ class Producer:
             with attempt:
                 return await (await self.send(record))
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _append(batch: Any, rec: OutRecord) -> bool:
+    """Add `rec` to an aiokafka `BatchBuilder`; False when it does not fit (the builder is then closed)."""
+    return batch.append(key=rec.key, value=rec.value, timestamp=None, headers=list(rec.headers)) is not None
 
 
 @dataclass(slots=True, eq=False)
@@ -177,10 +204,13 @@ class Emitter:
         self._tracker = tracker
         self._metrics = metrics
         self._engine_info = engine_info
+        self._engine_json = engine_json(engine_info)
         self._guard = DlqGuard(settings.dlq)
         self._on_fatal = on_fatal
         self._on_progress = on_progress
         self._failed = False
+        self._answered = metrics.records.labels(outcome="answered")  # label children, looked up once
+        self._dead_lettered = metrics.records.labels(outcome="dead_lettered")
         self._tasks: set[asyncio.Task[Any]] = set()
         self.in_flight = 0
 
@@ -254,10 +284,31 @@ class Emitter:
         if state.revoked or self._failed:
             self.in_flight -= len(pending)
             return
-        outputs = [out for _, outs in pending for out in outs]
-        futures = iter(await self._producer.send_many(outputs))
+        dlq = self._settings.topics.dlq
+        outputs: list[OutRecord] = []
+        owners: list[_Ack] = []
         for work, outs in pending:
-            _Ack(self, state, work, [(out, next(futures)) for out in outs])
+            ack = _Ack(self, state, work, len(outs), any(out.topic == dlq for out in outs))
+            for out in outs:
+                outputs.append(out)
+                owners.append(ack)
+        for fut, indexes in await self._producer.send_batches(outputs):
+            members = [(outputs[i], owners[i]) for i in indexes]
+            fut.add_done_callback(functools.partial(self._delivered, members))
+
+    def _delivered(self, members: list[tuple[OutRecord, _Ack]], fut: asyncio.Future[Any]) -> None:
+        """One produced batch is acknowledged (or failed: its records are re-sent with retries)."""
+        if fut.cancelled() or fut.exception() is not None:
+            for out, ack in members:
+                task = asyncio.ensure_future(self._resend(ack, out))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            return
+        now = time.time()
+        for _, ack in members:
+            ack.left -= 1
+            if ack.left == 0:
+                self._acked(ack.state, ack.work, ack.dead, now)
 
     def _outputs(self, work: Work, fut: asyncio.Future[Any]) -> list[OutRecord]:
         exc = fut.exception()
@@ -273,7 +324,7 @@ class Emitter:
                 event_id=work.event_id,
                 routing=self._settings.routing,
                 topics=topics,
-                engine=self._engine_info,
+                engine=self._engine_json,
             )
         self._guard.record_dead()
         if isinstance(exc, EngineError):
@@ -299,15 +350,15 @@ class Emitter:
         )
         return [out]
 
-    def _acked(self, state: PartitionState, work: Work, dead: bool) -> None:
+    def _acked(self, state: PartitionState, work: Work, dead: bool, now: float) -> None:
         self.in_flight -= 1
         if state.revoked:
             return
         r = work.record
         self._tracker.done(state.tp, r.offset)
-        self._metrics.records.labels(outcome="dead_lettered" if dead else "answered").inc()
+        (self._dead_lettered if dead else self._answered).inc()
         if r.timestamp_ms is not None and r.timestamp_ms > 0:
-            self._metrics.end_to_end.observe(max(0.0, time.time() - r.timestamp_ms / 1000.0))
+            self._metrics.end_to_end.observe(max(0.0, now - r.timestamp_ms / 1000.0))
         self._on_progress()
 
     async def _resend(self, ack: _Ack, out: OutRecord) -> None:
@@ -325,32 +376,16 @@ def _finished(work: Work | None) -> bool:
 
 
 class _Ack:
-    """Counts a record's delivery acknowledgements; a failed delivery is re-sent with retries."""
+    """Counts the acknowledgements a record still waits for (`Emitter._delivered` decrements it)."""
 
     __slots__ = ("dead", "emitter", "left", "state", "work")
 
-    def __init__(
-        self,
-        emitter: Emitter,
-        state: PartitionState,
-        work: Work,
-        sent: list[tuple[OutRecord, asyncio.Future[Any]]],
-    ) -> None:
+    def __init__(self, emitter: Emitter, state: PartitionState, work: Work, outputs: int, dead: bool) -> None:
         self.emitter, self.state, self.work = emitter, state, work
-        self.left = len(sent)
-        self.dead = any(out.topic == emitter._settings.topics.dlq for out, _ in sent)
-        for out, fut in sent:
-            fut.add_done_callback(functools.partial(self._delivered, out))
-
-    def _delivered(self, out: OutRecord, fut: asyncio.Future[Any]) -> None:
-        if fut.cancelled() or fut.exception() is not None:
-            task = asyncio.ensure_future(self.emitter._resend(self, out))
-            self.emitter._tasks.add(task)
-            task.add_done_callback(self.emitter._tasks.discard)
-            return
-        self.one_done()
+        self.left = outputs
+        self.dead = dead
 
     def one_done(self) -> None:
         self.left -= 1
         if self.left == 0:
-            self.emitter._acked(self.state, self.work, self.dead)
+            self.emitter._acked(self.state, self.work, self.dead, time.time())

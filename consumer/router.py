@@ -9,17 +9,17 @@ choice) `route.unrouted`. The input key and CloudEvents `ce_*` headers are kept;
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from consumer.settings import RoutingSettings, TopicSettings
 from schemas.routing import (
     EngineInfo,
-    RoutedDecision,
     RouteSummary,
-    SourceRef,
     decision_headers,
-    route_summary,
+    decision_json,
+    engine_json,
+    route_fields,
 )
 from schemas.systemone import SystemOneResponse
 
@@ -27,9 +27,8 @@ Header = tuple[str, bytes]
 CE_PREFIX = "ce_"
 
 
-@dataclass(frozen=True, slots=True)
-class InputRecord:
-    """What the pipeline keeps of a consumed record."""
+class InputRecord(NamedTuple):
+    """What the pipeline keeps of a consumed record (a named tuple: immutable and cheap to build)."""
 
     topic: str
     partition: int
@@ -40,9 +39,8 @@ class InputRecord:
     timestamp_ms: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class OutRecord:
-    """One record to publish."""
+class OutRecord(NamedTuple):
+    """One record to publish (a named tuple: immutable and cheap to build)."""
 
     topic: str
     key: bytes | None
@@ -57,11 +55,17 @@ def passthrough_headers(headers: tuple[tuple[str, bytes | None], ...]) -> list[t
 
 def route_topic(route: RouteSummary, routing: RoutingSettings, topics: TopicSettings) -> str:
     """The single `route.*` topic for a decision (see the module docstring)."""
-    if route.department is None:
+    return _route_topic(route.department, route.department_confidence, routing, topics)
+
+
+def _route_topic(
+    department: object, confidence: object, routing: RoutingSettings, topics: TopicSettings
+) -> str:
+    if not isinstance(department, str):
         return topics.unrouted
-    if route.department_confidence is not None and route.department_confidence < routing.review_threshold:
+    if isinstance(confidence, float | int) and confidence < routing.review_threshold:
         return topics.review
-    suffix = routing.department_map.get(route.department)
+    suffix = routing.department_map.get(department)
     return topics.unrouted if suffix is None else topics.route_prefix + suffix
 
 
@@ -72,39 +76,38 @@ def route_outputs(
     event_id: str | None,
     routing: RoutingSettings,
     topics: TopicSettings,
-    engine: EngineInfo,
+    engine: EngineInfo | bytes,
     decided_at: datetime | None = None,
 ) -> list[OutRecord]:
-    """The decisions record and the route record for one answered event (pure)."""
-    # Same record as `RoutedDecision.from_response`, built without re-validating the engine's (already
-    # validated) answers: this runs once per event on the event loop.
-    route = route_summary(
+    """The decisions record and the route record for one answered event (pure).
+
+    `engine` is the `EngineInfo` or, on the hot path, its `engine_json` bytes computed once. The value is
+    `RoutedDecision.to_json()` of the decision (same bytes), written by `decision_json` without building
+    models: this runs once per event on the event loop.
+    """
+    route = route_fields(
         response,
         department_id=routing.question,
         urgency_id=routing.urgency_question,
         outage_id=routing.outage_question,
         outage_threshold=routing.outage_threshold,
     )
-    decision = RoutedDecision.model_construct(
+    value = decision_json(
+        response,
         event_id=event_id or f"{record.topic}:{record.partition}:{record.offset}",
-        source=SourceRef.model_construct(
-            topic=record.topic, partition=record.partition, offset=record.offset
-        ),
-        model=response.model,
-        answers=response.answers,
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
         route=route,
-        usage=response.usage,
         decided_at=decided_at if decided_at is not None else datetime.now(UTC),
-        engine=engine,
-        x_state_truncated=response.x_state_truncated,
-        x_extra=None,
+        engine=engine if isinstance(engine, bytes) else engine_json(engine),
     )
-    value = decision.to_json()
     headers: tuple[tuple[str, bytes | None], ...] = (
         *passthrough_headers(record.headers),
-        *decision_headers(decision.route),
+        *decision_headers(route),
     )
+    topic = _route_topic(route["department"], route["department_confidence"], routing, topics)
     return [
         OutRecord(topics.decisions, record.key, value, headers),
-        OutRecord(route_topic(decision.route, routing, topics), record.key, value, headers),
+        OutRecord(topic, record.key, value, headers),
     ]

@@ -111,6 +111,7 @@ class Source:
         self._metrics = metrics
         self._listener = _Listener(on_assigned, on_revoked)
         self._paused = False
+        self._lag_gauges: dict[TopicPartition, Any] = {}
         self._consumer = AIOKafkaConsumer(
             **client_options(settings),
             group_id=settings.group_id,
@@ -183,7 +184,11 @@ class Source:
             lag = max(0, high - pos)
             total += lag
             if self._metrics is not None:
-                self._metrics.consumer_lag.labels(topic=tp.topic, partition=str(tp.partition)).set(lag)
+                gauge = self._lag_gauges.get(tp)
+                if gauge is None:  # label children looked up once per partition (this runs every fetch)
+                    gauge = self._metrics.consumer_lag.labels(topic=tp.topic, partition=str(tp.partition))
+                    self._lag_gauges[tp] = gauge
+                gauge.set(lag)
         return total
 
     async def commit(self, offsets: dict[TopicPartition, int], attempts: int) -> bool:

@@ -8,9 +8,11 @@ may lack any of the routing questions (or use another type for that id), and the
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Final
+from typing import Final, TypeGuard, TypeVar
 
+import pydantic_core
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
 
 from schemas.response import Answer, ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOneResponse, Usage
@@ -20,6 +22,15 @@ H_URGENCY: Final = "clef-urgency"
 H_OUTAGE: Final = "clef-outage"
 
 _MAX_LABEL_CHARS: Final = 100
+_A = TypeVar("_A")
+_ROUTE_KEYS: Final = (
+    "department",
+    "department_confidence",
+    "urgency",
+    "urgency_label",
+    "outage",
+    "outage_probability",
+)
 
 
 class SourceRef(BaseModel):
@@ -56,6 +67,41 @@ def nearest_level(score: float, levels: int) -> int:
     return min(max(math.floor(score + 0.5), 0), levels - 1)
 
 
+def route_fields(
+    response: SystemOneResponse,
+    *,
+    department_id: str = "department",
+    urgency_id: str = "urgency",
+    outage_id: str = "outage",
+    outage_threshold: float = 0.5,
+) -> dict[str, object]:
+    """The `RouteSummary` fields of `response` as a plain dict: every field, in field order, null when its
+    question is absent or of another type. The unvalidated fast path behind `route_summary` (the service
+    calls it once per event); same values as `route_summary(...).model_dump()`."""
+    department = response.answers.get(department_id)
+    urgency = response.answers.get(urgency_id)
+    outage = response.answers.get(outage_id)
+    fields: dict[str, object] = dict.fromkeys(_ROUTE_KEYS)
+    if type(department) is ChoiceAnswer or _is(department, ChoiceAnswer):
+        fields["department"] = department.choice
+        fields["department_confidence"] = float(department.confidence)
+    if type(urgency) is ScoreAnswer or _is(urgency, ScoreAnswer):
+        level = nearest_level(urgency.score, len(urgency.probabilities))
+        label = urgency.legend.get(str(level)) or str(level)
+        fields["urgency"] = float(urgency.score)
+        fields["urgency_label"] = label[:_MAX_LABEL_CHARS]
+    if type(outage) is NoulAnswer or _is(outage, NoulAnswer):
+        fields["outage"] = outage.noul >= outage_threshold
+        fields["outage_probability"] = float(outage.noul)
+    return fields
+
+
+def _is(answer: object, kind: type[_A]) -> TypeGuard[_A]:
+    # `isinstance` against a pydantic model class goes through ABCMeta (slow); callers test the exact type
+    # first and come here only for a subclass, another answer type, or None
+    return answer is not None and isinstance(answer, kind)
+
+
 def route_summary(
     response: SystemOneResponse,
     *,
@@ -66,19 +112,14 @@ def route_summary(
 ) -> RouteSummary:
     """Extract the routing fields from `response` given the routing question ids. Pure; never raises
     for missing or differently-typed answers (those fields are null)."""
-    department = response.answers.get(department_id)
-    urgency = response.answers.get(urgency_id)
-    outage = response.answers.get(outage_id)
-    fields: dict[str, object] = {}
-    if isinstance(department, ChoiceAnswer):
-        fields.update(department=department.choice, department_confidence=department.confidence)
-    if isinstance(urgency, ScoreAnswer):
-        level = nearest_level(urgency.score, len(urgency.probabilities))
-        label = urgency.legend.get(str(level)) or str(level)
-        fields.update(urgency=urgency.score, urgency_label=label[:_MAX_LABEL_CHARS])
-    if isinstance(outage, NoulAnswer):
-        fields.update(outage=outage.noul >= outage_threshold, outage_probability=outage.noul)
-    return RouteSummary.model_validate(fields)
+    fields = route_fields(
+        response,
+        department_id=department_id,
+        urgency_id=urgency_id,
+        outage_id=outage_id,
+        outage_threshold=outage_threshold,
+    )
+    return RouteSummary.model_validate({k: v for k, v in fields.items() if v is not None})
 
 
 class EngineInfo(BaseModel):
@@ -149,14 +190,60 @@ class RoutedDecision(BaseModel):
         return cls.model_validate_json(data)
 
 
-def decision_headers(route: RouteSummary) -> list[tuple[str, bytes]]:
+def decision_headers(route: RouteSummary | Mapping[str, object]) -> list[tuple[str, bytes]]:
     """`clef-department` (choice), `clef-urgency` (urgency label), `clef-outage` ("true"/"false") as UTF-8
-    bytes, in that order; a header whose field is null is left out."""
+    bytes, in that order; a header whose field is null is left out. `route` is a `RouteSummary` or the
+    dict of `route_fields`."""
+    fields: Mapping[str, object] = route.__dict__ if isinstance(route, RouteSummary) else route
+    department, label, outage = fields["department"], fields["urgency_label"], fields["outage"]
     headers: list[tuple[str, bytes]] = []
-    if route.department is not None:
-        headers.append((H_DEPARTMENT, route.department.encode("utf-8")))
-    if route.urgency_label is not None:
-        headers.append((H_URGENCY, route.urgency_label.encode("utf-8")))
-    if route.outage is not None:
-        headers.append((H_OUTAGE, b"true" if route.outage else b"false"))
+    if isinstance(department, str):
+        headers.append((H_DEPARTMENT, department.encode("utf-8")))
+    if isinstance(label, str):
+        headers.append((H_URGENCY, label.encode("utf-8")))
+    if isinstance(outage, bool):
+        headers.append((H_OUTAGE, b"true" if outage else b"false"))
     return headers
+
+
+def engine_json(engine: EngineInfo) -> bytes:
+    """The `engine` member of a decision as JSON bytes (computed once per service, spliced by
+    `decision_json`)."""
+    return engine.model_dump_json().encode("utf-8")
+
+
+def decision_json(
+    response: SystemOneResponse,
+    *,
+    event_id: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    route: Mapping[str, object],
+    decided_at: datetime,
+    engine: bytes,
+) -> bytes:
+    """The same bytes as `RoutedDecision.to_json()` for the decision on `response`, without building models.
+
+    `route` is `route_fields(response, ...)`, `engine` is `engine_json(info)`, `decided_at` must be aware.
+    The engine's answers and usage (already validated models) are serialised by their own pydantic
+    serialisers through `pydantic_core.to_json`, so numbers, strings and dates are written exactly as the
+    model writes them. No validation: the service's hot path (one call per answered event).
+    """
+    body = pydantic_core.to_json(
+        {
+            "event_id": event_id,
+            "source": {"topic": topic, "partition": partition, "offset": offset},
+            "model": response.model,
+            "answers": response.answers,
+            "route": route,
+            "usage": response.usage,
+            "decided_at": decided_at,
+        }
+    )
+    truncated = response.x_state_truncated
+    if truncated is None:
+        tail = b"}"
+    else:
+        tail = b',"x_state_truncated":true}' if truncated else b',"x_state_truncated":false}'
+    return b"".join((body[:-1], b',"engine":', engine, tail))
