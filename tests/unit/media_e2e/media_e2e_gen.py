@@ -10,6 +10,8 @@ import av
 import numpy as np
 from PIL import Image
 
+from tests.unit.media.mediagen import png_header_only
+
 QUESTIONS: dict[str, Any] = {
     "department": {"type": "choice", "criteria": {"net": "network", "db": "database", "sec": "security"}},
     "outage": {"type": "noul"},
@@ -94,13 +96,4 @@ def mp4(seconds: float = 1.0, sound: bool = False, fps: int = 24, width: int = 6
 
 def png_bomb(width: int = 50_000, height: int = 50_000) -> bytes:
     """A valid PNG header declaring `width` x `height` RGB pixels, with no pixel data."""
-    import struct
-    import zlib
-
-    def chunk(kind: bytes, payload: bytes) -> bytes:
-        crc = zlib.crc32(kind + payload) & 0xFFFFFFFF
-        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", crc)
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    body = chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
-    return b"\x89PNG\r\n\x1a\n" + body
+    return png_header_only(width, height)
