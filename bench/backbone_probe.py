@@ -69,6 +69,7 @@ def main() -> int:
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--shapes", default="1x800,8x512,64x512,16x2048,1x3400")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--attention", default="flash", choices=("flash", "cudnn"))
     args = ap.parse_args()
     torch.manual_seed(0)
     model = build_text_model(args.layers)
@@ -79,9 +80,8 @@ def main() -> int:
         params_b=sum(p.numel() for p in model.parameters()) / 1e9,
         mem_gb=torch.cuda.memory_allocated() / 1e9,
     )
-    fast = PackedTextDecoder(
-        model,
-    )
+    fast = PackedTextDecoder(model, attention=args.attention)
+    other = PackedTextDecoder(model, attention="cudnn" if args.attention == "flash" else "flash")
     vocab = model.config.vocab_size
 
     with torch.inference_mode():
@@ -96,6 +96,15 @@ def main() -> int:
             what="fast_pack_vs_hf_alone",
             rel_err=[rel(p, h) for p, h in zip(parts, hf_alone, strict=True)],
         )
+        try:
+            parts_other = torch.split(other(packed(model, ids, lengths)), lengths)
+            emit(
+                kind="check",
+                what=f"{other.attention}_pack_vs_hf_alone",
+                rel_err=[rel(p, h) for p, h in zip(parts_other, hf_alone, strict=True)],
+            )
+        except Exception as exc:  # report and go on: a probe
+            emit(kind="error", what=f"{other.attention} decoder", error=repr(exc)[:800])
         alone = [fast(packed(model, ids[i : i + 1], [n])) for i, n in enumerate(lengths)]
         emit(
             kind="check",
@@ -108,10 +117,20 @@ def main() -> int:
             hf_ms = [float("nan")] if args.no_hf else time_cuda(partial(model, input_ids=ids))
             p = packed(model, ids, [n] * b)
             fast_ms = time_cuda(partial(fast, p))
+            try:
+                other_ms = time_cuda(partial(other, p))
+            except Exception as exc:  # report and go on: a probe
+                emit(kind="error", what=f"{other.attention} decoder", error=repr(exc)[:800])
+                other_ms = [float("nan")]
             torch.cuda.reset_peak_memory_stats()
             fast(p)
             peak = torch.cuda.max_memory_allocated() / 1e9
-            for name, ms in (("hf_sdpa_grouped_mm", hf_ms), ("fast_packed", fast_ms)):
+            timings = (
+                ("hf_sdpa_grouped_mm", hf_ms),
+                (f"fast_packed_{fast.attention}", fast_ms),
+                (f"fast_packed_{other.attention}", other_ms),
+            )
+            for name, ms in timings:
                 if args.no_hf and name.startswith("hf"):
                     continue
                 med = statistics.median(ms)
@@ -123,7 +142,7 @@ def main() -> int:
                     ms_p50=round(med, 2),
                     ms_all=[round(x, 2) for x in ms],
                     tok_s=round(b * n / med * 1000),
-                    peak_gb=round(peak, 1) if name == "fast_packed" else None,
+                    peak_gb=round(peak, 1) if name.startswith("fast_packed") else None,
                 )
 
         if args.graph:
@@ -211,6 +230,61 @@ def main() -> int:
                 )
             except Exception as exc:
                 emit(kind="error", what=f"sdpa_{be.name}", error=repr(exc)[:300])
+        # cuDNN ragged (packed, GQA) attention against FlashAttention varlen on mixed record lengths.
+        lens = [37, 512, 200, 800, 3000, 1, 450]
+        tm = sum(lens)
+        cm = torch.tensor([0, *lens], device="cuda").cumsum(0).to(torch.int32)
+        qm, km, vm = (torch.randn(tm, h, 128, device="cuda", dtype=torch.bfloat16) for h in (32, 4, 4))
+        ref_m = varlen_attn(qm, km, vm, cm, cm, max(lens), max(lens), window_size=(-1, 0))
+        assert isinstance(ref_m, torch.Tensor)
+        calls: tuple[tuple[str, Callable[[], torch.Tensor]], ...] = (
+            (
+                "attn_cudnn_ragged_64x512",
+                lambda: torch.ops.aten._cudnn_attention_forward(
+                    q, k, v, None, cu, cu, 512, 512, False, 0.0, True
+                )[0],
+            ),
+            (
+                "attn_cudnn_ragged_mixed",
+                lambda: torch.ops.aten._cudnn_attention_forward(
+                    qm, km, vm, None, cm, cm, max(lens), max(lens), False, 0.0, True
+                )[0],
+            ),
+        )
+        for name, call in calls:
+            try:
+                o = call()
+                ms = time_cuda(call, reps=10)
+                ref_o = fa if name.endswith("64x512") else ref_m
+                emit(kind="time", impl=name, ms_p50=round(statistics.median(ms), 3), rel_err=rel(o, ref_o))
+            except Exception as exc:
+                emit(kind="error", what=name, error=repr(exc)[:500])
+        ms = time_cuda(
+            lambda: varlen_attn(qm, km, vm, cm, cm, max(lens), max(lens), window_size=(-1, 0)), reps=10
+        )
+        emit(kind="time", impl="attn_flash_varlen_mixed", ms_p50=round(statistics.median(ms), 3))
+        # MoE routing: fused Triton top-k against softmax + torch.topk.
+        logits = torch.randn(64 * 512, 128, device="cuda", dtype=torch.bfloat16)
+
+        def torch_route() -> tuple[torch.Tensor, torch.Tensor]:
+            pr = torch.softmax(logits, dim=-1, dtype=torch.float32)
+            tw, ti = torch.topk(pr, 8, dim=-1)
+            return tw / tw.sum(dim=-1, keepdim=True), ti
+
+        rw_ref, ri_ref = torch_route()
+        rw, ri = kernels.route_topk(logits, 8, True)
+        emit(
+            kind="check",
+            what="kernel_route_topk",
+            ids_equal=bool((ri.long() == ri_ref).all()),
+            max_abs_w=float((rw - rw_ref).abs().max()),
+        )
+        for name, fn_r in (
+            ("route_torch", torch_route),
+            ("route_triton", partial(kernels.route_topk, logits, 8, True)),
+        ):
+            ms = time_cuda(fn_r, reps=20)
+            emit(kind="time", impl=f"{name}_32768x128", ms_p50=round(statistics.median(ms), 3))
         # Sorting expert ids: key width decides the radix passes.
         flat = torch.randint(0, 128, (262144,), device="cuda")
         for dt in (torch.int64, torch.int32, torch.int16, torch.uint8):

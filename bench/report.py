@@ -61,7 +61,10 @@ def write_outputs(b: Bench, budgets: Sequence[int], sweep: Sequence[dict[str, fl
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot(list(budgets), [r["tok_s"] for r in sweep], marker="o", label="clef-router engine path")
+        ax.plot(list(budgets), [r["tok_s"] for r in sweep], marker="o", label="engine path, whole run")
+        ax.plot(
+            list(budgets), [r["steady_tok_s"] for r in sweep], marker="s", label="engine path, steady state"
+        )
         base = [r for r in b.rows if r["kind"] == "baseline" and r["workload"] == "512-token requests"]
         if base:
             ax.axhline(

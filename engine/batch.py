@@ -17,7 +17,7 @@ batch never builds one, so its tensors are unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Literal, Protocol
 
 import numpy as np
@@ -85,22 +85,53 @@ class ModelBatch:
         return sum(self.lengths)
 
     def to(self, device: torch.device | str) -> ModelBatch:
-        """Move every tensor to `device` (pinned, non-blocking host-to-device copies on CUDA)."""
+        """Move every tensor to `device`. On CUDA the text tensors travel as one pinned buffer per dtype
+        (one non-blocking host-to-device copy each, then views), not one copy per index tensor."""
         dev = torch.device(device)
-        cuda = dev.type == "cuda"
+        if dev.type != "cuda":
+            return self._map(lambda t: t.to(dev), dev)
+        text = [self.input_ids, self.position_ids, *_tensor_fields(self.index)]
+        text += [t for t in (self.attention_mask, self.token_gather) if t is not None]
+        moved = _to_device_packed(text, dev)
+        return self._map(lambda t: moved[id(t)], dev)
 
-        def move(t: torch.Tensor) -> torch.Tensor:
-            return (t.pin_memory() if cuda else t).to(dev, non_blocking=cuda)
-
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor], dev: torch.device) -> ModelBatch:
         return replace(
             self,
-            input_ids=move(self.input_ids),
-            position_ids=move(self.position_ids),
-            attention_mask=None if self.attention_mask is None else move(self.attention_mask),
-            token_gather=None if self.token_gather is None else move(self.token_gather),
-            index=self.index.map_tensors(move),
-            media=None if self.media is None else self.media.map_tensors(move),
+            input_ids=fn(self.input_ids),
+            position_ids=fn(self.position_ids),
+            attention_mask=None if self.attention_mask is None else fn(self.attention_mask),
+            token_gather=None if self.token_gather is None else fn(self.token_gather),
+            index=self.index.map_tensors(fn),
+            media=None if self.media is None else self.media.map_tensors(_pinned_move(dev)),
         )
+
+
+def _tensor_fields(index: SpanIndex) -> list[torch.Tensor]:
+    values = (getattr(index, f.name) for f in fields(index))
+    return [v for v in values if isinstance(v, torch.Tensor)]
+
+
+def _pinned_move(dev: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda t: t.pin_memory().to(dev, non_blocking=True)
+
+
+def _to_device_packed(tensors: Sequence[torch.Tensor], dev: torch.device) -> dict[int, torch.Tensor]:
+    """Device copies of CPU `tensors`, keyed by `id()` of each source: one pinned staging buffer and one
+    non-blocking copy per dtype. The pinned buffer comes from torch's caching host allocator, which keeps
+    it alive until the copy has run."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    out: dict[int, torch.Tensor] = {}
+    for dtype, group in by_dtype.items():
+        sizes = [t.numel() for t in group]
+        staging = torch.empty(sum(sizes), dtype=dtype, pin_memory=True)
+        torch.cat([t.reshape(-1) for t in group], out=staging)
+        flat = staging.to(dev, non_blocking=True)
+        for t, part in zip(group, torch.split(flat, sizes), strict=True):
+            out[id(t)] = part.view(t.shape)
+    return out
 
 
 def _expand(starts: IntArray, lengths: IntArray) -> IntArray:
@@ -225,15 +256,22 @@ def collate(
         raise ValueError(f"unknown layout {layout!r}")
     if any(rec.media for rec in encoded):
         position_ids, media = collate_media(
-            encoded, batch.input_ids, batch.position_ids, [int(s) for s in starts],
-            padded=layout == "padded", pad_token_id=pad_token_id, rope_index=rope_index, n_window=n_window,
+            encoded,
+            batch.input_ids,
+            batch.position_ids,
+            [int(s) for s in starts],
+            padded=layout == "padded",
+            pad_token_id=pad_token_id,
+            rope_index=rope_index,
+            n_window=n_window,
         )
         batch = replace(batch, position_ids=position_ids, media=media)
     return batch if device is None else batch.to(device)
 
 
-def plan_batches(lengths: Sequence[int], max_tokens: int, max_records: int, *, packed: bool = False
-                 ) -> list[list[int]]:
+def plan_batches(
+    lengths: Sequence[int], max_tokens: int, max_records: int, *, packed: bool = False
+) -> list[list[int]]:
     """Group record indices into batches of at most `max_records` records and `max_tokens` tokens
     (padded tokens `len(batch) * longest`, or the plain sum when `packed`).
 

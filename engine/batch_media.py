@@ -87,9 +87,7 @@ def _audio(
     longest = max(int(f.shape[-1]) for f in features)
     pad = torch.nn.functional.pad
     padded = torch.cat([pad(f, (0, longest - f.shape[-1])) for f in features])  # (A, mel, F)
-    mask = torch.cat(
-        [pad(m.to(torch.int64), (0, longest - m.shape[-1])) for m in masks]
-    )  # (A, F)
+    mask = torch.cat([pad(m.to(torch.int64), (0, longest - m.shape[-1])) for m in masks])  # (A, F)
     lengths = [int(n) for n in mask.sum(-1).tolist()]
     groups: dict[int, list[int]] = {}
     row = 0

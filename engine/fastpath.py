@@ -63,15 +63,6 @@ class PackedInputs:
 _rms_norm = kernels.rms_norm_reference
 
 
-def _route(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k experts per token from router logits (T, E): float32 softmax as the reference does."""
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # (T, E)
-    top_w, top_i = torch.topk(probs, k, dim=-1)  # (T, k)
-    if normalize:
-        top_w = top_w / top_w.sum(dim=-1, keepdim=True)
-    return top_w, top_i
-
-
 def _causal_attention_per_record(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor
 ) -> torch.Tensor:
@@ -88,9 +79,13 @@ def _causal_attention_per_record(
 class PackedTextDecoder:
     """Runs a transformers Qwen3-Omni thinker text model's layers over a packed token axis."""
 
-    def __init__(self, text_model: Any) -> None:
+    def __init__(self, text_model: Any, attention: str = "flash", layers_ahead: int = 3) -> None:
         # Not an nn.Module itself: the text model's parameters stay registered once, in the thinker.
+        if attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, not {attention!r}")
         self.text_model: Any = text_model
+        self.attention = attention
+        self.layers_ahead = layers_ahead
         cfg: Any = text_model.config
         self.num_heads: int = cfg.num_attention_heads
         self.num_kv_heads: int = cfg.num_key_value_heads
@@ -114,7 +109,11 @@ class PackedTextDecoder:
         hq, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = F.linear(x, self._qkv[i])  # (T, (hq + 2 hk) d)
         q, k, v = kernels.qk_norm_rope(qkv, att.q_norm.weight, att.k_norm.weight, cos, sin, hq, hk, self.eps)
-        if x.is_cuda:
+        if x.is_cuda and self.attention == "cudnn":
+            out = torch.ops.aten._cudnn_attention_forward(
+                q, k, v, None, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen, False, 0.0, True
+            )[0]  # (T, hq, d)
+        elif x.is_cuda:
             out = varlen_attn(
                 q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen, window_size=(-1, 0)
             )  # (T, hq, d)
@@ -127,7 +126,7 @@ class PackedTextDecoder:
         experts = mlp.experts
         num_experts = experts.gate_up_proj.shape[0]
         k = self.top_k
-        top_w, top_i = _route(F.linear(x, mlp.gate.weight), k, self.norm_topk)  # (T, k) each
+        top_w, top_i = kernels.route_topk(F.linear(x, mlp.gate.weight), k, self.norm_topk)  # (T, k) each
         flat = top_i.reshape(-1)  # (T k,)
         # Sorting 1-byte keys takes one radix pass instead of eight for int64 expert ids.
         keys = flat.to(torch.uint8) if num_experts <= 256 else flat.to(torch.int32)
@@ -152,7 +151,9 @@ class PackedTextDecoder:
         cos, sin = cos[0].contiguous(), sin[0].contiguous()  # (T, d)
         layers: list[Any] = list(tm.layers)
         h = _rms_norm(x, layers[0].input_layernorm.weight, self.eps)
+        pacer = _LaunchPacer(self.layers_ahead if x.is_cuda else 0)
         for i, layer in enumerate(layers):
+            pacer.step()
             att = self._attention(i, layer, h, cos, sin, p)
             x, h = kernels.add_rms_norm(x, att, layer.post_attention_layernorm.weight, self.eps)
             mlp = layer.mlp
@@ -166,6 +167,33 @@ class PackedTextDecoder:
             x, h = kernels.add_rms_norm(x, delta, nxt, self.eps)
         return h
 
+
+class _LaunchPacer:
+    """Keeps eager launches at most `ahead` layers in front of the GPU, waiting without the GIL.
+
+    An eager forward launches ~40 kernels per layer, far faster than the GPU runs them; once the driver's
+    launch queue is full, each launch blocks inside a torch op, holding the GIL, for most of the batch.
+    That starves the threads tokenizing the next batch. Waiting on an event of an earlier layer instead
+    releases the GIL (`Event.synchronize`) while the queue still holds `ahead` layers of work. Off (0)
+    on CPU and while a CUDA graph is being captured.
+    """
+
+    def __init__(self, ahead: int) -> None:
+        self.ahead = ahead if ahead > 0 and not torch.cuda.is_current_stream_capturing() else 0
+        self._events: list[torch.cuda.Event] = []
+
+    def step(self) -> None:
+        if not self.ahead:
+            return
+        event = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
+        event.record()
+        self._events.append(event)
+        if len(self._events) > self.ahead:
+            self._events.pop(0).synchronize()
+
+
+ATTENTION_BACKENDS = ("flash", "cudnn")
+"""Variable-length attention kernels of the fast path: PyTorch's FlashAttention 2, or cuDNN's."""
 
 SEQLEN_CAPS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 """Longest-record caps a graph is captured for: FlashAttention sizes its grid by the max record length."""

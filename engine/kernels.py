@@ -7,6 +7,7 @@ GEMMs taking more time than the expert GEMMs themselves. Each kernel here makes 
 - `swiglu_weighted`: silu(gate) * up * routing weight, (S, 2I) -> (S, I).
 - `qk_norm_rope`: split fused QKV, per-head RMSNorm of q and k, rotary embedding.
 - `combine`: per token, the sum of its k expert outputs gathered from the expert-sorted layout.
+- `route_topk`: MoE routing, float32 softmax over router logits and the top-k experts, in one pass.
 
 Contract: inputs are contiguous; CUDA tensors use Triton when it is importable, everything else the
 reference arithmetic below. Results agree with the reference within bf16 rounding (float32 accumulation).
@@ -24,6 +25,7 @@ try:  # Triton ships with CUDA builds of torch; CPU-only installs fall back to P
         _add_rms_norm_kernel,
         _combine_kernel,
         _qk_norm_rope_kernel,
+        _route_topk_kernel,
         _swiglu_kernel,
     )
 
@@ -150,3 +152,37 @@ def combine(y: torch.Tensor, inv: torch.Tensor, k: int) -> torch.Tensor:
             y, inv, out, total, hidden=hidden, k=k, block=_BLOCK, num_warps=4
         )
     return out
+
+
+def route_topk(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k experts per token from router logits (T, E): float32 softmax as the reference thinker does.
+
+    Returns weights (T, k) float32 (renormalised to sum 1 over the k when `normalize`) and expert ids
+    (T, k), largest first. On CUDA the ids are int32 and a tie goes to the lowest expert id; the CPU twin
+    returns `torch.topk`'s int64 ids.
+    """
+    if not _use_triton(logits):
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # (T, E)
+        top_w, top_i = torch.topk(probs, k, dim=-1)  # (T, k)
+        if normalize:
+            top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+        return top_w, top_i
+    t, e = logits.shape
+    top_w = torch.empty(t, k, dtype=torch.float32, device=logits.device)
+    top_i = torch.empty(t, k, dtype=torch.int32, device=logits.device)
+    if t:
+        rows = 16
+        _route_topk_kernel[(triton.cdiv(t, rows),)](
+            logits.contiguous(),
+            top_w,
+            top_i,
+            t,
+            e=e,
+            e_pad=triton.next_power_of_2(e),
+            k=k,
+            k_pad=triton.next_power_of_2(k),
+            normalize=normalize,
+            block_rows=rows,
+            num_warps=4,
+        )
+    return top_w, top_i

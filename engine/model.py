@@ -45,8 +45,9 @@ class ClefOmniModel(nn.Module):
             return False
         if self._fast is None:  # built once: it holds fused QKV copies of the attention weights
             self._fast = PackedTextDecoder(self.thinker.model)
-        self._graphed = (GraphedDecoder(self._fast, graph_buckets, max_graph_records)
-                         if graph_buckets else None)
+        self._graphed = (
+            GraphedDecoder(self._fast, graph_buckets, max_graph_records) if graph_buckets else None
+        )
         if self._graphed is not None:
             text_model: Any = self.thinker.model
             weight: torch.Tensor = text_model.embed_tokens.weight

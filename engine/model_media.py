@@ -71,17 +71,21 @@ def _audio_features(thinker: Any, media: MediaBatch) -> torch.Tensor:
     return torch.cat([p for p in per_row if p is not None])  # (A_tokens, H)
 
 
-def _visual(thinker: Any, pixels: torch.Tensor, grid: torch.Tensor, video: bool
-            ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _visual(
+    thinker: Any, pixels: torch.Tensor, grid: torch.Tensor, video: bool
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """(tokens, H) merged features and the per-deepstack-layer (tokens, H) features of a vision call."""
     get = thinker.get_video_features if video else thinker.get_image_features
     out = get(pixels, grid, return_dict=True)
     return torch.cat(list(out.pooler_output)), list(out.deepstack_features)
 
 
-def _merge_deepstack(image: torch.Tensor | None, video: torch.Tensor | None,
-                     image_deep: list[torch.Tensor], video_deep: list[torch.Tensor]
-                     ) -> tuple[torch.Tensor | None, list[torch.Tensor] | None]:
+def _merge_deepstack(
+    image: torch.Tensor | None,
+    video: torch.Tensor | None,
+    image_deep: list[torch.Tensor],
+    video_deep: list[torch.Tensor],
+) -> tuple[torch.Tensor | None, list[torch.Tensor] | None]:
     """The visual position mask (rows, cols) and each deepstack layer's features in flat token order."""
     if image is None and video is None:
         return None, None

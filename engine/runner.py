@@ -3,6 +3,11 @@
 `Engine.prepare` validates media and encodes a request; `Engine.execute` runs one forward pass over a
 batch of prepared records and builds their responses; `Engine.decide` strings both together for the
 CLI, tests and the Python API. The Kafka consumer and HTTP server call `prepare`/`execute` directly.
+
+`execute` is `respond(run(stage(batch)))`. A caller that streams batches can split it over threads so that
+only GPU work stays on the GPU thread: `stage` (collate on the CPU, asynchronous copy to the device; any
+thread) -> `run` (forward, head, one device-to-host copy; the GPU thread) -> `respond` (SystemOne answers;
+any thread). Staging batch N+1 and answering batch N-1 then overlap batch N's forward.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from engine.batch import Layout, forward, plan_batches
+from engine.batch import Layout, ModelBatch, forward, plan_batches
 from engine.encode import DEFAULT_MAX_TOKENS, TextEncoder, encoder_for
 from engine.media import MediaError, MediaLimits, MediaPolicy
 from engine.model import ClefOmniModel
@@ -100,6 +105,26 @@ class Prepared:
     @property
     def num_tokens(self) -> int:
         return self.encoded.num_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class StagedBatch:
+    """A collated batch whose tensors are on (or being copied to) the model's device; see `Engine.stage`.
+
+    `parts` holds one collated pass per group of record indices: one for a uniform batch, two when the
+    text fast path splits off the media records.
+    """
+
+    prepared: tuple[Prepared, ...]
+    parts: tuple[tuple[tuple[int, ...], ModelBatch], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """Per record of a staged batch (batch order), its option probabilities keyed by question id."""
+
+    prepared: tuple[Prepared, ...]
+    probabilities: tuple[dict[str, npt.NDArray[np.float32]], ...]
 
 
 class Engine:
@@ -204,14 +229,53 @@ class Engine:
 
     def execute(self, batch: Sequence[Prepared]) -> list[SystemOneResponse]:
         """Run `batch` (one forward pass; two when the text fast path splits off media records) and
-        build a response per record, in batch order.
+        build a response per record, in batch order: `respond(run(stage(batch)))`.
 
         Call from one worker thread only. May raise `torch.OutOfMemoryError` (the caller splits the
         batch and retries the halves) or `ProbabilityError` when the model produced NaN/inf.
         """
         if not batch:
             return []
-        probabilities = self._forward([p.encoded for p in batch])
+        return self.respond(self.run(self.stage(batch)))
+
+    def stage(self, batch: Sequence[Prepared]) -> StagedBatch:
+        """Collate `batch` on the CPU and start its copy to the device (thread-safe, non-blocking).
+
+        The copy is queued on the device's current stream, so it lands before any later `run`. Raises
+        ValueError for an empty batch; may raise `torch.OutOfMemoryError`.
+        """
+        if not batch:
+            raise ValueError("stage needs at least one record")
+        encoded = [p.encoded for p in batch]
+        media = [bool(e.media) for e in encoded]
+        groups = [tuple(range(len(encoded)))]
+        if any(media) and not all(media) and getattr(self.model, "fast_path", False):
+            groups = [
+                tuple(i for i, m in enumerate(media) if not m),
+                tuple(i for i, m in enumerate(media) if m),
+            ]
+        parts = tuple(
+            (group, self.model.collate([encoded[i] for i in group], layout=self._layout)) for group in groups
+        )
+        return StagedBatch(tuple(batch), parts)
+
+    def run(self, staged: StagedBatch) -> BatchResult:
+        """Forward pass(es), head and one device-to-host copy per part (blocking; the GPU thread only).
+
+        May raise `torch.OutOfMemoryError`.
+        """
+        out: list[dict[str, npt.NDArray[np.float32]]] = [{} for _ in staged.prepared]
+        with torch.inference_mode():
+            for group, inputs in staged.parts:
+                for i, probs in zip(group, forward(self.model, inputs), strict=True):
+                    out[i] = probs
+        return BatchResult(staged.prepared, tuple(out))
+
+    def respond(self, result: BatchResult) -> list[SystemOneResponse]:
+        """SystemOne responses of a run batch, in batch order (CPU, any thread).
+
+        Raises `ProbabilityError` when the model produced NaN, infinite or negative probabilities.
+        """
         return [
             build_response(
                 p.request,
@@ -220,23 +284,8 @@ class Engine:
                 state_truncated=p.encoded.state_truncated,
                 confidence_formula=self.config.confidence_formula,
             )
-            for p, per_question in zip(batch, probabilities, strict=True)
+            for p, per_question in zip(result.prepared, result.probabilities, strict=True)
         ]
-
-    def _forward(self, encoded: list[EncodedRequest]) -> list[dict[str, npt.NDArray[np.float32]]]:
-        """Probabilities per record; with the text fast path on, a mixed batch runs its text-only
-        records there and its media records on the transformers path (two passes, same answers)."""
-        media = [bool(e.media) for e in encoded]
-        parts = [list(range(len(encoded)))]
-        if any(media) and not all(media) and getattr(self.model, "fast_path", False):
-            parts = [[i for i, m in enumerate(media) if not m], [i for i, m in enumerate(media) if m]]
-        out: list[dict[str, npt.NDArray[np.float32]]] = [{} for _ in encoded]
-        with torch.inference_mode():
-            for part in parts:
-                inputs = self.model.collate([encoded[i] for i in part], layout=self._layout)
-                for i, probs in zip(part, forward(self.model, inputs), strict=True):
-                    out[i] = probs
-        return out
 
     def decide(
         self, requests: Sequence[SystemOneRequest | Mapping[str, Any] | str | bytes]

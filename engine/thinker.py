@@ -41,9 +41,7 @@ def build_thinker(
 
     with torch.device(device), _no_init():
         factory: Any = Qwen3OmniMoeThinkerForConditionalGeneration._from_config
-        model = factory(
-            thinker_config, dtype=dtype, attn_implementation=attn_implementation
-        )
+        model = factory(thinker_config, dtype=dtype, attn_implementation=attn_implementation)
     assert isinstance(model, nn.Module)
     return model.eval()
 

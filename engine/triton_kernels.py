@@ -125,3 +125,41 @@ def _qk_norm_rope_kernel(
     k_out = k_ptr + t * (hk * d) + (heads - hq) * d
     tl.store(k_out + cols, o1, mask=k_mask)
     tl.store(k_out + half + cols, o2, mask=k_mask)
+
+
+@triton.jit
+def _route_topk_kernel(
+    logits_ptr,
+    w_ptr,
+    i_ptr,
+    rows,
+    e: tl.constexpr,
+    e_pad: tl.constexpr,
+    k: tl.constexpr,
+    k_pad: tl.constexpr,
+    normalize: tl.constexpr,
+    block_rows: tl.constexpr,
+):
+    # One program per `block_rows` tokens: float32 softmax statistics, k rounds of arg-max (lowest index
+    # wins a tie), then the chosen probabilities, renormalised over the k when `normalize`.
+    r = tl.program_id(0).to(tl.int64) * block_rows + tl.arange(0, block_rows)[:, None]  # (R, 1)
+    c = tl.arange(0, e_pad)[None, :]  # (1, Ep)
+    kc = tl.arange(0, k_pad)[None, :]  # (1, kp)
+    valid = r < rows
+    x = tl.load(logits_ptr + r * e + c, mask=valid & (c < e), other=float("-inf")).to(tl.float32)
+    mx = tl.max(x, axis=1)[:, None]  # (R, 1)
+    denom = tl.sum(tl.exp(x - mx), axis=1)[:, None]  # (R, 1)
+    vals = tl.zeros([block_rows, k_pad], dtype=tl.float32)
+    idxs = tl.zeros([block_rows, k_pad], dtype=tl.int32)
+    for j in tl.static_range(k):
+        best = tl.max(x, axis=1)[:, None]  # (R, 1)
+        pick = tl.min(tl.where(x == best, c, e_pad), axis=1)[:, None]  # (R, 1)
+        vals = tl.where(kc == j, tl.exp(best - mx), vals)
+        idxs = tl.where(kc == j, pick, idxs)
+        x = tl.where(c == pick, float("-inf"), x)
+    if normalize:  # noqa: SIM108 - a constexpr branch, resolved when Triton compiles
+        vals = vals / tl.sum(vals, axis=1)[:, None]
+    else:
+        vals = vals / denom
+    tl.store(w_ptr + r * k + kc, vals, mask=valid & (kc < k))
+    tl.store(i_ptr + r * k + kc, idxs, mask=valid & (kc < k))

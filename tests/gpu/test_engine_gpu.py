@@ -83,7 +83,52 @@ def test_fast_path_batch_invariance_and_accuracy_bf16_cuda(tmp_path: Path, graph
             worst_batch = max(worst_batch, float(np.abs(a - b).max()))
             err_fast = max(err_fast, float(np.abs(b - e).max()))
             err_ref = max(err_ref, float(np.abs(r - e).max()))
-    print(f"fast path (graphs={graphs}): max |dp| alone vs batch = {worst_batch:.2e}; vs float32: "
-          f"fast bf16 {err_fast:.2e}, transformers bf16 {err_ref:.2e}")
+    print(
+        f"fast path (graphs={graphs}): max |dp| alone vs batch = {worst_batch:.2e}; vs float32: "
+        f"fast bf16 {err_fast:.2e}, transformers bf16 {err_ref:.2e}"
+    )
     assert worst_batch <= 2e-3
     assert err_fast <= max(2e-3, 2.0 * err_ref)
+
+
+def test_route_topk_kernel_matches_softmax_topk_cuda() -> None:
+    from engine import kernels
+
+    torch.manual_seed(0)
+    logits = torch.randn(5000, 128, device="cuda", dtype=torch.bfloat16)
+    for normalize in (True, False):
+        w, i = kernels.route_topk(logits, 8, normalize)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        ref_w, _ = torch.topk(probs, 8, dim=-1)
+        if normalize:
+            ref_w = ref_w / ref_w.sum(dim=-1, keepdim=True)
+        # bf16 logits tie often; a tie may pick another expert id, never a smaller probability.
+        assert torch.allclose(w, ref_w, atol=1e-6, rtol=0)
+        chosen = torch.gather(probs, 1, i.long())
+        assert torch.equal(chosen, torch.topk(probs, 8, dim=-1).values)
+        assert bool((i.long().sort(dim=-1).values.diff(dim=-1) > 0).all()), "ids are distinct"
+    print(f"route_topk: max |dw| = {float((w - ref_w).abs().max()):.2e}")
+
+
+def test_packed_host_to_device_copy_keeps_every_tensor_cuda() -> None:
+    rng = random.Random(3)
+    records = [_record(rng, n, q) for n, q in ((30, 1), (700, 3), (220, 2))]
+    for layout in ("packed", "padded"):
+        host = collate(records, layout=layout)
+        dev = host.to("cuda")
+        torch.cuda.synchronize()
+        assert torch.equal(dev.input_ids.cpu(), host.input_ids)
+        assert torch.equal(dev.position_ids.cpu(), host.position_ids)
+        for name in ("attention_mask", "token_gather"):
+            a, b = getattr(dev, name), getattr(host, name)
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert torch.equal(a.cpu(), b)
+        for f in host.index.__dataclass_fields__:
+            a, b = getattr(dev.index, f), getattr(host.index, f)
+            if isinstance(b, torch.Tensor):
+                assert a.device.type == "cuda", f
+                assert a.dtype == b.dtype, f
+                assert torch.equal(a.cpu(), b), f
+            else:
+                assert a == b, f

@@ -169,3 +169,20 @@ def test_systemone_single_request_api(tiny_release: Path, engine: Engine) -> Non
     with pytest.raises(RequestError) as info:
         systemone(loaded, loaded.tokenizer, {"state": 3, "questions": {"q": NOUL}})
     assert info.value.status == 422
+
+
+def test_staged_execution_across_threads_equals_execute(engine: Engine) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from schemas.systemone import parse_request
+
+    prepared = [engine.prepare(parse_request(body)) for body in VALID]
+    direct = engine.execute(prepared)
+    with ThreadPoolExecutor(1) as stager, ThreadPoolExecutor(1) as gpu, ThreadPoolExecutor(1) as answers:
+        staged = stager.submit(engine.stage, prepared).result()
+        assert [len(group) for group, _ in staged.parts] == [len(prepared)]
+        result = gpu.submit(engine.run, staged).result()
+        split = answers.submit(engine.respond, result).result()
+    assert [r.model_dump() for r in split] == [r.model_dump() for r in direct]
+    with pytest.raises(ValueError, match="at least one record"):
+        engine.stage([])
