@@ -69,7 +69,6 @@ def main() -> int:
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--shapes", default="1x800,8x512,64x512,16x2048,1x3400")
     ap.add_argument("--no-hf", action="store_true")
-    ap.add_argument("--attention", default="flash", choices=("flash", "cudnn"))
     args = ap.parse_args()
     torch.manual_seed(0)
     model = build_text_model(args.layers)
@@ -80,8 +79,7 @@ def main() -> int:
         params_b=sum(p.numel() for p in model.parameters()) / 1e9,
         mem_gb=torch.cuda.memory_allocated() / 1e9,
     )
-    fast = PackedTextDecoder(model, attention=args.attention)
-    other = PackedTextDecoder(model, attention="cudnn" if args.attention == "flash" else "flash")
+    fast = PackedTextDecoder(model)
     vocab = model.config.vocab_size
 
     with torch.inference_mode():
@@ -96,15 +94,6 @@ def main() -> int:
             what="fast_pack_vs_hf_alone",
             rel_err=[rel(p, h) for p, h in zip(parts, hf_alone, strict=True)],
         )
-        try:
-            parts_other = torch.split(other(packed(model, ids, lengths)), lengths)
-            emit(
-                kind="check",
-                what=f"{other.attention}_pack_vs_hf_alone",
-                rel_err=[rel(p, h) for p, h in zip(parts_other, hf_alone, strict=True)],
-            )
-        except Exception as exc:  # report and go on: a probe
-            emit(kind="error", what=f"{other.attention} decoder", error=repr(exc)[:800])
         alone = [fast(packed(model, ids[i : i + 1], [n])) for i, n in enumerate(lengths)]
         emit(
             kind="check",
@@ -117,20 +106,10 @@ def main() -> int:
             hf_ms = [float("nan")] if args.no_hf else time_cuda(partial(model, input_ids=ids))
             p = packed(model, ids, [n] * b)
             fast_ms = time_cuda(partial(fast, p))
-            try:
-                other_ms = time_cuda(partial(other, p))
-            except Exception as exc:  # report and go on: a probe
-                emit(kind="error", what=f"{other.attention} decoder", error=repr(exc)[:800])
-                other_ms = [float("nan")]
             torch.cuda.reset_peak_memory_stats()
             fast(p)
             peak = torch.cuda.max_memory_allocated() / 1e9
-            timings = (
-                ("hf_sdpa_grouped_mm", hf_ms),
-                (f"fast_packed_{fast.attention}", fast_ms),
-                (f"fast_packed_{other.attention}", other_ms),
-            )
-            for name, ms in timings:
+            for name, ms in (("hf_sdpa_grouped_mm", hf_ms), ("fast_packed", fast_ms)):
                 if args.no_hf and name.startswith("hf"):
                     continue
                 med = statistics.median(ms)
@@ -142,7 +121,7 @@ def main() -> int:
                     ms_p50=round(med, 2),
                     ms_all=[round(x, 2) for x in ms],
                     tok_s=round(b * n / med * 1000),
-                    peak_gb=round(peak, 1) if name.startswith("fast_packed") else None,
+                    peak_gb=round(peak, 1) if name == "fast_packed" else None,
                 )
 
         if args.graph:

@@ -79,12 +79,9 @@ def _causal_attention_per_record(
 class PackedTextDecoder:
     """Runs a transformers Qwen3-Omni thinker text model's layers over a packed token axis."""
 
-    def __init__(self, text_model: Any, attention: str = "flash", layers_ahead: int = 3) -> None:
+    def __init__(self, text_model: Any, layers_ahead: int = 3) -> None:
         # Not an nn.Module itself: the text model's parameters stay registered once, in the thinker.
-        if attention not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, not {attention!r}")
         self.text_model: Any = text_model
-        self.attention = attention
         self.layers_ahead = layers_ahead
         cfg: Any = text_model.config
         self.num_heads: int = cfg.num_attention_heads
@@ -108,12 +105,9 @@ class PackedTextDecoder:
         t = x.shape[0]
         hq, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = F.linear(x, self._qkv[i])  # (T, (hq + 2 hk) d)
-        q, k, v = kernels.qk_norm_rope(qkv, att.q_norm.weight, att.k_norm.weight, cos, sin, hq, hk, self.eps)
-        if x.is_cuda and self.attention == "cudnn":
-            out = torch.ops.aten._cudnn_attention_forward(
-                q, k, v, None, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen, False, 0.0, True
-            )[0]  # (T, hq, d)
-        elif x.is_cuda:
+        qn, kn = att.q_norm.weight, att.k_norm.weight
+        q, k, v = kernels.qk_norm_rope(qkv, qn, kn, cos, sin, hq, hk, self.eps)
+        if x.is_cuda:
             out = varlen_attn(
                 q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen, window_size=(-1, 0)
             )  # (T, hq, d)
@@ -191,9 +185,6 @@ class _LaunchPacer:
         if len(self._events) > self.ahead:
             self._events.pop(0).synchronize()
 
-
-ATTENTION_BACKENDS = ("flash", "cudnn")
-"""Variable-length attention kernels of the fast path: PyTorch's FlashAttention 2, or cuDNN's."""
 
 SEQLEN_CAPS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 """Longest-record caps a graph is captured for: FlashAttention sizes its grid by the max record length."""

@@ -69,8 +69,11 @@ def qk_norm_rope(
         q = q * c + _rotate_half(q) * s
         k = k * c + _rotate_half(k) * s
         return q, k, v.reshape(t, hk, d).contiguous()
-    q = torch.empty(t, hq, d, dtype=qkv.dtype, device=qkv.device)
-    k = torch.empty(t, hk, d, dtype=qkv.dtype, device=qkv.device)
+    out = (
+        torch.empty(t, hq, d, dtype=qkv.dtype, device=qkv.device),
+        torch.empty(t, hk, d, dtype=qkv.dtype, device=qkv.device),
+        torch.empty(t, hk, d, dtype=qkv.dtype, device=qkv.device),
+    )
     if t:
         _qk_norm_rope_kernel[(t,)](
             qkv,
@@ -78,17 +81,15 @@ def qk_norm_rope(
             kw,
             cos.contiguous(),
             sin.contiguous(),
-            q,
-            k,
+            *out,
             eps,
             hq=hq,
             hk=hk,
             d=d,
-            heads_pad=triton.next_power_of_2(hq + hk),
+            heads_pad=triton.next_power_of_2(hq + 2 * hk),
             num_warps=4,
         )
-    v = qkv[:, (hq + hk) * d :].reshape(t, hk, d).contiguous()
-    return q, k, v
+    return out
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -84,24 +84,27 @@ def _qk_norm_rope_kernel(
     sin_ptr,
     q_ptr,
     k_ptr,
+    v_ptr,
     eps,
     hq: tl.constexpr,
     hk: tl.constexpr,
     d: tl.constexpr,
     heads_pad: tl.constexpr,
 ):
-    # One program per token: all its q and k heads as a (heads, d/2) tile, both rotary halves at once.
+    # One program per token: all its q, k and v heads as a (heads, d/2) tile, both rotary halves at once.
+    # q and k are normalised and rotated, v is copied out of the fused projection.
     t = tl.program_id(0).to(tl.int64)
     half: tl.constexpr = d // 2
     heads = tl.arange(0, heads_pad)[:, None]  # (Hp, 1)
     cols = tl.arange(0, half)[None, :]  # (1, half)
-    mask = (heads < hq + hk) & (cols < half)  # (Hp, half)
+    mask = (heads < hq + 2 * hk) & (cols < half)  # (Hp, half)
     row = qkv_ptr + t * ((hq + 2 * hk) * d) + heads * d
     x1 = tl.load(row + cols, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(row + half + cols, mask=mask, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / d + eps)  # (Hp,)
     rstd2 = rstd[:, None]  # (Hp, 1)
     is_q = heads < hq  # (Hp, 1)
+    is_v = heads >= hq + hk  # (Hp, 1)
     w1 = tl.where(is_q, tl.load(qw_ptr + cols).to(tl.float32), tl.load(kw_ptr + cols).to(tl.float32))
     w2 = tl.where(
         is_q, tl.load(qw_ptr + half + cols).to(tl.float32), tl.load(kw_ptr + half + cols).to(tl.float32)
@@ -115,16 +118,20 @@ def _qk_norm_rope_kernel(
     c2 = tl.load(cos_ptr + t * d + half + cols).to(tl.float32)
     s1 = tl.load(sin_ptr + t * d + cols).to(tl.float32)
     s2 = tl.load(sin_ptr + t * d + half + cols).to(tl.float32)
-    o1 = (n1 * c1 - n2 * s1).to(q_ptr.dtype.element_ty)
-    o2 = (n2 * c2 + n1 * s2).to(q_ptr.dtype.element_ty)
+    o1 = tl.where(is_v, x1, n1 * c1 - n2 * s1).to(q_ptr.dtype.element_ty)
+    o2 = tl.where(is_v, x2, n2 * c2 + n1 * s2).to(q_ptr.dtype.element_ty)
     q_mask = mask & is_q
     q_out = q_ptr + t * (hq * d) + heads * d
     tl.store(q_out + cols, o1, mask=q_mask)
     tl.store(q_out + half + cols, o2, mask=q_mask)
-    k_mask = mask & (heads >= hq)
+    k_mask = mask & (heads >= hq) & (heads < hq + hk)
     k_out = k_ptr + t * (hk * d) + (heads - hq) * d
     tl.store(k_out + cols, o1, mask=k_mask)
     tl.store(k_out + half + cols, o2, mask=k_mask)
+    v_mask = mask & is_v
+    v_out = v_ptr + t * (hk * d) + (heads - hq - hk) * d
+    tl.store(v_out + cols, o1, mask=v_mask)
+    tl.store(v_out + half + cols, o2, mask=v_mask)
 
 
 @triton.jit
