@@ -65,19 +65,17 @@ def stream(
     batch); `steady_seconds` from the moment the first batch starts on the GPU, which is the sustained rate
     of a stream that never runs dry. `batch_ms_*` is the GPU thread's time per batch (`Engine.run`).
     """
-    run_ms: list[float] = []
-    first_run: list[float] = []
+    spans: list[tuple[float, float]] = []  # (start, end) of each Engine.run on the GPU thread
     tokens = 0
 
     def timed_run(staged: StagedBatch) -> BatchResult:
         t = time.perf_counter()
-        if not first_run:
-            first_run.append(t)
         result = engine.run(staged)
-        run_ms.append((time.perf_counter() - t) * 1000.0)
+        spans.append((t, time.perf_counter()))
         return result
 
-    torch.cuda.synchronize()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
     with ThreadPoolExecutor(1) as tokenizer, ThreadPoolExecutor(1) as gpu, ThreadPoolExecutor(1) as answers:
         futures = [tokenizer.submit(engine.prepare, r) for r in requests]
@@ -110,13 +108,15 @@ def stream(
     end = time.perf_counter()
     assert responses == len(requests)
     seconds = end - t0
-    steady = end - first_run[0]
+    steady = end - spans[0][0]
+    run_ms = [(b - a) * 1000.0 for a, b in spans]
     return {
         "tokens": tokens,
         "seconds": seconds,
         "tok_s": tokens / seconds,
         "req_s": len(requests) / seconds,
         "steady_tok_s": tokens / steady,
+        "gpu_thread_busy": sum(run_ms) / 1000.0 / steady,
         "batches": len(run_ms),
         "batch_ms_p50": statistics.median(run_ms),
         "batch_ms_p99": max(run_ms) if len(run_ms) < 100 else statistics.quantiles(run_ms, n=100)[98],
@@ -245,7 +245,7 @@ def main(out_dir: str | None = None, quick: bool = False) -> int:
         weights_gb=round(torch.cuda.memory_allocated() / 1e9, 1),
     )
     rng = random.Random(0)
-    n512 = 128 if quick else 512
+    n512 = 128 if quick else 1024
     reqs512 = [make_request(rng, engine, 512) for _ in range(n512)]
     one = make_request(rng, engine, 800)
     lat = latency(engine, one, 15)
@@ -264,11 +264,18 @@ def main(out_dir: str | None = None, quick: bool = False) -> int:
     )
     stream(engine, reqs512[:64], 32768, 256)  # warm-up: first launches of every kernel
 
-    budgets = (4096, 8192, 16384, 32768, 65536)
+    budgets = (4096, 8192, 16384, 32768, 65536, 131072)
     sweep = []
+    measured: list[int] = []
     for budget in budgets:
         torch.cuda.reset_peak_memory_stats()
-        r = stream(engine, reqs512, budget, 256)
+        try:
+            r = stream(engine, reqs512, budget, 256)
+        except torch.OutOfMemoryError as exc:  # report it and go on with the other measurements
+            b.emit(kind="error", workload="512-token requests", budget=budget, error=str(exc)[:300])
+            torch.cuda.empty_cache()
+            continue
+        measured.append(budget)
         r["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
         sweep.append(r)
         b.emit(
@@ -277,18 +284,24 @@ def main(out_dir: str | None = None, quick: bool = False) -> int:
             budget=budget,
             tok_s=round(r["tok_s"]),
             steady_tok_s=round(r["steady_tok_s"]),
+            gpu_thread_busy=round(r["gpu_thread_busy"], 3),
             req_s=round(r["req_s"], 1),
             batch_ms_p50=round(r["batch_ms_p50"], 1),
             batch_ms_p99=round(r["batch_ms_p99"], 1),
             peak_gb=round(r["peak_gb"], 1),
             mfu=round(r["tok_s"] * flops_per_token(512) / 1e12 / PEAK_TFLOPS, 3),
         )
-    for budget in (32768, 65536):
+    for budget in (32768, 65536, 131072):
         prepared = [engine.prepare(r) for r in reqs512]
         ms = []
-        for start in range(0, len(prepared), budget // 512):
-            group = prepared[start : start + budget // 512]
-            ms.append(cuda_ms(partial(engine.execute, group)))
+        try:
+            for start in range(0, len(prepared), budget // 512):
+                group = prepared[start : start + budget // 512]
+                ms.append(cuda_ms(partial(engine.execute, group)))
+        except torch.OutOfMemoryError as exc:
+            b.emit(kind="error", workload="pre-tokenized", budget=budget, error=str(exc)[:300])
+            torch.cuda.empty_cache()
+            continue
         tok = sum(p.num_tokens for p in prepared)
         b.emit(
             kind="throughput",
@@ -344,7 +357,7 @@ def main(out_dir: str | None = None, quick: bool = False) -> int:
         workload="6 mixed requests, bf16 full size",
         max_abs_dp=invariance(engine, [make_request(rng, engine, n) for n in (150, 900, 400, 2500, 60, 700)]),
     )
-    write_outputs(b, budgets, sweep)
+    write_outputs(b, measured, sweep)
     return 0
 
 

@@ -89,31 +89,29 @@ class ModelBatch:
         (one non-blocking host-to-device copy each, then views), not one copy per index tensor."""
         dev = torch.device(device)
         if dev.type != "cuda":
-            return self._map(lambda t: t.to(dev), dev)
+            return self._map(lambda t: t.to(dev), lambda t: t.to(dev))
         text = [self.input_ids, self.position_ids, *_tensor_fields(self.index)]
         text += [t for t in (self.attention_mask, self.token_gather) if t is not None]
         moved = _to_device_packed(text, dev)
-        return self._map(lambda t: moved[id(t)], dev)
+        return self._map(lambda t: moved[id(t)], lambda t: t.pin_memory().to(dev, non_blocking=True))
 
-    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor], dev: torch.device) -> ModelBatch:
+    def _map(
+        self, text: Callable[[torch.Tensor], torch.Tensor], media: Callable[[torch.Tensor], torch.Tensor]
+    ) -> ModelBatch:
         return replace(
             self,
-            input_ids=fn(self.input_ids),
-            position_ids=fn(self.position_ids),
-            attention_mask=None if self.attention_mask is None else fn(self.attention_mask),
-            token_gather=None if self.token_gather is None else fn(self.token_gather),
-            index=self.index.map_tensors(fn),
-            media=None if self.media is None else self.media.map_tensors(_pinned_move(dev)),
+            input_ids=text(self.input_ids),
+            position_ids=text(self.position_ids),
+            attention_mask=None if self.attention_mask is None else text(self.attention_mask),
+            token_gather=None if self.token_gather is None else text(self.token_gather),
+            index=self.index.map_tensors(text),
+            media=None if self.media is None else self.media.map_tensors(media),
         )
 
 
 def _tensor_fields(index: SpanIndex) -> list[torch.Tensor]:
     values = (getattr(index, f.name) for f in fields(index))
     return [v for v in values if isinstance(v, torch.Tensor)]
-
-
-def _pinned_move(dev: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-    return lambda t: t.pin_memory().to(dev, non_blocking=True)
 
 
 def _to_device_packed(tensors: Sequence[torch.Tensor], dev: torch.device) -> dict[int, torch.Tensor]:
