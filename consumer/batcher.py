@@ -1,14 +1,16 @@
 """Micro-batcher shared by Kafka and HTTP: CPU prepare in a thread pool, one GPU worker thread.
 
-Callers `submit` prepare thunks (decode + `engine.prepare`, CPU only). Thunks run in a thread pool in chunks,
-so JSON parsing, validation, tokenizing and media decoding overlap the GPU and never block the event loop.
+Callers `submit` a run of items with their prepare function (decode + `engine.prepare`, CPU only). Each
+submission is prepared by one call in a thread pool, so JSON parsing, validation, tokenizing and media
+decoding overlap the GPU and never block the event loop.
 Prepared records wait in arrival order; a batch is flushed when it reaches `max_batch_records`, when the next
 record would push it over `max_batch_tokens` (a record larger than the budget runs alone), or `max_wait_ms`
 after its first record became ready. At most `max_pending_batches` batches are handed to the single GPU
 thread at once; the rest wait here (and the pipeline pauses fetching through its in-flight bound).
 
-Each submitted thunk gets a future that resolves to the engine's response, or raises the thunk's own
-exception (e.g. `RequestError`) or an `EngineError` when the record failed even alone (see `retry`).
+Each submission gets one future that resolves to one outcome per item, in order: the engine's response, the
+prepare call's own exception (e.g. `RequestError`), or an `EngineError` when the record failed even alone
+(see `retry`). One future per run of records, not per record: the service submits a fetched run at a time.
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 from consumer.clock import Clock, SystemClock
 from consumer.logging import get_logger
@@ -44,6 +45,7 @@ class PreparedLike(Protocol):
 
 PreparedT = TypeVar("PreparedT", bound=PreparedLike)
 ResponseT = TypeVar("ResponseT")
+ItemT = TypeVar("ItemT")
 
 
 class EngineLike(Protocol[PreparedT]):
@@ -78,11 +80,27 @@ def plan_next(tokens: Sequence[int], max_records: int, max_tokens: int) -> tuple
     return count, count >= max_records
 
 
-@dataclass(slots=True)
-class _Job(Generic[PreparedT, ResponseT]):
-    prepared: PreparedT
-    future: asyncio.Future[ResponseT]
-    ready_at: float
+class _Submission(Generic[ResponseT]):
+    """One `submit` call: its outcomes, how many are still missing, its future, when it became ready."""
+
+    __slots__ = ("future", "left", "outcomes", "ready_at")
+
+    def __init__(self, future: asyncio.Future[list[ResponseT | BaseException]], size: int) -> None:
+        self.future = future
+        self.outcomes: list[ResponseT | BaseException | None] = [None] * size
+        self.left = size
+        self.ready_at = 0.0
+
+    def settle(self, index: int, outcome: ResponseT | BaseException) -> None:
+        """Store one outcome; resolves the future with every outcome once the last one arrives."""
+        self.outcomes[index] = outcome
+        self.left -= 1
+        if self.left == 0 and not self.future.done():
+            self.future.set_result(cast("list[ResponseT | BaseException]", self.outcomes))
+
+
+# A prepared record waiting for its batch: (prepared, its submission, its index in the submission).
+_Job = tuple[PreparedT, _Submission[ResponseT], int]
 
 
 class Batcher(Generic[PreparedT, ResponseT]):
@@ -123,35 +141,41 @@ class Batcher(Generic[PreparedT, ResponseT]):
         """Prepared records waiting for a batch."""
         return len(self._ready)
 
-    def submit(self, thunks: Sequence[Callable[[], PreparedT]]) -> list[asyncio.Future[ResponseT]]:
-        """Schedule prepare thunks; returns one future per thunk, in order (non-blocking).
+    def submit(
+        self, prepare: Callable[[ItemT], PreparedT], items: Sequence[ItemT]
+    ) -> asyncio.Future[list[ResponseT | BaseException]]:
+        """Schedule `prepare(item)` for each item (one thread-pool call for all of them); returns one future
+        for the submission, resolving to one outcome per item, in order (non-blocking).
 
-        Raises `RuntimeError` after `close()` began.
+        A prepare error is that item's outcome; the others still run. Raises `RuntimeError` after `close()`
+        began.
         """
         if self._closing:
             raise RuntimeError("batcher is closing")
         loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[ResponseT]] = [loop.create_future() for _ in thunks]
-        step = self._settings.prepare_chunk
-        for start in range(0, len(thunks), step):
-            chunk = list(thunks[start : start + step])
-            work = loop.run_in_executor(self._prepare_pool, _prepare_chunk, chunk)
-            self._track(asyncio.ensure_future(self._admit(work, futures[start : start + step])))
-        return futures
+        sub: _Submission[ResponseT] = _Submission(loop.create_future(), len(items))
+        if not items:
+            sub.future.set_result([])
+            return sub.future
+        work = loop.run_in_executor(self._prepare_pool, _prepare_all, prepare, items)
+        self._track(asyncio.ensure_future(self._admit(work, sub)))
+        return sub.future
 
     async def _admit(
-        self,
-        work: asyncio.Future[list[PreparedT | BaseException]],
-        futures: list[asyncio.Future[ResponseT]],
+        self, work: asyncio.Future[list[PreparedT | BaseException]], sub: _Submission[ResponseT]
     ) -> None:
-        results = await work
-        now = self._clock.now()
-        for fut, result in zip(futures, results, strict=True):
+        try:
+            results = await work
+        except BaseException:
+            sub.future.cancel()  # the pool was shut down under it: nobody waits forever
+            raise
+        sub.ready_at = self._clock.now()
+        ready = self._ready
+        for index, result in enumerate(results):
             if isinstance(result, BaseException):
-                if not fut.done():
-                    fut.set_exception(result)
+                sub.settle(index, result)
             else:
-                self._ready.append(_Job(result, fut, now))
+                ready.append((result, sub, index))
         self._wakeup.set()
 
     async def _collect(self) -> None:
@@ -172,9 +196,9 @@ class Batcher(Generic[PreparedT, ResponseT]):
                 continue
             head = itertools.islice(self._ready, cfg.max_batch_records + 1)
             count, full = plan_next(
-                [job.prepared.num_tokens for job in head], cfg.max_batch_records, cfg.max_batch_tokens
+                [job[0].num_tokens for job in head], cfg.max_batch_records, cfg.max_batch_tokens
             )
-            remaining = self._ready[0].ready_at + cfg.max_wait_ms / 1000.0 - self._clock.now()
+            remaining = self._ready[0][1].ready_at + cfg.max_wait_ms / 1000.0 - self._clock.now()
             if not full and remaining > 0 and not self._closing:
                 await self._wait(remaining)
                 continue
@@ -196,35 +220,31 @@ class Batcher(Generic[PreparedT, ResponseT]):
     async def _dispatch(self, batch: list[_Job[PreparedT, ResponseT]]) -> None:
         loop = asyncio.get_running_loop()
         started = self._clock.now()
-        tokens = sum(job.prepared.num_tokens for job in batch)
+        prepared = [job[0] for job in batch]
+        tokens = sum(p.num_tokens for p in prepared)
         try:
-            result, elapsed = await loop.run_in_executor(
-                self._gpu_pool, self._run, [job.prepared for job in batch]
-            )
+            result, elapsed = await loop.run_in_executor(self._gpu_pool, self._run, prepared)
         except BaseException as exc:  # the GPU thread itself died: fail the whole batch, loudly
-            for job in batch:
-                if not job.future.done():
-                    job.future.set_exception(EngineError(DlqReason.engine_failed, exc, 1))
+            for _, sub, index in batch:
+                sub.settle(index, EngineError(DlqReason.engine_failed, exc, 1))
             raise
         finally:
             self._gpu_slots.release()
         self.batches += 1
         failures = 0
-        for job, outcome in zip(batch, result.outcomes, strict=True):
-            if job.future.done():
-                continue
-            if isinstance(outcome, EngineError):
+        counts: dict[_Submission[ResponseT], int] = {}  # records of each submission in this batch
+        for (_, sub, index), outcome in zip(batch, result.outcomes, strict=True):
+            if type(outcome) is EngineError:
                 failures += 1
-                job.future.set_exception(outcome)
-            else:
-                job.future.set_result(outcome)
+            sub.settle(index, outcome)
+            counts[sub] = counts.get(sub, 0) + 1
         if self._metrics is not None:
             m = self._metrics
             m.batch_records.observe(len(batch))
             m.batch_tokens.observe(tokens)
             m.engine_seconds.observe(elapsed)
-            for job in batch:
-                m.queue_wait.observe(max(0.0, started - job.ready_at))
+            for sub, count in counts.items():  # records of one submission became ready together
+                m.queue_wait.observe(max(0.0, started - sub.ready_at), count)
             if result.stats.splits:
                 m.batch_splits.inc(result.stats.splits)
                 m.retries.labels(kind="engine_split").inc(result.stats.splits)
@@ -267,19 +287,21 @@ class Batcher(Generic[PreparedT, ResponseT]):
                 await asyncio.wait_for(asyncio.shield(self._collector), timeout_s)
             except TimeoutError:
                 self._collector.cancel()
-        for job in self._ready:
-            job.future.cancel()
+        for _, sub, _ in self._ready:
+            sub.future.cancel()
         self._ready.clear()
         self._prepare_pool.shutdown(wait=False, cancel_futures=True)
         self._gpu_pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _prepare_chunk(thunks: list[Callable[[], PreparedT]]) -> list[PreparedT | BaseException]:
-    """Run prepare thunks in a pool thread; an exception is returned in place of its record's result."""
+def _prepare_all(
+    prepare: Callable[[ItemT], PreparedT], items: Sequence[ItemT]
+) -> list[PreparedT | BaseException]:
+    """Prepare every item in a pool thread; an exception is returned in place of its record's result."""
     out: list[PreparedT | BaseException] = []
-    for thunk in thunks:
+    for item in items:
         try:
-            out.append(thunk())
+            out.append(prepare(item))
         except Exception as exc:
             out.append(exc)
     return out

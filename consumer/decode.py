@@ -50,17 +50,32 @@ def decode_value(value: bytes | None, schema: DefaultSchema, limits: RequestLimi
         raise RequestError(DlqReason.bad_json, f"Invalid JSON: {str(exc)[:120]}") from None
     except RecursionError:
         raise RequestError(DlqReason.bad_json, "value is nested too deeply") from None
-    if not isinstance(obj, Mapping):
+    if type(obj) is not dict and not isinstance(obj, Mapping):
         raise RequestError(DlqReason.not_an_object, "record value must be a JSON object")
-    if "questions" not in obj and not any(key in obj for key in MEDIA_KEYS):
+    if "questions" not in obj and obj.keys().isdisjoint(MEDIA_KEYS):
         # A plain event without media: the state is a JSON object by construction and the questions come
         # from the (validated) default schema, so validation could not fail; skip it (hot path).
         state = cast(dict[str, JsonValue], obj)
-        request = SystemOneRequest.model_construct(
-            model=schema.model, state=state, questions=schema.questions
-        )
+        request = _template(schema).model_copy(update={"state": state})
         return Decoded(request, _event_id(obj))
     return Decoded(to_request(obj, schema, limits), _event_id(obj))
+
+
+_TEMPLATES: dict[int, tuple[DefaultSchema, SystemOneRequest]] = {}
+
+
+def _template(schema: DefaultSchema) -> SystemOneRequest:
+    """The default-schema request with an empty state, built once per schema object: a plain event's
+    request is a copy of it with the event as state (`model_copy` is about half the cost of
+    `model_construct`). Thread-safe: a race builds the same template twice."""
+    hit = _TEMPLATES.get(id(schema))
+    if hit is not None and hit[0] is schema:
+        return hit[1]
+    template = SystemOneRequest.model_construct(model=schema.model, state={}, questions=schema.questions)
+    if len(_TEMPLATES) > 64:  # schemas are few (one per settings object); never grow without bound
+        _TEMPLATES.clear()
+    _TEMPLATES[id(schema)] = (schema, template)
+    return template
 
 
 def _event_id(obj: Mapping[str, object]) -> str | None:

@@ -8,6 +8,7 @@ into the DLQ (the tripping record is neither dead-lettered nor committed).
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Collection
 from typing import Any
@@ -47,9 +48,18 @@ class DlqGuard:
         self._window.append(dead)
         self._dead += dead
 
-    def record_ok(self) -> None:
-        """Count an answered record."""
-        self._push(False)
+    def record_ok(self, count: int = 1) -> None:
+        """Count `count` answered records (one call for a run of them: same result as `count` calls)."""
+        window = self._window
+        size = window.maxlen or 0
+        if count >= size:
+            window.clear()
+            self._dead = 0
+            window.extend(itertools.repeat(False, size))
+            return
+        for _ in range(len(window) + count - size):  # the oldest entries the new ones push out
+            self._dead -= window.popleft()
+        window.extend(itertools.repeat(False, count))
 
     def record_dead(self) -> None:
         """Count a dead-lettered record; raises `DlqGuardTrippedError` (not counted) if it would trip."""

@@ -6,8 +6,10 @@ clashing with the process-global registry. `render()` returns the text expositio
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from consumer.histogram import BulkHistogram
 
 PREFIX = "clef_router"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -18,7 +20,8 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class Metrics:
-    """Counters, gauges and histograms named `clef_router_*`."""
+    """Counters, gauges and histograms named `clef_router_*`. Histograms are `BulkHistogram`s (observed on
+    the event loop only; records of one run that share a value are observed at once)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -33,22 +36,22 @@ class Metrics:
         self.paused = Gauge(
             f"{PREFIX}_paused", "1 while input partitions are paused for backpressure", registry=r
         )
-        self.batch_records = Histogram(
+        self.batch_records = BulkHistogram(
             f"{PREFIX}_batch_records", "Records per engine batch", buckets=COUNT_BUCKETS, registry=r
         )
-        self.batch_tokens = Histogram(
+        self.batch_tokens = BulkHistogram(
             f"{PREFIX}_batch_tokens", "Tokens per engine batch", buckets=TOKEN_BUCKETS, registry=r
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = BulkHistogram(
             f"{PREFIX}_queue_wait_seconds",
             "Prepared record waiting for its batch to start",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.engine_seconds = Histogram(
+        self.engine_seconds = BulkHistogram(
             f"{PREFIX}_engine_seconds", "Engine execute time per batch", buckets=LATENCY_BUCKETS, registry=r
         )
-        self.end_to_end = Histogram(
+        self.end_to_end = BulkHistogram(
             f"{PREFIX}_end_to_end_seconds",
             "Record timestamp to outputs acknowledged",
             buckets=LATENCY_BUCKETS,

@@ -1,10 +1,12 @@
 """Per-partition contiguous commit watermark (at-least-once bookkeeping).
 
-Every fetched record is `track`ed in offset order; when all of its outputs (or its DLQ record) are
-acknowledged it is marked `done`. `committable()` gives, per partition, the offset to commit: the first
-offset not yet done (or one past the last tracked offset when nothing is pending), so a commit never
-covers a record whose outputs are not acknowledged. Offsets may have gaps (compaction, transaction
-markers); only tracked offsets matter. Pure and synchronous; not thread-safe (event loop only).
+Fetched records are `track`ed in offset order, one record or one run of consecutive fetched records (a
+span `[offset, end)`) at a time; when all outputs (or DLQ records) of a span are acknowledged it is marked
+`done` by its first offset. `committable()` gives, per partition, the offset to commit: the first offset of
+the oldest span not yet done (or the end of the last tracked span when nothing is pending), so a commit
+never covers a record whose outputs are not acknowledged. Offsets may have gaps (compaction, transaction
+markers); a span covers the gaps inside it, which hold no records to consume. Pure and synchronous; not
+thread-safe (event loop only).
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ P = TypeVar("P", bound=Hashable)
 
 @dataclass(slots=True)
 class _Partition:
-    pending: deque[int] = field(default_factory=deque)
-    done: set[int] = field(default_factory=set)
-    next_offset: int | None = None  # one past the last tracked offset
+    pending: deque[int] = field(default_factory=deque)  # first offsets of the spans not yet released
+    done: set[int] = field(default_factory=set)  # first offsets of finished spans still in `pending`
+    next_offset: int | None = None  # end of the last tracked span
     committed: int | None = None  # last offset handed out by `committable` and confirmed by `mark_committed`
 
     def watermark(self) -> int | None:
@@ -38,25 +40,32 @@ class OffsetTracker(Generic[P]):
     def __init__(self) -> None:
         self._parts: dict[P, _Partition] = {}
 
-    def track(self, partition: P, offset: int) -> None:
-        """Register a fetched record. Offsets of one partition must be tracked in increasing order.
+    def track(self, partition: P, offset: int, end: int | None = None) -> None:
+        """Register a fetched record (`end` None) or the span of fetched records `[offset, end)`.
 
-        Raises `ValueError` on an offset not above the previous one (a re-fetch must `forget` first).
+        Spans of one partition must be tracked in increasing order. Raises `ValueError` on a span starting
+        below the end of the previous one (a re-fetch must `forget` first) or an empty span.
         """
-        part = self._parts.setdefault(partition, _Partition())
+        stop = offset + 1 if end is None else end
+        if stop <= offset:
+            raise ValueError(f"empty span [{offset}, {stop}) of {partition!r}")
+        part = self._parts.get(partition)
+        if part is None:
+            part = self._parts[partition] = _Partition()
         if part.next_offset is not None and offset < part.next_offset:
             raise ValueError(f"offset {offset} of {partition!r} tracked out of order")
         part.pending.append(offset)
-        part.next_offset = offset + 1
+        part.next_offset = stop
 
     def done(self, partition: P, offset: int) -> None:
-        """Mark a tracked record finished (outputs acknowledged). Unknown partitions are ignored."""
+        """Mark the record or span tracked at `offset` finished (outputs acknowledged). Unknown partitions
+        are ignored."""
         part = self._parts.get(partition)
         if part is not None:
             part.done.add(offset)
 
     def pending(self, partition: P | None = None) -> int:
-        """Records tracked and not yet done, in one partition or in all."""
+        """Records or spans tracked and not yet done, in one partition or in all."""
         parts = self._parts.values() if partition is None else [self._parts.get(partition, _Partition())]
         total = 0
         for part in parts:

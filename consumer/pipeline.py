@@ -1,13 +1,17 @@
 """The service pipeline: the only module that knows the order of the stages.
 
-    source.fetch -> track offset -> batcher (decode + prepare in threads, engine in the GPU thread)
-      -> per-partition emitter (in offset order) -> router | dlq -> producer (acks=all) -> offsets.done
+    source.fetch -> units (runs of up to `prepare_chunk` records of one partition) -> track offset span
+      -> batcher (decode + prepare in threads, engine in the GPU thread) -> per-partition emitter (in
+      offset order) -> router | dlq -> publisher -> producer (acks=all) -> offsets.done
       -> periodic commit of the contiguous watermark
 
-Per-key order: each input partition has one emitter that publishes results in offset order, and outputs keep
-the input key, so records of one key keep their order. Backpressure: at most `kafka.max_in_flight` records
-between fetch and acknowledgement; at the bound no more records are taken, and when it stays reached for
-`PAUSE_AFTER_S` every partition is paused until half have drained.
+A unit carries one engine future, one offset span and one acknowledgement counter for its records, so the
+per-record cost on the event loop is the routing and the produce append, not asyncio machinery.
+Per-key order: each input partition has one emitter that publishes results in offset order, the publisher
+sends in push order, and outputs keep the input key, so records of one key keep their order.
+Backpressure: at most `kafka.max_in_flight` records between fetch and acknowledgement; at the bound no
+more records are taken, and when it stays reached for `PAUSE_AFTER_S` every partition is paused until half
+have drained.
 Rebalance: revoked partitions stop taking records, get up to `revoke_timeout_s` to finish, have their
 watermark committed, and anything still unfinished is dropped unpublished. SIGTERM (`request_stop`): stop
 fetching, drain within `shutdown_timeout_s`, commit, return.
@@ -16,6 +20,7 @@ fetching, drain within `shutdown_timeout_s`, commit, return.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib.metadata
 import sys
@@ -26,11 +31,13 @@ from aiokafka import TopicPartition
 
 from consumer.batcher import Batcher, EngineLike
 from consumer.decode import decode_value, header_event_id
+from consumer.emitter import Emitter, PartitionState, Unit
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
 from consumer.offsets import OffsetTracker
-from consumer.producer import Emitter, PartitionState, Producer, Work
+from consumer.producer import Producer
 from consumer.router import InputRecord
+from consumer.runtime import tune_gc
 from consumer.settings import Settings
 from consumer.source import Source, ensure_topics, service_topics
 from schemas.parse import RequestLimits, parse_request
@@ -87,6 +94,7 @@ class Pipeline:
             on_revoked=self._on_revoked,
             metrics=self.metrics,
         )
+        self._idle = asyncio.Event()  # set when nothing is left in flight: commit now
         self.emitter = Emitter(
             settings,
             self.producer,
@@ -96,6 +104,7 @@ class Pipeline:
             or EngineInfo(name="clef-router", version=_version(), model=settings.engine.model_name),
             on_fatal=self._fail,
             on_progress=self._beat,
+            on_idle=self._idle.set,
         )
         self._states: dict[TopicPartition, PartitionState] = {}
         self._positions: dict[TopicPartition, int] = {}
@@ -120,6 +129,7 @@ class Pipeline:
         await self.batcher.start()
         await self.producer.start()
         await self.source.start()
+        tune_gc(self.settings.gc_gen0_threshold, freeze=self.settings.gc_freeze)
         self.started = True
         self.metrics.model_loaded.set(1)
         log.info(
@@ -202,25 +212,31 @@ class Pipeline:
         state = self._states.get(tp)
         if state is None or state.closing or not records:
             return  # revoked or revoking: the next owner fetches these again from the committed offset
-        works: list[Work] = []
-        for rec in records:
-            headers = tuple((str(k), None if v is None else bytes(v)) for k, v in rec.headers)
-            item = InputRecord(
-                rec.topic, rec.partition, rec.offset, rec.key, rec.value, headers, rec.timestamp
-            )
-            self.tracker.track(tp, rec.offset)
-            works.append(Work(item, header_event_id(headers)))
+        step = self.settings.batching.prepare_chunk
+        for start in range(0, len(records), step):
+            run = records[start : start + step]
+            items: list[InputRecord] = []
+            event_ids: list[str | None] = []
+            for rec in run:
+                # aiokafka gives headers as (str, bytes) pairs already (`ConsumerRecord.headers`)
+                headers = tuple(rec.headers) if rec.headers else ()
+                items.append(
+                    InputRecord(
+                        rec.topic, rec.partition, rec.offset, rec.key, rec.value, headers, rec.timestamp
+                    )
+                )
+                event_ids.append(header_event_id(headers) if headers else None)
+            self.tracker.track(tp, run[0].offset, run[-1].offset + 1)
+            unit = Unit(state, items, event_ids)
+            unit.future = self.batcher.submit(functools.partial(self._prepare, unit), range(len(items)))
+            self.emitter.push(unit)
         self._positions[tp] = records[-1].offset + 1
-        thunks = [functools.partial(self._prepare, work) for work in works]
-        for work, fut in zip(works, self.batcher.submit(thunks), strict=True):
-            work.future = fut
-            self.emitter.push(state, work)
 
-    def _prepare(self, work: Work) -> Any:
-        """Decode and prepare one record (prepare thread pool)."""
-        decoded = decode_value(work.record.value, self.settings.routing.default_schema, self._limits)
-        if work.event_id is None:
-            work.event_id = decoded.event_id
+    def _prepare(self, unit: Unit, index: int) -> Any:
+        """Decode and prepare record `index` of `unit` (prepare thread pool)."""
+        decoded = decode_value(unit.records[index].value, self.settings.routing.default_schema, self._limits)
+        if unit.event_ids[index] is None:
+            unit.event_ids[index] = decoded.event_id
         return self._engine.prepare(decoded.request)
 
     # ---- HTTP ---------------------------------------------------------------------------------------------
@@ -229,8 +245,10 @@ class Pipeline:
 
         Raises `RequestError` (client error), `EngineError` (engine failed on it alone).
         """
-        thunk = functools.partial(self._prepare_body, body)
-        return await self.batcher.submit([thunk])[0]
+        (outcome,) = await self.batcher.submit(self._prepare_body, [body])
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     def _prepare_body(self, body: bytes) -> Any:
         return self._engine.prepare(parse_request(body, self._limits))
@@ -252,12 +270,12 @@ class Pipeline:
         await self._commit({s.tp for s in states})
         abandoned = 0
         for state in states:
-            abandoned += self.tracker.pending(state.tp)
+            abandoned += self.tracker.pending(state.tp)  # unfinished runs (units) of records
             self.emitter.close(state)
             self.tracker.forget(state.tp)
             self._positions.pop(state.tp, None)
             del self._states[state.tp]
-        log.info("partitions_revoked", partitions=len(states), abandoned=abandoned)
+        log.info("partitions_revoked", partitions=len(states), abandoned_runs=abandoned)
 
     async def _drain(self, tps: list[TopicPartition] | None, timeout_s: float) -> bool:
         """Wait until the given partitions (all when None) have nothing pending; False on timeout."""
@@ -284,9 +302,13 @@ class Pipeline:
                 self._beat()
 
     async def _commit_loop(self) -> None:
+        """Commit every `commit_interval_ms`, and at once when the last in-flight record is acknowledged
+        (so an idle service has committed everything it did, not up to one interval ago)."""
         interval = self.settings.kafka.commit_interval_ms / 1000.0
         while True:
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), interval)
+            self._idle.clear()
             try:
                 await self._commit()
             except Exception as exc:

@@ -1,11 +1,11 @@
-"""Publishing stage: the Kafka producer (idempotent, acks=all) and the per-partition ordered emitter.
+"""Publishing stage: the Kafka producer (idempotent, acks=all) and the publisher that coalesces outputs.
 
 `Producer.send` enqueues a record and returns the delivery future without waiting for the broker (it awaits
 only when aiokafka's accumulator is full, which is the producer's own backpressure). `send_retrying` waits
 for the acknowledgement and retries transient errors with tenacity. Records sent to one topic partition are
-delivered in send order (idempotence keeps order across aiokafka's internal retries). `send_many` batches
-records per output partition. `Emitter` turns each input record's outcome into output or DLQ records, in
-offset order per input partition, and marks the offset done once every output is acknowledged.
+delivered in send order (idempotence keeps order across aiokafka's internal retries). `send_batches`
+batches records per output partition. `Publisher` gathers the outputs pushed by every input partition's
+emitter (`consumer.emitter`) and hands them to the producer in rounds, so produce batches are large.
 """
 
 from __future__ import annotations
@@ -13,27 +13,17 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 
-from consumer.decode import stage_for
-from consumer.dlq import DlqGuard, DlqGuardTrippedError, dead_letter
 from consumer.logging import get_logger
-from consumer.metrics import Metrics
-from consumer.offsets import OffsetTracker
-from consumer.retry import EngineError, transient_retry
-from consumer.router import InputRecord, OutRecord, route_outputs
-from consumer.settings import KafkaSettings, Settings
+from consumer.retry import transient_retry
+from consumer.router import OutRecord
+from consumer.settings import KafkaSettings
 from consumer.source import client_options
-from schemas.dead_letter import DlqStage
-from schemas.errors import DlqReason, RequestError
-from schemas.routing import EngineInfo, engine_json
-from schemas.systemone import SystemOneResponse
 
 log = get_logger("consumer.producer")
 
@@ -94,12 +84,16 @@ class Producer:
         batch already handed to aiokafka: that would need its private accumulator state.
         """
         groups: dict[tuple[str, int], list[int]] = {}
+        known: dict[str, list[int]] = {}  # partition lists checked for this call
+        now = time.monotonic()
         for index, record in enumerate(records):
             topic = record.topic
-            cached = self._partitions.get(topic)
-            if cached is None or time.monotonic() - cached[0] > PARTITIONS_TTL_S:
-                cached = await self._refresh_partitions(topic)
-            parts = cached[1]
+            parts = known.get(topic)
+            if parts is None:
+                cached = self._partitions.get(topic)
+                if cached is None or now - cached[0] > PARTITIONS_TTL_S:
+                    cached = await self._refresh_partitions(topic)
+                parts = known[topic] = cached[1]
             key = record.key
             if key is None:
                 part = int(self._partitioner(None, parts, parts))
@@ -116,27 +110,46 @@ class Producer:
                 groups[(topic, part)] = [index]
             else:
                 group.append(index)
+        if len(groups) == 1:
+            (((topic, part), indexes),) = groups.items()
+            return await self._send_partition(records, topic, part, indexes)
+        # Partitions are handed over concurrently: each may wait for its previous batch to drain.
+        per_partition = await asyncio.gather(
+            *(
+                self._send_partition(records, topic, part, indexes)
+                for (topic, part), indexes in groups.items()
+            )
+        )
+        return [entry for sent in per_partition for entry in sent]
+
+    async def _send_partition(
+        self, records: Sequence[OutRecord], topic: str, part: int, indexes: list[int]
+    ) -> list[tuple[asyncio.Future[Any], list[int]]]:
+        """Hand `records[i] for i in indexes` (all of `topic`/`part`) to aiokafka as few batches, in order."""
         sent: list[tuple[asyncio.Future[Any], list[int]]] = []
-        for (topic, part), indexes in groups.items():
+        # One hand-over at a time per partition, so batches of a partition are queued in order
+        # (aiokafka's `send_batch` waits while an earlier batch of the partition is not drained).
+        lock = self._locks.get((topic, part))
+        if lock is None:
+            lock = self._locks[(topic, part)] = asyncio.Lock()
+        async with lock:
             count, i = len(indexes), 0
             while i < count:
                 batch = self._producer.create_batch()
+                append = batch.append
                 members = []
-                while i < count and _append(batch, records[indexes[i]]):
+                while i < count:
+                    rec = records[indexes[i]]
+                    headers = list(rec.headers)
+                    if append(key=rec.key, value=rec.value, timestamp=None, headers=headers) is None:
+                        break  # the batch is full (and now closed)
                     members.append(indexes[i])
                     i += 1
-                # One hand-over at a time per partition, so batches of a partition are queued in order
-                # (aiokafka's `send_batch` waits while an earlier batch of the partition is not drained).
-                lock = self._locks.get((topic, part))
-                if lock is None:
-                    lock = self._locks[(topic, part)] = asyncio.Lock()
-                async with lock:
-                    if not members:  # larger than a batch: aiokafka sends it alone, after its queued batches
-                        sent.append((await self.send(records[indexes[i]]), [indexes[i]]))
-                        i += 1
-                        continue
-                    fut = await self._producer.send_batch(batch, topic, partition=part)
-                sent.append((fut, members))
+                if not members:  # larger than a batch: aiokafka sends it alone, after its queued batches
+                    sent.append((await self.send(records[indexes[i]]), [indexes[i]]))
+                    i += 1
+                    continue
+                sent.append((await self._producer.send_batch(batch, topic, partition=part), members))
         return sent
 
     async def _refresh_partitions(self, topic: str) -> tuple[float, list[int]]:
@@ -153,239 +166,103 @@ class Producer:
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _append(batch: Any, rec: OutRecord) -> bool:
-    """Add `rec` to an aiokafka `BatchBuilder`; False when it does not fit (the builder is then closed)."""
-    return batch.append(key=rec.key, value=rec.value, timestamp=None, headers=list(rec.headers)) is not None
+OwnerT = TypeVar("OwnerT")
 
 
-@dataclass(slots=True, eq=False)
-class Work:
-    """One fetched record on its way through the pipeline."""
+class BatchSender(Protocol):
+    """What `Publisher` needs from a producer (`Producer` has it; tests use fakes)."""
 
-    record: InputRecord
-    event_id: str | None
-    future: asyncio.Future[Any] | None = None
-
-
-@dataclass(slots=True, eq=False)
-class PartitionState:
-    """Per input partition: the ordered queue its emitter publishes from."""
-
-    tp: Any
-    items: deque[Work | None] = field(default_factory=deque)  # offset order; None = stop
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[None] | None = None
-    closing: bool = False  # revocation began: take no more records
-    revoked: bool = False  # no longer owned: publish nothing, track nothing
+    async def send_batches(
+        self, records: Sequence[OutRecord]
+    ) -> list[tuple[asyncio.Future[Any], list[int]]]: ...
 
 
-class Emitter:
-    """Publishes each record's outcome in offset order per partition and tracks acknowledgements.
+class Publisher(Generic[OwnerT]):
+    """Coalesces pushed outputs into large produce batches: one task hands everything pushed so far to the
+    producer (`send_batches`), waits until every batch of that round is handed over, then takes the next.
 
-    An answered record becomes the decisions and route records (`router`); a failed one a DLQ record (`dlq`),
-    after the DLQ guard agrees. When every output of a record is acknowledged, its offset is marked done in
-    the tracker. Transient delivery errors are retried (tenacity); exhausting them, or the guard tripping, is
-    fatal (`on_fatal`), and nothing more is published. The queue is unbounded here; the pipeline bounds it.
+    `push(records, owner)` never waits. Rounds run one at a time, so the records of one output partition
+    are sent in push order. While a round waits (aiokafka holds one queued batch per partition), new pushes
+    collect for the next round; that is what makes batches large under load and small when idle. Per
+    produced batch, `on_batch(records, owners, future)` is called when its future completes (acknowledged
+    or failed), with each record's owner. Owners for which `is_live(owner)` is False when their round
+    starts are not sent: `on_dropped(owner)` is called instead. An error handing a round over is fatal
+    (`on_error`), and nothing more is sent.
     """
 
     def __init__(
         self,
-        settings: Settings,
-        producer: Producer,
-        tracker: OffsetTracker[Any],
-        metrics: Metrics,
-        engine_info: EngineInfo,
+        producer: BatchSender,
         *,
-        on_fatal: Callable[[BaseException], None],
-        on_progress: Callable[[], None],
+        on_batch: Callable[[list[OutRecord], list[OwnerT], asyncio.Future[Any]], None],
+        is_live: Callable[[OwnerT], bool],
+        on_dropped: Callable[[OwnerT], None],
+        on_error: Callable[[BaseException], None],
     ) -> None:
-        self._settings = settings
         self._producer = producer
-        self._tracker = tracker
-        self._metrics = metrics
-        self._engine_info = engine_info
-        self._engine_json = engine_json(engine_info)
-        self._guard = DlqGuard(settings.dlq)
-        self._on_fatal = on_fatal
-        self._on_progress = on_progress
+        self._on_batch = on_batch
+        self._is_live = is_live
+        self._on_dropped = on_dropped
+        self._on_error = on_error
+        self._buffer: list[tuple[list[OutRecord], OwnerT]] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
         self._failed = False
-        self._answered = metrics.records.labels(outcome="answered")  # label children, looked up once
-        self._dead_lettered = metrics.records.labels(outcome="dead_lettered")
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self.in_flight = 0
+        self.rounds = 0
 
-    def open(self, tp: Any) -> PartitionState:
-        state = PartitionState(tp)
-        state.task = asyncio.create_task(self._run(state), name=f"clef-emit-{tp}")
-        return state
+    def start(self) -> None:
+        """Start the publishing task (on the running loop)."""
+        self._task = asyncio.create_task(self._run(), name="clef-publish")
 
-    def push(self, state: PartitionState, work: Work) -> None:
-        self.in_flight += 1
-        state.items.append(work)
-        state.wake.set()
+    def push(self, records: list[OutRecord], owner: OwnerT) -> None:
+        """Queue `records` (all owned by `owner`) for the next round (non-blocking)."""
+        if self._failed:
+            self._on_dropped(owner)
+            return
+        self._buffer.append((records, owner))
+        self._wake.set()
 
-    def close(self, state: PartitionState) -> None:
-        """Stop publishing for `state` (revoked or shutting down); queued records are dropped."""
-        state.revoked = True
-        state.closing = True
-        state.items.append(None)
-        state.wake.set()
+    async def stop(self, timeout_s: float) -> None:
+        """Cancel the task (waiting at most `timeout_s` for it to end) and drop what is still queued. Call it
+        after draining: owners of a round cut short are neither acknowledged nor dropped."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        await asyncio.wait({task}, timeout=timeout_s)
+        for _, owner in self._buffer:
+            self._on_dropped(owner)
+        self._buffer.clear()
 
-    async def wait_closed(self, timeout_s: float) -> None:
-        tasks = [t for t in self._tasks if not t.done()]
-        if tasks:
-            _, late = await asyncio.wait(tasks, timeout=timeout_s)
-            for task in late:
-                task.cancel()
-
-    def _fail(self, exc: BaseException) -> None:
-        self._failed = True
-        self._on_fatal(exc)
-
-    async def _run(self, state: PartitionState) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
+    async def _run(self) -> None:
         while True:
-            if not state.items:
-                state.wake.clear()
-                await state.wake.wait()
+            if not self._buffer:
+                self._wake.clear()
+                await self._wake.wait()
                 continue
-            head = state.items[0]
-            if head is not None and head.future is not None and not head.future.done():
-                try:
-                    await head.future  # results are published in offset order: wait for the oldest
-                except BaseException:
-                    task = asyncio.current_task()
-                    if task is not None and task.cancelling():
-                        raise  # this emitter is being cancelled (shutdown timeout)
-                continue
-            pending: list[tuple[Work, list[OutRecord]]] = []
-            while state.items and _finished(state.items[0]):  # everything finished, in offset order
-                item = state.items.popleft()
-                if item is None:
-                    await self._publish(state, pending)
-                    return
-                fut = item.future
-                if state.revoked or self._failed or fut is None or fut.cancelled():
-                    self.in_flight -= 1
+            pushed, self._buffer = self._buffer, []
+            records: list[OutRecord] = []
+            owners: list[OwnerT] = []
+            live: list[OwnerT] = []
+            for outs, owner in pushed:
+                if not self._is_live(owner):
+                    self._on_dropped(owner)
                     continue
-                try:
-                    pending.append((item, self._outputs(item, fut)))
-                except DlqGuardTrippedError as exc:
-                    self.in_flight -= 1
-                    self._fail(exc)
-            await self._publish(state, pending)
-
-    async def _publish(self, state: PartitionState, pending: list[tuple[Work, list[OutRecord]]]) -> None:
-        """Send the outputs of `pending` records (in order) and attach their acknowledgement counters."""
-        if not pending:
-            return
-        if state.revoked or self._failed:
-            self.in_flight -= len(pending)
-            return
-        dlq = self._settings.topics.dlq
-        outputs: list[OutRecord] = []
-        owners: list[_Ack] = []
-        for work, outs in pending:
-            ack = _Ack(self, state, work, len(outs), any(out.topic == dlq for out in outs))
-            for out in outs:
-                outputs.append(out)
-                owners.append(ack)
-        for fut, indexes in await self._producer.send_batches(outputs):
-            members = [(outputs[i], owners[i]) for i in indexes]
-            fut.add_done_callback(functools.partial(self._delivered, members))
-
-    def _delivered(self, members: list[tuple[OutRecord, _Ack]], fut: asyncio.Future[Any]) -> None:
-        """One produced batch is acknowledged (or failed: its records are re-sent with retries)."""
-        if fut.cancelled() or fut.exception() is not None:
-            for out, ack in members:
-                task = asyncio.ensure_future(self._resend(ack, out))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            return
-        now = time.time()
-        for _, ack in members:
-            ack.left -= 1
-            if ack.left == 0:
-                self._acked(ack.state, ack.work, ack.dead, now)
-
-    def _outputs(self, work: Work, fut: asyncio.Future[Any]) -> list[OutRecord]:
-        exc = fut.exception()
-        topics = self._settings.topics
-        if exc is None:
-            response: SystemOneResponse = fut.result()
-            self._guard.record_ok()
-            if response.x_state_truncated:
-                self._metrics.state_truncated.inc()
-            return route_outputs(
-                work.record,
-                response,
-                event_id=work.event_id,
-                routing=self._settings.routing,
-                topics=topics,
-                engine=self._engine_json,
-            )
-        self._guard.record_dead()
-        if isinstance(exc, EngineError):
-            reason, cause, attempts = exc.reason, exc.cause, exc.attempts
-        elif isinstance(exc, RequestError):
-            reason, cause, attempts = exc.reason, exc, 1
-        else:
-            reason, cause, attempts = DlqReason.engine_failed, exc, 1
-        stage = stage_for(reason) if isinstance(exc, RequestError | EngineError) else DlqStage.publish.value
-        out, info = dead_letter(
-            work.record, cause, topic=topics.dlq, stage=stage, attempts=attempts, reason=reason
-        )
-        self._metrics.dlq.labels(reason=reason.value).inc()
-        r = work.record
-        log.info(
-            "dead_letter",
-            topic=r.topic,
-            partition=r.partition,
-            offset=r.offset,
-            reason=reason.value,
-            stage=stage,
-            error=info.exception_fqcn,
-        )
-        return [out]
-
-    def _acked(self, state: PartitionState, work: Work, dead: bool, now: float) -> None:
-        self.in_flight -= 1
-        if state.revoked:
-            return
-        r = work.record
-        self._tracker.done(state.tp, r.offset)
-        (self._dead_lettered if dead else self._answered).inc()
-        if r.timestamp_ms is not None and r.timestamp_ms > 0:
-            self._metrics.end_to_end.observe(max(0.0, now - r.timestamp_ms / 1000.0))
-        self._on_progress()
-
-    async def _resend(self, ack: _Ack, out: OutRecord) -> None:
-        self._metrics.retries.labels(kind="produce").inc()
-        try:
-            await self._producer.send_retrying(out, self._settings.kafka.send_attempts)
-        except Exception as exc:
-            self._fail(exc)
-            return
-        ack.one_done()
-
-
-def _finished(work: Work | None) -> bool:
-    return work is None or work.future is None or work.future.done()
-
-
-class _Ack:
-    """Counts the acknowledgements a record still waits for (`Emitter._delivered` decrements it)."""
-
-    __slots__ = ("dead", "emitter", "left", "state", "work")
-
-    def __init__(self, emitter: Emitter, state: PartitionState, work: Work, outputs: int, dead: bool) -> None:
-        self.emitter, self.state, self.work = emitter, state, work
-        self.left = outputs
-        self.dead = dead
-
-    def one_done(self) -> None:
-        self.left -= 1
-        if self.left == 0:
-            self.emitter._acked(self.state, self.work, self.dead, time.time())
+                live.append(owner)
+                records += outs
+                owners += [owner] * len(outs)
+            if not records:
+                continue
+            try:
+                sent = await self._producer.send_batches(records)
+            except Exception as exc:
+                self._failed = True
+                for owner in live:
+                    self._on_dropped(owner)
+                self._on_error(exc)
+                return
+            self.rounds += 1
+            for fut, indexes in sent:
+                members = [records[i] for i in indexes]
+                member_owners = [owners[i] for i in indexes]
+                fut.add_done_callback(functools.partial(self._on_batch, members, member_owners))

@@ -132,6 +132,10 @@ class Settings(BaseSettings):
     dlq: DlqSettings = DlqSettings()
     routing: RoutingSettings = RoutingSettings()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    gc_gen0_threshold: int = Field(
+        default=10_000, ge=0, description="cyclic GC generation-0 threshold set at start (0: Python's 700)"
+    )
+    gc_freeze: bool = Field(default=True, description="gc.freeze() what start-up left alive")
 
     @classmethod
     def settings_customise_sources(

@@ -23,14 +23,6 @@ H_OUTAGE: Final = "clef-outage"
 
 _MAX_LABEL_CHARS: Final = 100
 _A = TypeVar("_A")
-_ROUTE_KEYS: Final = (
-    "department",
-    "department_confidence",
-    "urgency",
-    "urgency_label",
-    "outage",
-    "outage_probability",
-)
 
 
 class SourceRef(BaseModel):
@@ -78,22 +70,34 @@ def route_fields(
     """The `RouteSummary` fields of `response` as a plain dict: every field, in field order, null when its
     question is absent or of another type. The unvalidated fast path behind `route_summary` (the service
     calls it once per event); same values as `route_summary(...).model_dump()`."""
-    department = response.answers.get(department_id)
-    urgency = response.answers.get(urgency_id)
-    outage = response.answers.get(outage_id)
-    fields: dict[str, object] = dict.fromkeys(_ROUTE_KEYS)
+    answers = response.answers
+    department = answers.get(department_id)
+    urgency = answers.get(urgency_id)
+    outage = answers.get(outage_id)
+    choice: str | None = None
+    confidence: float | None = None
+    score: float | None = None
+    label: str | None = None
+    is_outage: bool | None = None
+    probability: float | None = None
     if type(department) is ChoiceAnswer or _is(department, ChoiceAnswer):
-        fields["department"] = department.choice
-        fields["department_confidence"] = float(department.confidence)
+        choice = department.choice
+        confidence = float(department.confidence)
     if type(urgency) is ScoreAnswer or _is(urgency, ScoreAnswer):
-        level = nearest_level(urgency.score, len(urgency.probabilities))
-        label = urgency.legend.get(str(level)) or str(level)
-        fields["urgency"] = float(urgency.score)
-        fields["urgency_label"] = label[:_MAX_LABEL_CHARS]
+        score = float(urgency.score)
+        level = nearest_level(score, len(urgency.probabilities))
+        label = (urgency.legend.get(str(level)) or str(level))[:_MAX_LABEL_CHARS]
     if type(outage) is NoulAnswer or _is(outage, NoulAnswer):
-        fields["outage"] = outage.noul >= outage_threshold
-        fields["outage_probability"] = float(outage.noul)
-    return fields
+        probability = float(outage.noul)
+        is_outage = outage.noul >= outage_threshold
+    return {  # `RouteSummary` field order
+        "department": choice,
+        "department_confidence": confidence,
+        "urgency": score,
+        "urgency_label": label,
+        "outage": is_outage,
+        "outage_probability": probability,
+    }
 
 
 def _is(answer: object, kind: type[_A]) -> TypeGuard[_A]:
@@ -220,12 +224,13 @@ def decision_json(
     partition: int,
     offset: int,
     route: Mapping[str, object],
-    decided_at: datetime,
+    decided_at: datetime | bytes,
     engine: bytes,
 ) -> bytes:
     """The same bytes as `RoutedDecision.to_json()` for the decision on `response`, without building models.
 
-    `route` is `route_fields(response, ...)`, `engine` is `engine_json(info)`, `decided_at` must be aware.
+    `route` is `route_fields(response, ...)`, `engine` is `engine_json(info)`, `decided_at` must be aware
+    (or already encoded by `datetime_json`, e.g. once for many records decided together).
     The engine's answers and usage (already validated models) are serialised by their own pydantic
     serialisers through `pydantic_core.to_json`, so numbers, strings and dates are written exactly as the
     model writes them. No validation: the service's hot path (one call per answered event).
@@ -238,12 +243,17 @@ def decision_json(
             "answers": response.answers,
             "route": route,
             "usage": response.usage,
-            "decided_at": decided_at,
         }
     )
+    decided = decided_at if isinstance(decided_at, bytes) else datetime_json(decided_at)
     truncated = response.x_state_truncated
     if truncated is None:
         tail = b"}"
     else:
         tail = b',"x_state_truncated":true}' if truncated else b',"x_state_truncated":false}'
-    return b"".join((body[:-1], b',"engine":', engine, tail))
+    return b"".join((body[:-1], b',"decided_at":', decided, b',"engine":', engine, tail))
+
+
+def datetime_json(when: datetime) -> bytes:
+    """`when` as `RoutedDecision` writes `decided_at` (a JSON string, ISO 8601 with its offset)."""
+    return pydantic_core.to_json(when)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
 
 from consumer.batcher import Batcher, plan_next
 from consumer.clock import ManualClock
+from consumer.metrics import Metrics
 from consumer.retry import EngineError
 from consumer.settings import BatchingSettings
 from schemas.errors import DlqReason, RequestError
@@ -45,8 +46,15 @@ class OutOfMemoryError(RuntimeError):
     """Stands in for torch.OutOfMemoryError (matched by class name)."""
 
 
-def thunk(item: Item) -> Callable[[], Item]:
-    return lambda: item
+def ident(item: Item) -> Item:
+    """The prepare function of these tests: the item itself; names starting with "bad" fail to prepare."""
+    if item.name.startswith("bad"):
+        raise RequestError(DlqReason.bad_json, "nope")
+    return item
+
+
+def items(*names: str) -> list[Item]:
+    return [Item(name) for name in names]
 
 
 def settings(**kw: float) -> BatchingSettings:
@@ -79,10 +87,10 @@ async def test_flush_on_max_records_without_waiting() -> None:
     engine = FakeEngine()
     b: Batcher[Item, str] = Batcher(engine.execute, settings(), clock=clock)
     await b.start()
-    futs = b.submit([thunk(Item(f"r{i}")) for i in range(4)])
+    fut = b.submit(ident, items("r0", "r1", "r2", "r3"))
     await settle()
     assert engine.batches == [["r0", "r1", "r2", "r3"]]
-    assert [f.result() for f in futs] == [f"answer:r{i}" for i in range(4)]
+    assert fut.result() == [f"answer:r{i}" for i in range(4)]
     await b.close()
 
 
@@ -91,7 +99,7 @@ async def test_flush_on_max_wait_only_after_the_deadline() -> None:
     engine = FakeEngine()
     b: Batcher[Item, str] = Batcher(engine.execute, settings(max_wait_ms=50), clock=clock)
     await b.start()
-    futs = b.submit([thunk(Item("a")), thunk(Item("b"))])
+    fut = b.submit(ident, items("a", "b"))
     await settle()
     assert engine.batches == []  # 2 < 4 records, deadline not reached
     await clock.advance(0.049)
@@ -100,7 +108,7 @@ async def test_flush_on_max_wait_only_after_the_deadline() -> None:
     await clock.advance(0.002)
     await settle()
     assert engine.batches == [["a", "b"]]
-    assert all(f.done() for f in futs)
+    assert fut.result() == ["answer:a", "answer:b"]
     await b.close()
 
 
@@ -111,7 +119,7 @@ async def test_flush_on_token_budget() -> None:
         engine.execute, settings(max_batch_tokens=100, prepare_chunk=8), clock=clock
     )
     await b.start()
-    b.submit([thunk(Item("big", 70)), thunk(Item("next", 40)), thunk(Item("small", 10))])
+    b.submit(ident, [Item("big", 70), Item("next", 40), Item("small", 10)])
     await settle()
     assert engine.batches[0] == ["big"]  # "next" would exceed 100 tokens
     await clock.advance(0.06)
@@ -125,17 +133,14 @@ async def test_prepare_errors_fail_only_their_record() -> None:
     engine = FakeEngine()
     b: Batcher[Item, str] = Batcher(engine.execute, settings(), clock=clock)
     await b.start()
-
-    def bad() -> Item:
-        raise RequestError(DlqReason.bad_json, "nope")
-
-    futs = b.submit([thunk(Item("a")), bad, thunk(Item("b"))])
+    fut = b.submit(ident, items("a", "bad", "b"))
     await settle()
     await clock.advance(0.06)
     await settle()
-    assert futs[0].result() == "answer:a"
-    assert futs[2].result() == "answer:b"
-    exc = futs[1].exception()
+    outcomes = fut.result()
+    assert outcomes[0] == "answer:a"
+    assert outcomes[2] == "answer:b"
+    exc = outcomes[1]
     assert isinstance(exc, RequestError)
     assert exc.reason == DlqReason.bad_json
     await b.close()
@@ -146,11 +151,11 @@ async def test_one_gpu_thread_and_poison_record_isolated() -> None:
     engine = FakeEngine(fail_on={"r2"})
     b: Batcher[Item, str] = Batcher(engine.execute, settings(), clock=clock, single_attempts=2)
     await b.start()
-    futs = b.submit([thunk(Item(f"r{i}")) for i in range(8)])
+    fut = b.submit(ident, [Item(f"r{i}") for i in range(8)])
     await settle()
     assert len(engine.threads) == 1
     assert next(iter(engine.threads)).startswith("clef-gpu")
-    results = [f.exception() or f.result() for f in futs]
+    results = fut.result()
     assert results[:2] == ["answer:r0", "answer:r1"]
     assert results[3:] == [f"answer:r{i}" for i in range(3, 8)]
     failure = results[2]
@@ -165,9 +170,9 @@ async def test_oom_splits_the_batch() -> None:
     engine = FakeEngine(oom_above=1)
     b: Batcher[Item, str] = Batcher(engine.execute, settings(), clock=clock)
     await b.start()
-    futs = b.submit([thunk(Item(f"r{i}")) for i in range(4)])
+    fut = b.submit(ident, [Item(f"r{i}") for i in range(4)])
     await settle()
-    assert [f.result() for f in futs] == [f"answer:r{i}" for i in range(4)]
+    assert fut.result() == [f"answer:r{i}" for i in range(4)]
     assert engine.batches[0] == ["r0", "r1", "r2", "r3"]
     assert ["r0"] in engine.batches
     assert ["r3"] in engine.batches
@@ -179,9 +184,40 @@ async def test_close_flushes_without_waiting_for_the_deadline() -> None:
     engine = FakeEngine()
     b: Batcher[Item, str] = Batcher(engine.execute, settings(max_wait_ms=10_000), clock=clock)
     await b.start()
-    futs = b.submit([thunk(Item("a"))])
+    fut = b.submit(ident, items("a"))
     await settle()
     await b.close(timeout_s=2)
-    assert futs[0].result() == "answer:a"
+    assert fut.result() == ["answer:a"]
     with pytest.raises(RuntimeError):
-        b.submit([thunk(Item("late"))])
+        b.submit(ident, items("late"))
+
+
+async def test_one_future_per_submission_resolves_after_its_last_batch() -> None:
+    clock = ManualClock()
+    engine = FakeEngine()
+    metrics = Metrics()
+    b: Batcher[Item, str] = Batcher(engine.execute, settings(), clock=clock, metrics=metrics)
+    await b.start()
+    first = b.submit(ident, items("a0", "a1", "a2"))
+    second = b.submit(ident, items("b0", "b1", "b2"))
+    await settle()
+    assert engine.batches == [["a0", "a1", "a2", "b0"]]  # submissions share a batch, in order
+    assert first.result() == ["answer:a0", "answer:a1", "answer:a2"]
+    assert not second.done()  # b1 and b2 wait for the deadline of a batch that is not full
+    await clock.advance(0.06)
+    await settle()
+    assert engine.batches[1:] == [["b1", "b2"]]
+    assert second.result() == ["answer:b0", "answer:b1", "answer:b2"]
+    assert metrics.queue_wait.count == 6  # one observation per record, even when observed in bulk
+    await b.close()
+
+
+async def test_empty_and_all_failed_submissions_resolve_without_the_engine() -> None:
+    engine = FakeEngine()
+    b: Batcher[Item, str] = Batcher(engine.execute, settings(), clock=ManualClock())
+    await b.start()
+    assert await b.submit(ident, []) == []
+    outcomes = await asyncio.wait_for(b.submit(ident, items("bad1", "bad2")), 2)
+    assert all(isinstance(o, RequestError) for o in outcomes)
+    assert engine.batches == []
+    await b.close()

@@ -65,3 +65,27 @@ def test_committed_reports_last_commit() -> None:
     assert t.committed() == {}
     t.mark_committed(t.committable())
     assert t.committed() == {"p": 1}
+
+
+def test_spans_commit_past_their_end_only_when_done() -> None:
+    t: OffsetTracker[str] = OffsetTracker()
+    t.track("p", 0, 64)
+    t.track("p", 64, 70)  # a run with gaps inside it (e.g. transaction markers) is one span
+    t.track("p", 75)
+    assert t.pending("p") == 3
+    t.done("p", 64)
+    assert t.committable() == {"p": 0}  # the first span is still pending
+    t.done("p", 0)
+    assert t.committable() == {"p": 75}
+    t.done("p", 75)
+    assert t.committable() == {"p": 76}
+    assert t.pending() == 0
+
+
+def test_spans_must_not_overlap_or_be_empty() -> None:
+    t: OffsetTracker[str] = OffsetTracker()
+    t.track("p", 10, 20)
+    with pytest.raises(ValueError, match="out of order"):
+        t.track("p", 19, 25)
+    with pytest.raises(ValueError, match="empty span"):
+        t.track("p", 30, 30)

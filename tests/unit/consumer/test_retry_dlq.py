@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 import pytest
@@ -130,3 +131,20 @@ def test_dead_letter_record_keeps_original_bytes_key_and_headers() -> None:
     assert parsed.attempts == 1
     assert parsed.exception_fqcn.endswith("RequestError")
     assert info.reason == DlqReason.bad_json
+
+
+def test_dlq_guard_bulk_ok_equals_single_calls() -> None:
+    rng = random.Random(7)
+    for window in (1, 3, 10):
+        cfg = DlqSettings(guard_window=window, guard_min_records=1, guard_max_share=1.0)
+        bulk, single = DlqGuard(cfg), DlqGuard(cfg)
+        for _ in range(200):
+            if rng.random() < 0.3:
+                bulk.record_dead()
+                single.record_dead()
+            else:
+                count = rng.randrange(0, 2 * window + 2)
+                bulk.record_ok(count)
+                for _ in range(count):
+                    single.record_ok()
+            assert bulk.share == single.share

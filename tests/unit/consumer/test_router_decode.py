@@ -120,6 +120,11 @@ def test_event_fast_path_equals_the_envelope() -> None:
     decoded = decode_value(raw, SCHEMA, LIMITS)
     assert decoded.event_id == "e1"
     assert decoded.request == to_request(raw, SCHEMA)
+    again = decode_value(b'{"summary": "other"}', SCHEMA, LIMITS)
+    assert again.request.state == {"summary": "other"}  # each event gets its own state
+    assert decoded.request.state["summary"] == "BGP down"
+    custom = DefaultSchema(model="other-model")
+    assert decode_value(raw, custom, LIMITS).request == to_request(raw, custom)  # one template per schema
 
 
 def test_systemone_body_is_validated() -> None:

@@ -41,8 +41,13 @@ def test_media_tensors_and_positions(
     media = batch.media
     assert media is not None
     with_media = [r.media for r in records if r.media]
-    vision = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
-              "video_second_per_grid")
+    vision = (
+        "pixel_values",
+        "image_grid_thw",
+        "pixel_values_videos",
+        "video_grid_thw",
+        "video_second_per_grid",
+    )
     for key in vision:
         expected = torch.cat([m[key] for m in with_media if key in m])
         assert torch.equal(getattr(media, key), expected), key

@@ -12,6 +12,7 @@ from schemas.routing import (
     RoutedDecision,
     RouteSummary,
     SourceRef,
+    datetime_json,
     decision_headers,
     decision_json,
     engine_json,
@@ -96,6 +97,17 @@ def test_decision_json_is_byte_identical_to_the_model(name: str, engine: EngineI
     )
     assert fast == model.to_json()
     assert RoutedDecision.from_json(fast) == model
+    spliced = decision_json(  # `decided_at` encoded once for many records: the same bytes
+        response,
+        event_id='évt-1 "quoted"',
+        topic="alerts.in",
+        partition=3,
+        offset=42,
+        route=route_fields(response, outage_threshold=0.6),
+        decided_at=datetime_json(when),
+        engine=engine_json(engine),
+    )
+    assert spliced == fast
 
 
 @pytest.mark.parametrize("name", sorted(RESPONSES))

@@ -1,0 +1,207 @@
+"""Publisher rounds (order, liveness, errors) and the unit emitter (order, DLQ, acks -> offsets), on fakes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from consumer.emitter import Emitter, PartitionState, Unit
+from consumer.metrics import Metrics
+from consumer.offsets import OffsetTracker
+from consumer.producer import Publisher
+from consumer.router import InputRecord, OutRecord
+from consumer.settings import load_settings
+from schemas.envelope import DefaultSchema, to_request
+from schemas.errors import DlqReason, RequestError
+from schemas.routing import EngineInfo
+from schemas.systemone import SystemOneResponse, build_response
+
+
+class FakeProducer:
+    """Batches per topic in order; futures resolve when `ack()` is called (or fail with `fail_next`)."""
+
+    def __init__(self) -> None:
+        self.rounds: list[list[OutRecord]] = []
+        self.pending: list[asyncio.Future[Any]] = []
+        self.resent: list[OutRecord] = []
+        self.fail_next: BaseException | None = None
+        self.gate: asyncio.Event | None = None  # when set: a round waits for it (aiokafka's drain wait)
+
+    async def send_batches(self, records: Sequence[OutRecord]) -> list[tuple[asyncio.Future[Any], list[int]]]:
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail_next is not None:
+            raise self.fail_next
+        self.rounds.append(list(records))
+        groups: dict[str, list[int]] = {}
+        for i, rec in enumerate(records):
+            groups.setdefault(rec.topic, []).append(i)
+        loop = asyncio.get_running_loop()
+        sent = [(loop.create_future(), indexes) for indexes in groups.values()]
+        self.pending += [fut for fut, _ in sent]
+        return sent
+
+    async def send_retrying(self, record: OutRecord, attempts: int) -> None:
+        self.resent.append(record)
+
+    def ack(self, error: BaseException | None = None) -> None:
+        for fut in self.pending:
+            if error is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(error)
+        self.pending.clear()
+
+
+def out(topic: str, n: int) -> OutRecord:
+    return OutRecord(topic, b"k", str(n).encode(), ())
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_publisher_keeps_push_order_and_coalesces_while_a_round_waits() -> None:
+    producer = FakeProducer()
+    producer.gate = asyncio.Event()
+    batches: list[tuple[list[OutRecord], list[str]]] = []
+    publisher: Publisher[str] = Publisher(
+        producer,
+        on_batch=lambda recs, owners, fut: batches.append((recs, owners)),
+        is_live=lambda owner: owner != "revoked",
+        on_dropped=lambda owner: batches.append(([], [f"dropped:{owner}"])),
+        on_error=lambda exc: None,
+    )
+    publisher.start()
+    publisher.push([out("a", 0), out("b", 0)], "u0")
+    await settle()  # round 1 waits at the gate; these collect for round 2
+    publisher.push([out("a", 1)], "u1")
+    publisher.push([out("a", 9)], "revoked")
+    publisher.push([out("a", 2), out("b", 2)], "u2")
+    producer.gate.set()
+    await settle()
+    assert [[r.value for r in rnd] for rnd in producer.rounds] == [[b"0", b"0"], [b"1", b"2", b"2"]]
+    assert batches == [([], ["dropped:revoked"])]  # dropped when its round starts, never sent
+    producer.ack()
+    await settle()
+    assert sorted(owners for _, owners in batches[1:]) == [["u0"], ["u0"], ["u1", "u2"], ["u2"]]
+    await publisher.stop(1.0)
+
+
+async def test_publisher_error_is_fatal_and_drops_later_pushes() -> None:
+    producer = FakeProducer()
+    producer.fail_next = RuntimeError("broker gone")
+    errors: list[BaseException] = []
+    dropped: list[str] = []
+    publisher: Publisher[str] = Publisher(
+        producer,
+        on_batch=lambda recs, owners, fut: None,
+        is_live=lambda owner: True,
+        on_dropped=dropped.append,
+        on_error=errors.append,
+    )
+    publisher.start()
+    publisher.push([out("a", 0)], "u0")
+    await settle()
+    assert [str(e) for e in errors] == ["broker gone"]
+    publisher.push([out("a", 1)], "u1")
+    assert dropped == ["u0", "u1"]
+    await publisher.stop(1.0)
+
+
+def _answer(summary: str) -> SystemOneResponse:
+    schema = DefaultSchema()
+    request = to_request({"summary": summary}, schema)
+    depts = sorted(schema.departments)
+    dept = [0.9 if d == "network" else 0.1 / (len(depts) - 1) for d in depts]
+    probs = {"department": dept, "urgency": [0.1, 0.1, 0.7, 0.1], "outage": [0.9, 0.1]}
+    return build_response(request, probs, input_tokens=10)
+
+
+class Harness:
+    def __init__(self, **dlq: float) -> None:
+        self.settings = load_settings(http={"enabled": False}, dlq=dlq)
+        self.producer = FakeProducer()
+        self.tracker: OffsetTracker[str] = OffsetTracker()
+        self.fatal: list[BaseException] = []
+        self.idle = 0
+        self.emitter = Emitter(
+            self.settings,
+            self.producer,  # type: ignore[arg-type]
+            self.tracker,
+            Metrics(),
+            EngineInfo(),
+            on_fatal=self.fatal.append,
+            on_progress=lambda: None,
+            on_idle=self._idle,
+        )
+
+    def _idle(self) -> None:
+        self.idle += 1
+
+    def unit(self, state: PartitionState, first: int, n: int) -> tuple[Unit, asyncio.Future[list[Any]]]:
+        records = [InputRecord("in", 0, first + i, b"key", b"{}", (), 1) for i in range(n)]
+        unit = Unit(state, records, [None] * n)
+        unit.future = asyncio.get_running_loop().create_future()
+        self.tracker.track(state.tp, first, first + n)
+        self.emitter.push(unit)
+        return unit, unit.future
+
+
+async def test_emitter_publishes_units_in_offset_order_and_commits_after_every_ack() -> None:
+    h = Harness()
+    state = h.emitter.open("p0")
+    _, first = h.unit(state, 0, 2)
+    _, second = h.unit(state, 2, 1)
+    second.set_result([RequestError(DlqReason.bad_json, "nope")])
+    await settle()
+    assert h.producer.rounds == []  # the older unit is not answered yet: nothing may overtake it
+    first.set_result([_answer("a"), _answer("b")])
+    await settle()
+    topics = [r.topic for rnd in h.producer.rounds for r in rnd]
+    assert topics == ["decisions", "route.network", "decisions", "route.network", "alerts.dlq"]
+    assert h.emitter.in_flight == 3
+    assert h.tracker.committable() == {"p0": 0}
+    h.producer.ack()
+    await settle()
+    assert h.tracker.committable() == {"p0": 3}
+    assert h.emitter.in_flight == 0
+    assert h.idle == 1
+    h.emitter.close(state)
+    await h.emitter.wait_closed(1.0)
+
+
+async def test_emitter_resends_failed_batches_and_drops_revoked_units() -> None:
+    h = Harness()
+    state = h.emitter.open("p0")
+    _, fut = h.unit(state, 0, 1)
+    fut.set_result([_answer("a")])
+    await settle()
+    h.producer.ack(RuntimeError("transient"))
+    await settle()
+    assert [r.topic for r in h.producer.resent] == ["decisions", "route.network"]
+    assert h.tracker.committable() == {"p0": 1}  # acknowledged through the retries
+    _, late = h.unit(state, 1, 1)
+    h.emitter.close(state)  # revoked before the answer arrived
+    late.set_result([_answer("b")])
+    await settle()
+    assert h.emitter.in_flight == 0
+    assert len(h.producer.rounds) == 1  # nothing published for the revoked partition
+    await h.emitter.wait_closed(1.0)
+    assert not h.fatal
+
+
+async def test_emitter_guard_trip_publishes_nothing_of_the_unit() -> None:
+    h = Harness(guard_min_records=1, guard_max_share=0.01)  # any dead letter trips the guard
+    state = h.emitter.open("p0")
+    _, fut = h.unit(state, 0, 2)
+    fut.set_result([_answer("a"), RequestError(DlqReason.bad_json, "nope")])
+    await settle()
+    assert len(h.fatal) == 1
+    assert h.producer.rounds == []
+    assert h.emitter.in_flight == 0
+    assert h.tracker.committable() == {"p0": 0}
+    h.emitter.close(state)
+    await h.emitter.wait_closed(1.0)
