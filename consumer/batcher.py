@@ -11,6 +11,11 @@ thread at once; the rest wait here (and the pipeline pauses fetching through its
 Each submission gets one future that resolves to one outcome per item, in order: the engine's response, the
 prepare call's own exception (e.g. `RequestError`), or an `EngineError` when the record failed even alone
 (see `retry`). One future per run of records, not per record: the service submits a fetched run at a time.
+
+With `stages` (an engine's `stage`/`run`/`respond`, see `engine.runner.Engine`), only `run` occupies the
+GPU thread: a batch is staged (collated, copied to the device) in the prepare pool while the previous
+batch is still on the GPU, and answered there after its run, while the next batch runs. A batch whose
+staged run fails in any way is run again through `execute` with splitting (`retry.run_split`).
 """
 
 from __future__ import annotations
@@ -21,12 +26,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 from consumer.clock import Clock, SystemClock
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
-from consumer.retry import BatchResult, EngineError, run_split
+from consumer.retry import BatchResult, EngineError, SplitStats, is_oom, run_split
 from consumer.settings import BatchingSettings
 from schemas.errors import DlqReason
 
@@ -58,6 +64,24 @@ class EngineLike(Protocol[PreparedT]):
     def prepare(self, request: SystemOneRequest) -> PreparedT: ...
 
     def execute(self, batch: Sequence[PreparedT]) -> list[SystemOneResponse]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StagedCalls(Generic[PreparedT, ResponseT]):
+    """An engine's three-step execute: `stage` (any thread) -> `run` (the GPU thread) -> `respond` (any
+    thread); `respond(run(stage(batch)))` must equal `execute(batch)`."""
+
+    stage: Callable[[Sequence[PreparedT]], Any]
+    run: Callable[[Any], Any]
+    respond: Callable[[Any], list[ResponseT]]
+
+
+def staged_calls(engine: object) -> StagedCalls[Any, Any] | None:
+    """`StagedCalls` of an engine that offers `stage`, `run` and `respond`; None for one that does not."""
+    stage, run, respond = (getattr(engine, name, None) for name in ("stage", "run", "respond"))
+    if callable(stage) and callable(run) and callable(respond):
+        return StagedCalls(stage, run, respond)
+    return None
 
 
 def plan_next(tokens: Sequence[int], max_records: int, max_tokens: int) -> tuple[int, bool]:
@@ -115,8 +139,10 @@ class Batcher(Generic[PreparedT, ResponseT]):
         metrics: Metrics | None = None,
         single_attempts: int = 2,
         on_oom: Callable[[], None] | None = None,
+        stages: StagedCalls[PreparedT, ResponseT] | None = None,
     ) -> None:
         self._execute = execute
+        self._stages = stages
         self._settings = settings
         self._clock = clock or SystemClock()
         self._metrics = metrics
@@ -223,13 +249,11 @@ class Batcher(Generic[PreparedT, ResponseT]):
         prepared = [job[0] for job in batch]
         tokens = sum(p.num_tokens for p in prepared)
         try:
-            result, elapsed = await loop.run_in_executor(self._gpu_pool, self._run, prepared)
+            result, elapsed = await self._execute_batch(loop, prepared)
         except BaseException as exc:  # the GPU thread itself died: fail the whole batch, loudly
             for _, sub, index in batch:
                 sub.settle(index, EngineError(DlqReason.engine_failed, exc, 1))
             raise
-        finally:
-            self._gpu_slots.release()
         self.batches += 1
         failures = 0
         counts: dict[_Submission[ResponseT], int] = {}  # records of each submission in this batch
@@ -258,6 +282,38 @@ class Batcher(Generic[PreparedT, ResponseT]):
             ooms=result.stats.ooms,
             failed=failures,
         )
+
+    async def _execute_batch(
+        self, loop: asyncio.AbstractEventLoop, prepared: list[PreparedT]
+    ) -> tuple[BatchResult[ResponseT], float]:
+        """Staged when the engine offers it (the GPU slot is given back as soon as the run ends), else, or
+        after any failure of the staged attempt, `execute` with splitting in the GPU thread."""
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._gpu_slots.release()
+
+        try:
+            stages = self._stages
+            if stages is not None:
+                try:
+                    staged = await loop.run_in_executor(self._prepare_pool, stages.stage, prepared)
+                    raw, elapsed = await loop.run_in_executor(self._gpu_pool, _timed, stages.run, staged)
+                    release()
+                    responses = await loop.run_in_executor(self._prepare_pool, stages.respond, raw)
+                    if len(responses) == len(prepared):
+                        return BatchResult(list(responses), SplitStats(calls=1)), elapsed
+                    log.warning("staged_batch_size_mismatch", records=len(prepared), results=len(responses))
+                except Exception as exc:
+                    log.warning("staged_batch_failed", records=len(prepared), error=type(exc).__name__)
+                    if is_oom(exc) and self._on_oom is not None:
+                        await loop.run_in_executor(self._gpu_pool, self._on_oom)
+            return await loop.run_in_executor(self._gpu_pool, self._run, prepared)
+        finally:
+            release()
 
     def _run(self, batch: list[PreparedT]) -> tuple[BatchResult[ResponseT], float]:
         """GPU thread: execute with splitting; returns the result and the engine time in seconds."""
@@ -292,6 +348,12 @@ class Batcher(Generic[PreparedT, ResponseT]):
         self._ready.clear()
         self._prepare_pool.shutdown(wait=False, cancel_futures=True)
         self._gpu_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _timed(fn: Callable[[Any], Any], arg: Any) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn(arg)
+    return out, time.perf_counter() - t0
 
 
 def _prepare_all(

@@ -29,7 +29,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from consumer.batcher import Batcher, EngineLike
+from consumer.batcher import Batcher, EngineLike, staged_calls
 from consumer.decode import decode_value, header_event_id
 from consumer.emitter import Emitter, PartitionState, Unit
 from consumer.logging import get_logger
@@ -84,6 +84,7 @@ class Pipeline:
             metrics=self.metrics,
             single_attempts=settings.engine.single_record_attempts,
             on_oom=_empty_cuda_cache,
+            stages=staged_calls(engine),
         )
         self.tracker: OffsetTracker[TopicPartition] = OffsetTracker()
         self.producer = Producer(settings.kafka)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from consumer.batcher import Batcher, plan_next
+from consumer.batcher import Batcher, plan_next, staged_calls
 from consumer.clock import ManualClock
 from consumer.metrics import Metrics
 from consumer.retry import EngineError
@@ -220,4 +220,98 @@ async def test_empty_and_all_failed_submissions_resolve_without_the_engine() -> 
     outcomes = await asyncio.wait_for(b.submit(ident, items("bad1", "bad2")), 2)
     assert all(isinstance(o, RequestError) for o in outcomes)
     assert engine.batches == []
+    await b.close()
+
+
+class StagedFake(FakeEngine):
+    """A fake with the engine's three-step execute; records the thread of every step."""
+
+    def __init__(self, fail_on: set[str] | None = None, oom_above: int | None = None) -> None:
+        super().__init__(fail_on, oom_above)
+        self.steps: list[tuple[str, str]] = []
+
+    def _note(self, step: str) -> None:
+        self.steps.append((step, threading.current_thread().name))
+
+    def stage(self, batch: Sequence[Item]) -> list[Item]:
+        self._note("stage")
+        return list(batch)
+
+    def run(self, staged: list[Item]) -> list[Item]:
+        self._note("run")
+        if self.oom_above is not None and len(staged) > self.oom_above:
+            raise OutOfMemoryError("CUDA out of memory")
+        return staged
+
+    def respond(self, ran: list[Item]) -> list[str]:
+        self._note("respond")
+        if any(i.name in self.fail_on for i in ran):
+            raise ValueError("poisoned batch")
+        return [f"answer:{i.name}" for i in ran]
+
+
+def test_staged_calls_only_for_engines_with_all_three_steps() -> None:
+    assert staged_calls(FakeEngine()) is None
+    calls = staged_calls(StagedFake())
+    assert calls is not None
+    assert calls.respond(calls.run(calls.stage(items("a")))) == ["answer:a"]
+
+
+async def test_staged_engine_keeps_only_run_on_the_gpu_thread() -> None:
+    engine = StagedFake()
+    calls = staged_calls(engine)
+    b: Batcher[Item, str] = Batcher(engine.execute, settings(), clock=ManualClock(), stages=calls)
+    await b.start()
+    fut = b.submit(ident, [Item(f"r{i}") for i in range(8)])
+    await settle()
+    assert fut.result() == [f"answer:r{i}" for i in range(8)]
+    assert engine.batches == [], "execute is not called when the staged steps succeed"
+    assert [step for step, _ in engine.steps].count("run") == 2
+    for step, thread in engine.steps:
+        assert thread.startswith("clef-gpu") == (step == "run"), (step, thread)
+    await b.close()
+
+
+async def test_staged_failure_falls_back_to_splitting_execute() -> None:
+    engine = StagedFake(fail_on={"r2"}, oom_above=8)
+    calls = staged_calls(engine)
+    oom_calls: list[str] = []
+    b: Batcher[Item, str] = Batcher(
+        engine.execute,
+        settings(),
+        clock=ManualClock(),
+        single_attempts=1,
+        on_oom=lambda: oom_calls.append(threading.current_thread().name),
+        stages=calls,
+    )
+    await b.start()
+    fut = b.submit(ident, [Item(f"r{i}") for i in range(8)])
+    await settle()
+    results = fut.result()
+    assert results[:2] == ["answer:r0", "answer:r1"]
+    assert isinstance(results[2], EngineError)
+    assert results[3:] == [f"answer:r{i}" for i in range(3, 8)]
+    assert ["r0", "r1", "r2", "r3"] in engine.batches, "the poisoned batch ran again through execute"
+    assert oom_calls == []
+    await b.close()
+
+
+async def test_staged_oom_empties_the_cache_and_splits() -> None:
+    engine = StagedFake(oom_above=2)
+    oom_calls: list[str] = []
+    b: Batcher[Item, str] = Batcher(
+        engine.execute,
+        settings(),
+        clock=ManualClock(),
+        on_oom=lambda: oom_calls.append(threading.current_thread().name),
+        stages=staged_calls(engine),
+    )
+    await b.start()
+    fut = b.submit(ident, [Item(f"r{i}") for i in range(4)])
+    await settle()
+    assert fut.result() == [f"answer:r{i}" for i in range(4)]
+    assert engine.batches[0] == ["r0", "r1", "r2", "r3"]
+    assert ["r0", "r1"] in engine.batches
+    assert oom_calls
+    assert all(name.startswith("clef-gpu") for name in oom_calls)
     await b.close()
