@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 from consumer.clock import Clock, SystemClock
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
-from consumer.retry import BatchResult, EngineError, SplitStats, is_oom, run_split
+from consumer.retry import BatchResult, EngineError, SplitStats, run_split
 from consumer.settings import BatchingSettings
 from schemas.errors import DlqReason
 
@@ -297,6 +297,7 @@ class Batcher(Generic[PreparedT, ResponseT]):
                 self._gpu_slots.release()
 
         try:
+            failed: Exception | None = None
             stages = self._stages
             if stages is not None:
                 try:
@@ -304,21 +305,25 @@ class Batcher(Generic[PreparedT, ResponseT]):
                     raw, elapsed = await loop.run_in_executor(self._gpu_pool, _timed, stages.run, staged)
                     release()
                     responses = await loop.run_in_executor(self._prepare_pool, stages.respond, raw)
-                    if len(responses) == len(prepared):
-                        return BatchResult(list(responses), SplitStats(calls=1)), elapsed
-                    log.warning("staged_batch_size_mismatch", records=len(prepared), results=len(responses))
-                except Exception as exc:
+                    if len(responses) != len(prepared):
+                        raise RuntimeError(f"engine returned {len(responses)} results for {len(prepared)}")
+                    return BatchResult(list(responses), SplitStats(calls=1)), elapsed
+                except Exception as exc:  # split from here on: the whole batch is not run again
                     log.warning("staged_batch_failed", records=len(prepared), error=type(exc).__name__)
-                    if is_oom(exc) and self._on_oom is not None:
-                        await loop.run_in_executor(self._gpu_pool, self._on_oom)
-            return await loop.run_in_executor(self._gpu_pool, self._run, prepared)
+                    failed = exc
+            return await loop.run_in_executor(self._gpu_pool, self._run, prepared, failed)
         finally:
             release()
 
-    def _run(self, batch: list[PreparedT]) -> tuple[BatchResult[ResponseT], float]:
-        """GPU thread: execute with splitting; returns the result and the engine time in seconds."""
+    def _run(
+        self, batch: list[PreparedT], failed: Exception | None = None
+    ) -> tuple[BatchResult[ResponseT], float]:
+        """GPU thread: execute with splitting (starting from the failure of a staged attempt, when given);
+        returns the result and the engine time in seconds."""
         t0 = time.perf_counter()
-        result = run_split(self._execute, batch, single_attempts=self._single_attempts, on_oom=self._on_oom)
+        result = run_split(
+            self._execute, batch, single_attempts=self._single_attempts, on_oom=self._on_oom, failed=failed
+        )
         return result, time.perf_counter() - t0
 
     def _track(self, task: asyncio.Future[Any]) -> None:

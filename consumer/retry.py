@@ -71,11 +71,14 @@ def run_split(
     *,
     single_attempts: int = 2,
     on_oom: Callable[[], None] | None = None,
+    failed: Exception | None = None,
 ) -> BatchResult[R]:
     """Execute `batch`, bisecting on failure until every record is answered or isolated (blocking).
 
-    `on_oom` is called after each out-of-memory error (e.g. to empty the CUDA cache). Never raises for an
-    engine error; `BaseException`s that are not `Exception` (KeyboardInterrupt) propagate.
+    `on_oom` is called after each out-of-memory error (e.g. to empty the CUDA cache). `failed` is the error
+    of an attempt on the whole batch the caller already made (counted as one call): the batch is not run
+    whole again but handled as if `execute` had just raised it. Never raises for an engine error;
+    `BaseException`s that are not `Exception` (KeyboardInterrupt) propagate.
     """
     stats = SplitStats()
     outcomes: list[R | EngineError] = []
@@ -87,26 +90,33 @@ def run_split(
             if len(results) != len(part):
                 raise RuntimeError(f"engine returned {len(results)} results for {len(part)} records")
         except Exception as exc:
-            oom = is_oom(exc)
-            if oom:
-                stats.ooms += 1
-                if on_oom is not None:
-                    on_oom()
-            stats.errors.append(type(exc).__name__)
-            if len(part) > 1:
-                stats.splits += 1
-                mid = len(part) // 2
-                attempt(part[:mid], 0)
-                attempt(part[mid:], 0)
-            elif tries_alone + 1 < single_attempts:
-                attempt(part, tries_alone + 1)
-            else:
-                reason = DlqReason.oom_single_record if oom else DlqReason.engine_failed
-                outcomes.append(EngineError(reason, exc, tries_alone + 1))
+            recover(part, tries_alone, exc)
             return
         outcomes.extend(results)
 
-    attempt(batch, 0)
+    def recover(part: Sequence[T], tries_alone: int, exc: Exception) -> None:
+        oom = is_oom(exc)
+        if oom:
+            stats.ooms += 1
+            if on_oom is not None:
+                on_oom()
+        stats.errors.append(type(exc).__name__)
+        if len(part) > 1:
+            stats.splits += 1
+            mid = len(part) // 2
+            attempt(part[:mid], 0)
+            attempt(part[mid:], 0)
+        elif tries_alone + 1 < single_attempts:
+            attempt(part, tries_alone + 1)
+        else:
+            reason = DlqReason.oom_single_record if oom else DlqReason.engine_failed
+            outcomes.append(EngineError(reason, exc, tries_alone + 1))
+
+    if failed is None:
+        attempt(batch, 0)
+    else:
+        stats.calls += 1
+        recover(batch, 0, failed)
     return BatchResult(outcomes, stats)
 
 

@@ -41,6 +41,25 @@ def test_single_oom_record_goes_to_dlq_and_the_rest_are_answered() -> None:
     assert result.stats.ooms == len(oom_hooks)
 
 
+def test_a_failure_reported_by_the_caller_starts_the_splitting() -> None:
+    calls: list[list[int]] = []
+
+    def execute(batch: Sequence[int]) -> list[int]:
+        calls.append(list(batch))
+        return [x * 10 for x in batch]
+
+    oom_hooks: list[int] = []
+    failed = OutOfMemoryError("CUDA out of memory")
+    result = run_split(execute, [1, 2, 3, 4], on_oom=lambda: oom_hooks.append(1), failed=failed)
+    assert result.outcomes == [10, 20, 30, 40]
+    assert calls == [[1, 2], [3, 4]], "the whole batch is not run again"
+    assert (result.stats.calls, result.stats.splits, result.stats.ooms) == (3, 1, 1)
+    assert oom_hooks == [1]
+    alone = run_split(execute, [7], single_attempts=1, failed=ValueError("nan"))
+    assert isinstance(alone.outcomes[0], EngineError)
+    assert alone.outcomes[0].reason == DlqReason.engine_failed
+
+
 def test_wrong_result_count_is_treated_as_failure() -> None:
     result = run_split(lambda batch: [0], [1, 2], single_attempts=1)
     assert result.outcomes == [0, 0]  # each half answered alone
