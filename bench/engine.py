@@ -28,7 +28,7 @@ import torch
 from bench.fullsize import TEXT_CONFIG
 from bench.report import Bench, write_outputs
 from bench.workload import build_engine, make_request
-from engine.runner import BatchResult, Engine, EngineConfig, Prepared, StagedBatch
+from engine.runner import Engine, EngineConfig, Prepared, RunResult, StagedBatch
 from schemas.systemone import SystemOneRequest, SystemOneResponse
 
 PEAK_TFLOPS = 790.0
@@ -68,7 +68,7 @@ def stream(
     spans: list[tuple[float, float]] = []  # (start, end) of each Engine.run on the GPU thread
     tokens = 0
 
-    def timed_run(staged: StagedBatch) -> BatchResult:
+    def timed_run(staged: StagedBatch) -> RunResult:
         t = time.perf_counter()
         result = engine.run(staged)
         spans.append((t, time.perf_counter()))
@@ -79,7 +79,7 @@ def stream(
     t0 = time.perf_counter()
     with ThreadPoolExecutor(1) as tokenizer, ThreadPoolExecutor(1) as gpu, ThreadPoolExecutor(1) as answers:
         futures = [tokenizer.submit(engine.prepare, r) for r in requests]
-        running: deque[Future[BatchResult]] = deque()
+        running: deque[Future[RunResult]] = deque()
         answered: list[Future[list[SystemOneResponse]]] = []
         batch: list[Prepared] = []
         size = 0
@@ -123,7 +123,7 @@ def stream(
     }
 
 
-def _respond_when_run(engine: Engine, ran: Future[BatchResult]) -> list[SystemOneResponse]:
+def _respond_when_run(engine: Engine, ran: Future[RunResult]) -> list[SystemOneResponse]:
     return engine.respond(ran.result())
 
 

@@ -17,7 +17,7 @@ batch never builds one, so its tensors are unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 import numpy as np
@@ -90,8 +90,13 @@ class ModelBatch:
         dev = torch.device(device)
         if dev.type != "cuda":
             return self._map(lambda t: t.to(dev), lambda t: t.to(dev))
-        text = [self.input_ids, self.position_ids, *_tensor_fields(self.index)]
-        text += [t for t in (self.attention_mask, self.token_gather) if t is not None]
+        text: list[torch.Tensor] = []
+
+        def collect(t: torch.Tensor) -> torch.Tensor:
+            text.append(t)
+            return t
+
+        self._map(collect, lambda t: t)  # lists every text tensor once; media moves on its own below
         moved = _to_device_packed(text, dev)
         return self._map(lambda t: moved[id(t)], lambda t: t.pin_memory().to(dev, non_blocking=True))
 
@@ -107,11 +112,6 @@ class ModelBatch:
             index=self.index.map_tensors(text),
             media=None if self.media is None else self.media.map_tensors(media),
         )
-
-
-def _tensor_fields(index: SpanIndex) -> list[torch.Tensor]:
-    values = (getattr(index, f.name) for f in fields(index))
-    return [v for v in values if isinstance(v, torch.Tensor)]
 
 
 def _to_device_packed(tensors: Sequence[torch.Tensor], dev: torch.device) -> dict[int, torch.Tensor]:

@@ -120,7 +120,7 @@ class StagedBatch:
 
 
 @dataclass(frozen=True, slots=True)
-class BatchResult:
+class RunResult:
     """Per record of a staged batch (batch order), its option probabilities keyed by question id."""
 
     prepared: tuple[Prepared, ...]
@@ -259,7 +259,7 @@ class Engine:
         )
         return StagedBatch(tuple(batch), parts)
 
-    def run(self, staged: StagedBatch) -> BatchResult:
+    def run(self, staged: StagedBatch) -> RunResult:
         """Forward pass(es), head and one device-to-host copy per part (blocking; the GPU thread only).
 
         May raise `torch.OutOfMemoryError`.
@@ -269,9 +269,9 @@ class Engine:
             for group, inputs in staged.parts:
                 for i, probs in zip(group, forward(self.model, inputs), strict=True):
                     out[i] = probs
-        return BatchResult(staged.prepared, tuple(out))
+        return RunResult(staged.prepared, tuple(out))
 
-    def respond(self, result: BatchResult) -> list[SystemOneResponse]:
+    def respond(self, result: RunResult) -> list[SystemOneResponse]:
         """SystemOne responses of a run batch, in batch order (CPU, any thread).
 
         Raises `ProbabilityError` when the model produced NaN, infinite or negative probabilities.
