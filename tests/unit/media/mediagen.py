@@ -6,10 +6,12 @@ can read back which source frame the 2 fps sampler kept.
 
 from __future__ import annotations
 
+import base64
 import io
 import struct
 import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 import av
@@ -18,6 +20,19 @@ import numpy.typing as npt
 from PIL import Image
 
 SINE_HZ = 440.0
+
+
+@dataclass
+class Req:
+    """Stands in for a request's media lists (`images`, `audio`, `videos`) in the decoder tests."""
+
+    images: list[object] = field(default_factory=list)
+    audio: list[object] = field(default_factory=list)
+    videos: list[object] = field(default_factory=list)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
 
 
 def png_bytes(width: int, height: int, mode: str = "RGB", fmt: str = "PNG") -> bytes:

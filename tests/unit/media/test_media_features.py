@@ -3,8 +3,6 @@ Qwen3-Omni placeholder expansion as the oracle for M."""
 
 from __future__ import annotations
 
-import base64
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -12,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from mediagen import audio_bytes, png_bytes, video_bytes
+from mediagen import Req, audio_bytes, b64, png_bytes, video_bytes
 from transformers import AutoTokenizer
 from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import Qwen3OmniMoeProcessor
 
@@ -20,17 +18,6 @@ from engine.media import decode_request_media
 from engine.media.expand import interleave, media_hook, prepare_media
 from engine.media.features import MediaProcessors, audio_output_length
 from engine.tiny import write_tiny_release
-
-
-@dataclass
-class Req:
-    images: list[object] = field(default_factory=list)
-    audio: list[object] = field(default_factory=list)
-    videos: list[object] = field(default_factory=list)
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 @pytest.fixture(scope="module")

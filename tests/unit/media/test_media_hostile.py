@@ -6,28 +6,25 @@ import base64
 import http.client
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from mediagen import audio_bytes, png_bytes, png_header_only, streamed_webm, video_bytes, wav_header_only
+from mediagen import (
+    Req,
+    audio_bytes,
+    b64,
+    png_bytes,
+    png_header_only,
+    streamed_webm,
+    video_bytes,
+    wav_header_only,
+)
 
 from engine.media import MediaLimits, MediaPolicy, decode_request_media
 from engine.media.errors import MediaError
 from engine.media.sources import read_source
 
 PUBLIC = "93.184.216.34"
-
-
-@dataclass
-class Req:
-    images: list[object] = field(default_factory=list)
-    audio: list[object] = field(default_factory=list)
-    videos: list[object] = field(default_factory=list)
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def refused(request: Req, policy: MediaPolicy | None = None, limits: MediaLimits | None = None) -> MediaError:

@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-import base64
-from dataclasses import dataclass, field
-
 import numpy as np
-from mediagen import audio_bytes, png_bytes, video_bytes
+from mediagen import Req, audio_bytes, b64, png_bytes, video_bytes
 from PIL import Image
 
 from engine.media import EMPTY, DecodedVideo, decode_request_media, soundtracks_heard
 from schemas.request import SystemOneRequest
-
-
-@dataclass
-class Req:
-    images: list[object] = field(default_factory=list)
-    audio: list[object] = field(default_factory=list)
-    videos: list[object] = field(default_factory=list)
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def test_text_only_request_is_empty() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import io
 from typing import Any
 
@@ -10,6 +9,7 @@ import av
 import numpy as np
 from PIL import Image
 
+from tests.unit.media.mediagen import b64 as b64  # re-exported for the e2e tests
 from tests.unit.media.mediagen import png_header_only
 
 QUESTIONS: dict[str, Any] = {
@@ -22,10 +22,6 @@ QUESTIONS: dict[str, Any] = {
 def request(state: str, **media: list[str]) -> dict[str, Any]:
     """A SystemOne request body with the shared three questions."""
     return {"state": state, "questions": QUESTIONS, **media}
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def png(width: int = 64, height: int = 48, seed: int = 0) -> bytes:
