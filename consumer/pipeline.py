@@ -57,6 +57,11 @@ def _version() -> str:
         return ""
 
 
+def default_engine_info(settings: Settings) -> EngineInfo:
+    """The `engine` member of decisions when the caller gives none: this package, its version, the model."""
+    return EngineInfo(name="clef-router", version=_version(), model=settings.engine.model_name)
+
+
 def _empty_cuda_cache() -> None:
     torch: Any = sys.modules.get("torch")  # only when the engine already imported it
     if torch is not None and torch.cuda.is_available():
@@ -101,8 +106,7 @@ class Pipeline:
             self.producer,
             self.tracker,
             self.metrics,
-            engine_info
-            or EngineInfo(name="clef-router", version=_version(), model=settings.engine.model_name),
+            engine_info or default_engine_info(settings),
             on_fatal=self._fail,
             on_progress=self._beat,
             on_idle=self._idle.set,

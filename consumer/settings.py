@@ -63,7 +63,7 @@ class TopicSettings(_Frozen):
 
 
 class BatchingSettings(_Frozen):
-    max_batch_records: int = Field(default=32, ge=1)
+    max_batch_records: int = Field(default=256, ge=1)
     max_batch_tokens: int = Field(default=32_768, ge=1)
     max_wait_ms: float = Field(default=20.0, ge=0)
     prepare_workers: int = Field(default=4, ge=1)
