@@ -260,11 +260,30 @@ def _versions(broker_version: str | None) -> dict[str, Any]:
 KINDS = ("plain", "service", "echo")
 
 
-def main(events: int, repeats: int, bootstrap: str | None = None) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class RunFigures:
+    """One timed run: events/s, and CPU microseconds per event of this process and of the local broker."""
+
+    eps: float
+    cpu_us: float
+    broker_cpu_us: float | None
+
+
+def main(
+    events: int,
+    repeats: int,
+    bootstrap: str | None = None,
+    *,
+    kinds: Sequence[str] = KINDS,
+    service_settings: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """Run the benchmark (blocking); prints JSON lines and a table; returns the summary.
 
-    Each repeat runs the three kinds (see the module docstring) in an order rotated by one per repeat, so
-    drift across a repeat (broker JIT warm-up, a busy host) does not always favour the same kind.
+    Each repeat runs `kinds` (default all three, see the module docstring) in an order rotated by one per
+    repeat, so drift across a repeat (broker JIT warm-up, a busy host) does not always favour the same
+    kind. Per run it also reports this process's CPU time per event (user + system, all threads, client
+    start and stop included) and, with the local broker, the broker's. `service_settings` are setting
+    overrides for the service run (sections as in `load_settings`), on top of `commit_interval_ms=50`.
     """
     import statistics
 
@@ -273,6 +292,9 @@ def main(events: int, repeats: int, bootstrap: str | None = None) -> dict[str, A
     from consumer.settings import load_settings
     from consumer.source import service_topics
 
+    unknown = set(kinds) - set(KINDS)
+    if unknown or not kinds:
+        raise ValueError(f"kinds must be some of {KINDS}, got {list(kinds)}")
     configure_logging("warning")
     broker: LocalKafka | None = None
     if bootstrap is None:
@@ -282,7 +304,7 @@ def main(events: int, repeats: int, bootstrap: str | None = None) -> dict[str, A
     try:
         defaults = load_settings(kafka={"bootstrap_servers": bootstrap})
         run_id = uuid.uuid4().hex[:6]
-        inputs = {(kind, i): f"bench.{run_id}.{kind}.{i}" for kind in KINDS for i in range(repeats + 1)}
+        inputs = {(kind, i): f"bench.{run_id}.{kind}.{i}" for kind in kinds for i in range(repeats + 1)}
         echo_topics = (f"bench.{run_id}.out.a", f"bench.{run_id}.out.b")
         names = [
             *inputs.values(),
@@ -291,61 +313,98 @@ def main(events: int, repeats: int, bootstrap: str | None = None) -> dict[str, A
         ]
         _create_topics(bootstrap, names, broker)
         overrides = {"kafka": {"commit_interval_ms": 50}}
+        for section, values in (service_settings or {}).items():
+            overrides[section] = {**overrides.get(section, {}), **values}
         warm = max(100, events // 10)
         matched = service_outputs(defaults, StubEngine(), max(events, warm))
         echo = echo_outputs(echo_topics)
 
-        async def one(kind: str, topic: str, n: int) -> float:
+        async def one(kind: str, topic: str, n: int) -> RunFigures:
+            broker_before = broker.cpu_seconds() if broker is not None else None
+            cpu_before = time.process_time()
             if kind == "service":
-                return n / await service_run(bootstrap, topic, n, overrides)
-            return n / await plain_loop(bootstrap, topic, matched if kind == "plain" else echo, n)
+                seconds = await service_run(bootstrap, topic, n, overrides)
+            else:
+                seconds = await plain_loop(bootstrap, topic, matched if kind == "plain" else echo, n)
+            cpu = time.process_time() - cpu_before
+            broker_after = broker.cpu_seconds() if broker is not None else None
+            broker_cpu = (
+                (broker_after - broker_before) / n * 1e6
+                if broker_before is not None and broker_after is not None
+                else None
+            )
+            return RunFigures(n / seconds, cpu / n * 1e6, broker_cpu)
 
-        async def run_all() -> dict[str, list[float]]:
+        async def run_all() -> dict[str, list[RunFigures]]:
             for (_kind, i), topic in inputs.items():
                 await _produce_inputs(bootstrap, topic, warm if i == 0 else events)
-            rates: dict[str, list[float]] = {kind: [] for kind in KINDS}
+            runs: dict[str, list[RunFigures]] = {kind: [] for kind in kinds}
             for i in range(repeats + 1):
                 n = warm if i == 0 else events
-                order = KINDS[i % 3 :] + KINDS[: i % 3]
-                eps = {kind: await one(kind, inputs[(kind, i)], n) for kind in order}
-                if i > 0:  # run 0 is the warm-up
-                    for kind in KINDS:
-                        rates[kind].append(eps[kind])
-                    line = {"repeat": i, "events": n, "order": list(order)}
-                    line |= {f"{kind}_eps": round(eps[kind], 1) for kind in KINDS}
-                    line |= {
-                        "ratio": round(eps["service"] / eps["plain"], 3),
-                        "ratio_vs_echo": round(eps["service"] / eps["echo"], 3),
-                    }
-                    print(json.dumps(line))
-            return rates
+                shift = i % len(kinds)
+                order = [*kinds[shift:], *kinds[:shift]]
+                got = {kind: await one(kind, inputs[(kind, i)], n) for kind in order}
+                if i == 0:
+                    continue  # run 0 is the warm-up
+                line: dict[str, Any] = {"repeat": i, "events": n, "order": order}
+                for kind in kinds:
+                    runs[kind].append(got[kind])
+                    line[f"{kind}_eps"] = round(got[kind].eps, 1)
+                    line[f"{kind}_cpu_us_per_event"] = round(got[kind].cpu_us, 1)
+                    broker_us = got[kind].broker_cpu_us
+                    line[f"{kind}_broker_cpu_us_per_event"] = (
+                        None if broker_us is None else round(broker_us, 1)
+                    )
+                line |= _ratios({kind: got[kind].eps for kind in kinds})
+                print(json.dumps(line))
+            return runs
 
-        rates = asyncio.run(run_all())
-        med = {kind: statistics.median(rates[kind]) for kind in KINDS}
-        summary = {
+        runs = asyncio.run(run_all())
+        med = {kind: statistics.median(r.eps for r in runs[kind]) for kind in kinds}
+        summary: dict[str, Any] = {
             "bench": "pipeline",
             "events": events,
             "repeats": repeats,
             "outputs_per_event": 2,
-            **{f"{kind}_eps_median": round(med[kind], 1) for kind in KINDS},
-            "ratio": round(med["service"] / med["plain"], 3),
-            "ratio_vs_echo": round(med["service"] / med["echo"], 3),
+            **{f"{kind}_eps_median": round(med[kind], 1) for kind in kinds},
+            **{
+                f"{kind}_cpu_us_per_event_median": round(statistics.median(r.cpu_us for r in runs[kind]), 1)
+                for kind in kinds
+            },
+            **_ratios(med),
             "target_ratio": 0.8,
+            "service_settings": overrides,
             **_versions(broker.broker_version if broker else None),
         }
         print(json.dumps(summary))
         print()
+        labels = {
+            "plain": "plain aiokafka loop, producing the service's records",
+            "service": "clef-router pipeline, stub engine",
+            "echo": "plain aiokafka loop, echoing each input twice",
+        }
         print(f"| run | events/s (median of {repeats}) |")
         print("|---|---|")
-        print(f"| plain aiokafka loop, producing the service's records | {med['plain']:,.0f} |")
-        print(f"| clef-router pipeline, stub engine | {med['service']:,.0f} |")
-        print(f"| plain aiokafka loop, echoing each input twice | {med['echo']:,.0f} |")
-        print(f"| ratio service / plain (target >= 0.8) | {med['service'] / med['plain']:.2f} |")
-        print(f"| ratio service / echo | {med['service'] / med['echo']:.2f} |")
+        for kind in kinds:
+            print(f"| {labels[kind]} | {med[kind]:,.0f} |")
+        if "ratio" in summary:
+            print(f"| ratio service / plain (target >= 0.8) | {summary['ratio']:.2f} |")
+        if "ratio_vs_echo" in summary:
+            print(f"| ratio service / echo | {summary['ratio_vs_echo']:.2f} |")
         return summary
     finally:
         if broker is not None:
             broker.stop()
+
+
+def _ratios(eps: dict[str, float]) -> dict[str, float]:
+    """`ratio` (service / plain) and `ratio_vs_echo` (service / echo), for the kinds that ran."""
+    out: dict[str, float] = {}
+    if "service" in eps and "plain" in eps:
+        out["ratio"] = round(eps["service"] / eps["plain"], 3)
+    if "service" in eps and "echo" in eps:
+        out["ratio_vs_echo"] = round(eps["service"] / eps["echo"], 3)
+    return out
 
 
 def _create_topics(bootstrap: str, names: list[str], broker: Any) -> None:

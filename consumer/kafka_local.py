@@ -142,6 +142,18 @@ class LocalKafka:
         """The broker's log4j2 file log (WARN and above, plus the version banner)."""
         return self.run_dir / "logs" / "server.log"
 
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds (user + system) the broker's JVM has used so far; None when not running or the
+        platform has no `/proc` (benchmarks read it around a run)."""
+        if self._proc is None:
+            return None
+        try:
+            stat = Path(f"/proc/{self._proc.pid}/stat").read_text()
+        except OSError:
+            return None
+        fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may contain spaces
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def is_running(self) -> bool:
         """True while the JVM process is alive."""
         return self._proc is not None and self._proc.poll() is None

@@ -60,6 +60,20 @@ def register(commands: Commands) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--bootstrap", default=None, help="use this broker instead of starting a local one")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.add_argument(
+        "--only",
+        action="append",
+        choices=["plain", "service", "echo"],
+        default=None,
+        help="run only this kind (repeatable; default: all three)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a setting for the service run, e.g. batching.max_batch_records=32 (repeatable; JSON values)",
+    )
     p.set_defaults(func=_bench_pipeline)
 
 
@@ -189,15 +203,46 @@ def _dlq_replay(args: argparse.Namespace) -> int:
 
 
 def _bench_pipeline(args: argparse.Namespace) -> int:
+    from bench.pipeline import KINDS
     from bench.pipeline import main as bench_main
 
     if args.events < 100 or args.repeats < 1:
         raise UsageError("--events must be >= 100 and --repeats >= 1")
-    result = bench_main(events=args.events, repeats=args.repeats, bootstrap=args.bootstrap)
+    overrides = _parse_sets(args.set)
+    result = bench_main(
+        events=args.events,
+        repeats=args.repeats,
+        bootstrap=args.bootstrap,
+        kinds=tuple(dict.fromkeys(args.only)) if args.only else KINDS,
+        service_settings=overrides,
+    )
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     sys.stdout.flush()
     return 0
+
+
+def _parse_sets(items: list[str]) -> dict[str, dict[str, Any]]:
+    """`SECTION.KEY=VALUE` items as settings overrides (VALUE as JSON, else a string), checked against
+    the settings model. Raises `UsageError`."""
+    from consumer.settings import SettingsError, load_settings
+
+    overrides: dict[str, dict[str, Any]] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        section, dot, key = name.partition(".")
+        if not sep or not dot or not section or not key:
+            raise UsageError(f"--set takes SECTION.KEY=VALUE, got {item!r}")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        overrides.setdefault(section, {})[key] = value
+    try:
+        load_settings(None, **overrides)
+    except SettingsError as exc:
+        raise UsageError(str(exc)) from exc
+    return overrides
 
 
 def _tail(args: argparse.Namespace) -> int:

@@ -103,6 +103,23 @@ def test_errors_are_one_line(
     assert err.startswith("clef-router")
 
 
+@pytest.mark.parametrize(
+    ("setting", "needle"),
+    [
+        ("batching", "--set takes SECTION.KEY=VALUE"),
+        ("batching.max_batch_records=x", "max_batch_records"),
+        ("batching.no_such_key=1", "no_such_key"),
+    ],
+)
+def test_bench_pipeline_rejects_bad_settings_before_starting(
+    setting: str, needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["bench", "pipeline", "--set", setting]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert needle in err
+
+
 def test_no_command_prints_help_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([]) == 2
     assert "usage: clef-router" in capsys.readouterr().err
