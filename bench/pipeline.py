@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import pydantic_core
+
 from schemas.request import SystemOneRequest, option_table
 from schemas.response import SystemOneResponse, build_response
 
@@ -60,7 +62,7 @@ class StubEngine:
         return [self._answer(p) for p in batch]
 
     def _answer(self, p: StubPrepared) -> SystemOneResponse:
-        variant = zlib.crc32(repr(p.request.state).encode()) % self.VARIANTS
+        variant = zlib.crc32(pydantic_core.to_json(p.request.state)) % self.VARIANTS
         key = (id(p.request.questions), variant)
         hit = self._cache.get(key)
         if hit is not None and hit[0] is p.request.questions:
