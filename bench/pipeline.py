@@ -284,20 +284,19 @@ def main(
     Each repeat runs `kinds` (default all three, see the module docstring) in an order rotated by one per
     repeat, so drift across a repeat (broker JIT warm-up, a busy host) does not always favour the same
     kind. Per run it also reports this process's CPU time per event (user + system, all threads, client
-    start and stop included) and, with the local broker, the broker's. `service_settings` are setting
+    start and stop included) and, with the local broker, the broker's. Logging is left as configured
+    (the CLI sets it to warnings). `service_settings` are setting
     overrides for the service run (sections as in `load_settings`), on top of `commit_interval_ms=50`.
     """
     import statistics
 
     from consumer.kafka_local import LocalKafka
-    from consumer.logging import configure_logging
     from consumer.settings import load_settings
     from consumer.source import service_topics
 
     unknown = set(kinds) - set(KINDS)
     if unknown or not kinds:
         raise ValueError(f"kinds must be some of {KINDS}, got {list(kinds)}")
-    configure_logging("warning")
     broker: LocalKafka | None = None
     if bootstrap is None:
         broker = LocalKafka()

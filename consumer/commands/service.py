@@ -205,10 +205,12 @@ def _dlq_replay(args: argparse.Namespace) -> int:
 def _bench_pipeline(args: argparse.Namespace) -> int:
     from bench.pipeline import KINDS
     from bench.pipeline import main as bench_main
+    from consumer.logging import configure_logging
 
     if args.events < 100 or args.repeats < 1:
         raise UsageError("--events must be >= 100 and --repeats >= 1")
     overrides = _parse_sets(args.set)
+    configure_logging("warning")  # one JSON line per batch at info would drown the figures
     result = bench_main(
         events=args.events,
         repeats=args.repeats,
