@@ -228,8 +228,9 @@ class Engine:
         return Prepared(request, encoded)
 
     def execute(self, batch: Sequence[Prepared]) -> list[SystemOneResponse]:
-        """Run `batch` (one forward pass; two when the text fast path splits off media records) and
-        build a response per record, in batch order: `respond(run(stage(batch)))`.
+        """Run `batch` (one forward pass; more when the text fast path splits off media records or a
+        right-padded group would exceed `max_batch_tokens`, see `stage`) and build a response per record,
+        in batch order: `respond(run(stage(batch)))`.
 
         Call from one worker thread only. May raise `torch.OutOfMemoryError` (the caller splits the
         batch and retries the halves) or `ProbabilityError` when the model produced NaN/inf.
@@ -239,7 +240,10 @@ class Engine:
         return self.respond(self.run(self.stage(batch)))
 
     def stage(self, batch: Sequence[Prepared]) -> StagedBatch:
-        """Collate `batch` on the CPU and start its copy to the device (thread-safe, non-blocking).
+        """Collate `batch` on the CPU, one part per forward pass, and start the copies to the device
+        (thread-safe, non-blocking). Parts: text and media records apart on the text fast path, and a
+        right-padded group (media on a GPU with dense attention, or `layout="padded"`) cut so that records
+        x longest fits `max_batch_tokens`.
 
         The copy is queued on the device's current stream, so it lands before any later `run`. Raises
         ValueError for an empty batch; may raise `torch.OutOfMemoryError`.
@@ -247,6 +251,17 @@ class Engine:
         if not batch:
             raise ValueError("stage needs at least one record")
         encoded = [p.encoded for p in batch]
+        parts = tuple(
+            (group, self.model.collate([encoded[i] for i in group], layout=self._layout))
+            for group in self._forward_groups(encoded)
+        )
+        return StagedBatch(tuple(batch), parts)
+
+    def _forward_groups(self, encoded: Sequence[EncodedRequest]) -> list[tuple[int, ...]]:
+        """Indexes into `encoded` per forward pass, each in batch order: text and media records apart when
+        the text fast path is on, and a group that will be right-padded cut by `plan_batches` so that its
+        records x longest stays within `max_batch_tokens` (callers such as the service's batcher budget
+        the plain sum of tokens, which is what a packed group costs)."""
         media = [bool(e.media) for e in encoded]
         groups = [tuple(range(len(encoded)))]
         if any(media) and not all(media) and getattr(self.model, "fast_path", False):
@@ -254,10 +269,24 @@ class Engine:
                 tuple(i for i, m in enumerate(media) if not m),
                 tuple(i for i, m in enumerate(media) if m),
             ]
-        parts = tuple(
-            (group, self.model.collate([encoded[i] for i in group], layout=self._layout)) for group in groups
-        )
-        return StagedBatch(tuple(batch), parts)
+        out: list[tuple[int, ...]] = []
+        for group in groups:
+            if len(group) == 1 or self._layout_of(any(media[i] for i in group)) != "padded":
+                out.append(group)
+                continue
+            plan = plan_batches(
+                [encoded[i].num_tokens for i in group],
+                max_tokens=self.config.max_batch_tokens,
+                max_records=self.config.max_batch_records,
+            )
+            out += [tuple(sorted(group[k] for k in part)) for part in plan]
+        return out
+
+    def _layout_of(self, with_media: bool) -> str:
+        """The layout `collate` will use for a group with or without media records."""
+        if self._layout is not None:
+            return self._layout
+        return str(getattr(self.model, "media_layout" if with_media else "preferred_layout", "packed"))
 
     def run(self, staged: StagedBatch) -> RunResult:
         """Forward pass(es), head and one device-to-host copy per part (blocking; the GPU thread only).

@@ -186,3 +186,33 @@ def test_staged_execution_across_threads_equals_execute(engine: Engine) -> None:
     assert [r.model_dump() for r in split] == [r.model_dump() for r in direct]
     with pytest.raises(ValueError, match="at least one record"):
         engine.stage([])
+
+
+def test_padded_groups_are_cut_to_the_token_budget(tiny_release: Path) -> None:
+    """The service's batcher budgets the plain sum of tokens; a right-padded batch costs records x longest,
+    so `stage` cuts it into parts that fit `max_batch_tokens`, and the answers stay those of each record."""
+    from schemas.systemone import parse_request
+
+    budget = 700
+    padded = Engine.from_release(
+        tiny_release,
+        config=EngineConfig(device="cpu", dtype="float32", layout="padded", max_batch_tokens=budget),
+    )
+    prepared = [padded.prepare(parse_request(body)) for body in VALID * 2]
+    lengths = [p.num_tokens for p in prepared]
+    assert max(lengths) * len(lengths) > budget
+    staged = padded.stage(prepared)
+    groups = [group for group, _ in staged.parts]
+    assert sorted(i for group in groups for i in group) == list(range(len(prepared)))
+    assert len(groups) > 1
+    for group in groups:
+        assert list(group) == sorted(group)
+        assert len(group) == 1 or len(group) * max(lengths[i] for i in group) <= budget
+    together = padded.respond(padded.run(staged))
+    for p, response in zip(prepared, together, strict=True):
+        (alone,) = padded.execute([p])
+        for qid, answer in response.answers.items():
+            expected = alone.answers[qid].model_dump()
+            for key, value in answer.model_dump().items():
+                if isinstance(value, float):
+                    assert value == pytest.approx(expected[key], abs=1e-3)
