@@ -111,8 +111,8 @@ class Prepared:
 class StagedBatch:
     """A collated batch whose tensors are on (or being copied to) the model's device; see `Engine.stage`.
 
-    `parts` holds one collated pass per group of record indices: one for a uniform batch, two when the
-    text fast path splits off the media records.
+    `parts` holds one collated pass per group of record indices: one for a uniform batch, more when the
+    text fast path splits off the media records or a right-padded group is cut to the token budget.
     """
 
     prepared: tuple[Prepared, ...]
