@@ -3,7 +3,9 @@
 Records travel in `Unit`s: runs of consecutive fetched records of one input partition with one engine
 future, one offset span and one acknowledgement counter, so the per-record asyncio machinery (futures,
 callbacks, tracker entries) is paid once per run. Each input partition has one emitter task that publishes
-its units in offset order; outputs keep the input key, so records of one key keep their order.
+its units in offset order; outputs keep the input key, so records of one key keep their order. In
+exactly-once mode the emitter publishes through its partition's transactions instead of the shared
+publisher (`consumer.transactions`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from consumer.producer import Producer, Publisher
 from consumer.retry import EngineError
 from consumer.router import InputRecord, OutRecord, Router
 from consumer.settings import Settings
+from consumer.transactions import PartitionTransactions, TransactionFencedError
 from schemas.dead_letter import DlqStage
 from schemas.errors import DlqReason, RequestError
 from schemas.routing import EngineInfo, datetime_json, engine_json
@@ -43,6 +46,7 @@ class PartitionState:
     task: asyncio.Task[None] | None = None
     closing: bool = False  # revocation began: take no more records
     revoked: bool = False  # no longer owned: publish nothing, track nothing
+    txn: PartitionTransactions | None = None  # exactly-once mode: this partition's transactional producer
 
 
 @dataclass(slots=True, eq=False)
@@ -107,12 +111,16 @@ class Emitter:
         self._publishing = False
         self.in_flight = 0
 
-    def open(self, tp: Any) -> PartitionState:
-        """Start the emitter of a newly assigned partition (and the shared publisher on first use)."""
+    def open(self, tp: Any, txn: PartitionTransactions | None = None) -> PartitionState:
+        """Start the emitter of a newly assigned partition (and the shared publisher on first use).
+
+        With `txn` (exactly-once mode, started already) the partition's outputs and offsets go through its
+        transactions instead of the shared publisher; the emitter stops `txn` when it ends.
+        """
         if not self._publishing:
             self._publisher.start()
             self._publishing = True
-        state = PartitionState(tp)
+        state = PartitionState(tp, txn=txn)
         state.task = asyncio.create_task(self._run(state), name=f"clef-emit-{tp}")
         return state
 
@@ -147,6 +155,13 @@ class Emitter:
         if task is not None:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+        try:
+            await self._emit(state)
+        finally:
+            if state.txn is not None:
+                await state.txn.stop()
+
+    async def _emit(self, state: PartitionState) -> None:
         items = state.items
         while True:
             if not items:
@@ -162,10 +177,11 @@ class Emitter:
                     if task is not None and task.cancelling():
                         raise  # this emitter is being cancelled (shutdown timeout)
                 continue
+            ready: list[tuple[list[OutRecord], Unit]] = []  # exactly-once: one transaction for all
             while items and _finished(items[0]):  # everything finished, in offset order
                 unit = items.popleft()
                 if unit is None:
-                    return
+                    return  # `close` marked the state revoked first, so `ready` is empty here
                 fut = unit.future
                 if state.revoked or self._failed or fut is None or fut.cancelled() or fut.exception():
                     self._dropped(unit)
@@ -177,7 +193,38 @@ class Emitter:
                     self._fail(exc)
                     continue
                 unit.left = len(outputs)
-                self._publisher.push(outputs, unit)
+                if state.txn is None:
+                    self._publisher.push(outputs, unit)
+                else:
+                    ready.append((outputs, unit))
+            if ready:
+                await self._transact(state, ready)
+
+    async def _transact(self, state: PartitionState, ready: list[tuple[list[OutRecord], Unit]]) -> None:
+        """Exactly-once mode: publish the outputs of `ready` (consecutive units) and commit the offset
+        after the last one in one transaction; then the units are acknowledged and that offset is marked
+        committed. Fenced: the partition has a new owner, so nothing more is published for it. Any other
+        failure after the retries is fatal."""
+        assert state.txn is not None
+        units = [unit for _, unit in ready]
+        next_offset = units[-1].records[-1].offset + 1
+        try:
+            await state.txn.publish([out for outs, _ in ready for out in outs], next_offset)
+        except TransactionFencedError:
+            state.revoked = True
+            for unit in units:
+                self._dropped(unit)
+            return
+        except Exception as exc:
+            for unit in units:
+                self._dropped(unit)
+            self._fail(exc)
+            return
+        for unit in units:
+            unit.left = 0
+            self._acked(unit)
+        if not state.revoked:
+            self._tracker.mark_committed({state.tp: next_offset})
 
     def _outputs(self, unit: Unit, outcomes: list[Any]) -> list[OutRecord]:
         """Output records of every record of `unit`, in order. Raises `DlqGuardTrippedError` (the unit is

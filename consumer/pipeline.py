@@ -13,7 +13,11 @@ Backpressure: at most `kafka.max_in_flight` records between fetch and acknowledg
 more records are taken, and when it stays reached for `PAUSE_AFTER_S` every partition is paused until half
 have drained.
 Rebalance: revoked partitions stop taking records, get up to `revoke_timeout_s` to finish, have their
-watermark committed, and anything still unfinished is dropped unpublished. SIGTERM (`request_stop`): stop
+watermark committed, and anything still unfinished is dropped unpublished.
+Exactly-once mode (`kafka.exactly_once`): each assigned partition gets a transactional producer
+(`consumer.transactions`), started while the partition is paused so no record of it is taken before the
+previous owner is fenced; its emitter publishes outputs and commits offsets in one transaction per run of
+finished units, so the consumer commits nothing itself. SIGTERM (`request_stop`): stop
 fetching, drain within `shutdown_timeout_s`, commit, return.
 """
 
@@ -40,6 +44,7 @@ from consumer.router import InputRecord
 from consumer.runtime import tune_gc
 from consumer.settings import Settings
 from consumer.source import Source, ensure_topics, service_topics
+from consumer.transactions import PartitionTransactions
 from schemas.parse import RequestLimits, parse_request
 from schemas.routing import EngineInfo
 from schemas.systemone import SystemOneResponse
@@ -215,6 +220,9 @@ class Pipeline:
 
     def _admit(self, tp: TopicPartition, records: list[Any]) -> None:
         state = self._states.get(tp)
+        if state is None and records and tp in self.source.assignment():
+            self.source.seek(tp, records[0].offset)  # assigned but not opened yet: fetch these again later
+            return
         if state is None or state.closing or not records:
             return  # revoked or revoking: the next owner fetches these again from the committed offset
         step = self.settings.batching.prepare_chunk
@@ -261,8 +269,23 @@ class Pipeline:
     # ---- rebalance ----------------------------------------------------------------------------------------
     async def _on_assigned(self, tps: set[TopicPartition]) -> None:
         self.metrics.rebalances.labels(kind="assigned").inc()
-        for tp in tps:
-            if tp not in self._states:
+        new = [tp for tp in tps if tp not in self._states]
+        if self.settings.kafka.exactly_once and new:
+            # No record of a partition is taken before its transactional producer has started (which
+            # fences the previous owner): the fetch loop runs while this callback awaits.
+            self.source.pause(new)
+            for tp in new:
+                txn = PartitionTransactions(self.settings.kafka, tp)
+                try:
+                    await txn.start()
+                except Exception as exc:
+                    self._fail(exc)
+                    return
+                self._states[tp] = self.emitter.open(tp, txn)
+            if not self.source.paused:
+                self.source.resume(new)
+        else:
+            for tp in new:
                 self._states[tp] = self.emitter.open(tp)
         log.info("partitions_assigned", partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in tps))
 
@@ -280,6 +303,11 @@ class Pipeline:
             self.tracker.forget(state.tp)
             self._positions.pop(state.tp, None)
             del self._states[state.tp]
+        if self.settings.kafka.exactly_once:
+            # a transaction still open would commit outputs and offsets after the next owner starts
+            tasks = {s.task for s in states if s.task is not None and not s.task.done()}
+            if tasks:
+                await asyncio.wait(tasks, timeout=self.settings.kafka.revoke_timeout_s)
         log.info("partitions_revoked", partitions=len(states), abandoned_runs=abandoned)
 
     async def _drain(self, tps: list[TopicPartition] | None, timeout_s: float) -> bool:
@@ -296,6 +324,8 @@ class Pipeline:
 
     # ---- commits and shutdown -----------------------------------------------------------------------------
     async def _commit(self, only: set[TopicPartition] | None = None) -> None:
+        if self.settings.kafka.exactly_once:
+            return  # offsets are committed inside each partition's transactions
         async with self._commit_lock:
             offsets = {
                 tp: off

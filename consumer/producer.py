@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 
 from consumer.logging import get_logger
@@ -34,7 +34,9 @@ KEY_HASH_CACHE = 100_000  # keys whose partitioner hash is remembered (the cache
 class Producer:
     """An idempotent `acks=all` producer. `start()` before use, `stop()` flushes and closes."""
 
-    def __init__(self, settings: KafkaSettings) -> None:
+    def __init__(self, settings: KafkaSettings, *, transactional_id: str | None = None) -> None:
+        """`transactional_id`: a transactional producer (exactly-once mode, `consumer.transactions`);
+        sends then need an open `transaction()`."""
         self._settings = settings
         self._partitioner = DefaultPartitioner()
         self._partitions: dict[str, tuple[float, list[int]]] = {}
@@ -47,6 +49,7 @@ class Producer:
             linger_ms=settings.linger_ms,
             max_batch_size=256 * 1024,
             max_request_size=34 * 1024 * 1024,  # DLQ records carry original values up to 32 MiB
+            transactional_id=transactional_id,
         )
 
     async def start(self) -> None:
@@ -58,6 +61,14 @@ class Producer:
 
     async def flush(self) -> None:
         await self._producer.flush()
+
+    def transaction(self) -> Any:
+        """An async context manager: begins a transaction, commits it on exit, aborts it on an error."""
+        return self._producer.transaction()
+
+    async def send_offsets(self, offsets: dict[TopicPartition, int], group_id: str) -> None:
+        """Add the group's input offsets (next offset to read) to the open transaction."""
+        await self._producer.send_offsets_to_transaction(offsets, group_id)
 
     async def send(self, record: OutRecord) -> asyncio.Future[Any]:
         """Enqueue `record`; the returned future resolves to its RecordMetadata once acknowledged."""

@@ -47,6 +47,11 @@ class KafkaSettings(_Frozen):
     fetch_max_records: int = Field(default=500, ge=1)
     commit_interval_ms: int = Field(default=500, ge=10)
     linger_ms: int = Field(default=5, ge=0)
+    exactly_once: bool = Field(
+        default=False,
+        description="transactional outputs with the input offsets, one producer per input partition; "
+        "downstream consumers must read committed",
+    )
     max_in_flight: int = Field(default=2048, ge=1, description="fetched, not yet committed records")
     send_attempts: int = Field(default=5, ge=1, description="tenacity attempts for transient broker errors")
     revoke_timeout_s: float = Field(default=10.0, gt=0)

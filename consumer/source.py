@@ -147,6 +147,19 @@ class Source:
         )
         return result
 
+    def pause(self, tps: Iterable[TopicPartition]) -> None:
+        """Stop fetching from these partitions (records not yet returned are fetched again on resume)."""
+        self._consumer.pause(*tps)
+
+    def resume(self, tps: Iterable[TopicPartition]) -> None:
+        """Resume fetching from these partitions (still assigned ones only)."""
+        assigned = self._consumer.assignment()
+        self._consumer.resume(*(tp for tp in tps if tp in assigned))
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Fetch `tp` from `offset` next (it must be assigned)."""
+        self._consumer.seek(tp, offset)
+
     def pause_all(self) -> None:
         """Stop fetching from every assigned partition (idempotent)."""
         parts = self.assignment()

@@ -130,11 +130,16 @@ async def _produce(
 
 
 async def _read_all(
-    bootstrap: str, topics: list[str], timeout_s: float = 30
+    bootstrap: str, topics: list[str], timeout_s: float = 30, isolation_level: str = "read_uncommitted"
 ) -> dict[str, list[ConsumerRecord[bytes, bytes]]]:
-    """Every record currently in `topics` (read up to the end offsets seen at start), in partition order."""
+    """Every record currently in `topics` (read up to the end offsets seen at start), in partition order.
+
+    With `read_committed` only records of committed transactions (and non-transactional ones)."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level=isolation_level,
     )
     await consumer.start()
     out: dict[str, list[ConsumerRecord[bytes, bytes]]] = defaultdict(list)
@@ -431,3 +436,101 @@ async def test_sigterm_mid_stream_and_restart_loses_nothing(
     answered = {(src.partition, src.offset) for src in decided}
     assert len(answered) == total  # every input answered (duplicates allowed: at-least-once)
     print(f"\nSIGTERM after {first} committed; {len(decided) - total} duplicate decisions after restart")
+
+
+async def test_exactly_once_mode_publishes_each_output_once_in_transactions(
+    kafka_broker: LocalKafka, new_topic: Any
+) -> None:
+    from bench.pipeline import StubEngine
+
+    good, bad = 600, len(POISON)
+    topic = new_topic("in", partitions=PARTITIONS)
+    prefix = f"eos-{uuid.uuid4().hex[:6]}"
+    items: list[tuple[bytes | None, bytes | None, list[Any]]] = [
+        (KEYS[i % 5].encode(), _event(i, KEYS[i % 5], i), []) for i in range(good)
+    ]
+    for i, (value, _) in enumerate(POISON):
+        items.insert(40 * i + 7, (b"poison", value, []))
+    await _produce(kafka_broker.bootstrap_servers, topic, items)
+    settings = _settings(
+        kafka_broker,
+        prefix,
+        topic,
+        kafka={"exactly_once": True},
+        engine={"max_message_bytes": 4096},
+    )
+    pipeline = Pipeline(settings, StubEngine())
+    await _run_until_committed(pipeline, len(items), timeout_s=120)
+
+    committed_view = await _read_all(
+        kafka_broker.bootstrap_servers, _out_topics(settings), isolation_level="read_committed"
+    )
+    sources = [
+        (d.source.partition, d.source.offset)
+        for d in (RoutedDecision.from_json(r.value) for r in committed_view[settings.topics.decisions])
+    ]
+    assert len(sources) == len(set(sources)) == good
+    assert len(committed_view[settings.topics.dlq]) == bad
+    routed = sum(len(recs) for t, recs in committed_view.items() if ".route." in t)
+    assert routed == good
+    committed = await _committed(kafka_broker.bootstrap_servers, settings.kafka.group_id)
+    ends = await _end_offsets(kafka_broker.bootstrap_servers, topic)
+    assert {tp: off for tp, off in committed.items() if tp.topic == topic} == ends
+
+
+async def test_exactly_once_kill_mid_stream_and_restart_duplicates_nothing(
+    kafka_broker: LocalKafka, new_topic: Any, tiny_release: Path, tmp_path: Path
+) -> None:
+    """SIGKILL (no drain, a transaction may be open) and a restart: read committed, every input has exactly
+    one decision; the killed member's open transaction was aborted when its successor's producer started."""
+    total = 600
+    topic = new_topic("in", partitions=PARTITIONS)
+    prefix = f"eoskill-{uuid.uuid4().hex[:6]}"
+    settings = _settings(kafka_broker, prefix, topic)
+    await _produce(
+        kafka_broker.bootstrap_servers,
+        topic,
+        [(KEYS[i % 5].encode(), _event(i, KEYS[i % 5], i), []) for i in range(total)],
+    )
+    env = _service_env(kafka_broker, settings, tiny_release)
+    env["CLEF_KAFKA__EXACTLY_ONCE"] = "true"
+    env["CLEF_KAFKA__SESSION_TIMEOUT_MS"] = "6000"  # the killed member leaves the group after this
+    # Without exactly-once, outputs acknowledged but not yet committed are published again after the
+    # restart: a long commit interval makes that window wide (the same test with exactly_once off fails).
+    env["CLEF_KAFKA__COMMIT_INTERVAL_MS"] = "3000"
+    log = tmp_path / "service.log"
+    bootstrap, group = kafka_broker.bootstrap_servers, settings.kafka.group_id
+    proc = _start_service(env, log)
+    try:
+        deadline = time.monotonic() + 180
+        while True:  # kill once decisions were written beyond the committed input offsets
+            done = sum((await _committed(bootstrap, group)).values())
+            written = sum((await _end_offsets(bootstrap, settings.topics.decisions)).values())
+            if done >= 20 and written - done >= 40:
+                break
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            await asyncio.sleep(0.05)
+        proc.kill()
+        await asyncio.to_thread(proc.wait, 30)
+        first = sum((await _committed(bootstrap, group)).values())
+        assert 0 < first < total, "killed too late to test a restart"
+        proc = _start_service(env, log)
+        deadline = time.monotonic() + 300
+        while sum((await _committed(bootstrap, group)).values()) < total:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            await asyncio.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    topics = [settings.topics.decisions]
+    committed_view = await _read_all(bootstrap, topics, isolation_level="read_committed")
+    every = await _read_all(bootstrap, topics)
+    decided = [RoutedDecision.from_json(r.value).source for r in committed_view[settings.topics.decisions]]
+    sources = [(src.partition, src.offset) for src in decided]
+    assert len(sources) == len(set(sources)) == total
+    written = len(every[settings.topics.decisions])
+    print(f"\nSIGKILL after {first} committed; {written - total} decisions written but aborted")

@@ -1,10 +1,12 @@
-"""`Pipeline.answer` (HTTP) through the shared batcher: one submission of one record, errors raised."""
+"""`Pipeline.answer` (HTTP) through the shared batcher; `Pipeline._admit` of records it may not take yet."""
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
+from aiokafka import TopicPartition
 
 from bench.pipeline import StubEngine
 from consumer.pipeline import Pipeline
@@ -24,3 +26,31 @@ async def test_answer_returns_the_response_and_raises_request_errors() -> None:
             await pipeline.answer(b"not json")
     finally:
         await pipeline.batcher.close(1.0)
+
+
+class _FakeSource:
+    """The part of `consumer.source.Source` that `_admit` uses."""
+
+    def __init__(self, assigned: set[TopicPartition]) -> None:
+        self.assigned = assigned
+        self.seeks: list[tuple[TopicPartition, int]] = []
+
+    def assignment(self) -> set[TopicPartition]:
+        return self.assigned
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.seeks.append((tp, offset))
+
+
+async def test_records_of_an_assigned_partition_not_opened_yet_are_fetched_again() -> None:
+    """A fetch may return records of a partition between its assignment and the end of the rebalance
+    callback that opens it; they are not taken, and the position goes back so nothing is skipped."""
+    pipeline = Pipeline(load_settings(http={"enabled": False}), StubEngine())
+    opening, revoked = TopicPartition("in", 0), TopicPartition("in", 1)
+    source = _FakeSource({opening})
+    pipeline.source = source  # type: ignore[assignment]
+    records = [SimpleNamespace(offset=7), SimpleNamespace(offset=8)]
+    pipeline._admit(opening, records)
+    pipeline._admit(revoked, records)  # not assigned any more: dropped, the next owner reads them
+    assert source.seeks == [(opening, 7)]
+    assert pipeline.in_flight == 0

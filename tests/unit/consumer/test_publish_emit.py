@@ -205,3 +205,89 @@ async def test_emitter_guard_trip_publishes_nothing_of_the_unit() -> None:
     assert h.tracker.committable() == {"p0": 0}
     h.emitter.close(state)
     await h.emitter.wait_closed(1.0)
+
+
+class FakeTransactions:
+    """Stands in for `consumer.transactions.PartitionTransactions`: records each transaction's records and
+    offset; `fail` is raised by the next `publish`."""
+
+    def __init__(self) -> None:
+        self.transactions: list[tuple[list[str], int]] = []
+        self.fail: BaseException | None = None
+        self.stopped = False
+        self.gate: asyncio.Event | None = None
+
+    async def publish(self, records: list[Any], next_offset: int) -> None:
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail is not None:
+            raise self.fail
+        self.transactions.append(([r.topic for r in records], next_offset))
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+async def test_exactly_once_units_go_out_in_transactions_with_their_offsets() -> None:
+    h = Harness()
+    txn = FakeTransactions()
+    txn.gate = asyncio.Event()
+    state = h.emitter.open("p0", txn)  # type: ignore[arg-type]
+    _, first = h.unit(state, 0, 1)
+    first.set_result([_answer("a")])
+    await settle()  # the first transaction waits at the gate; the next units collect meanwhile
+    _, second = h.unit(state, 1, 2)
+    _, third = h.unit(state, 3, 1)
+    second.set_result([_answer("b"), RequestError(DlqReason.bad_json, "nope")])
+    third.set_result([_answer("c")])
+    txn.gate.set()
+    await settle()
+    assert txn.transactions == [
+        (["decisions", "route.network"], 1),
+        (["decisions", "route.network", "alerts.dlq", "decisions", "route.network"], 4),
+    ]
+    assert h.producer.rounds == []  # nothing through the shared, non-transactional publisher
+    assert h.tracker.committed() == {"p0": 4}
+    assert h.tracker.committable() == {}  # the consumer commits nothing: offsets went in the transactions
+    assert h.emitter.in_flight == 0
+    h.emitter.close(state)
+    await h.emitter.wait_closed(1.0)
+    assert txn.stopped
+    assert not h.fatal
+
+
+async def test_exactly_once_fenced_partition_publishes_nothing_more() -> None:
+    from consumer.transactions import TransactionFencedError
+
+    h = Harness()
+    txn = FakeTransactions()
+    txn.fail = TransactionFencedError("fenced")
+    state = h.emitter.open("p0", txn)  # type: ignore[arg-type]
+    _, fut = h.unit(state, 0, 1)
+    fut.set_result([_answer("a")])
+    await settle()
+    txn.fail = None
+    _, later = h.unit(state, 1, 1)
+    later.set_result([_answer("b")])
+    await settle()
+    assert txn.transactions == []  # the partition has a new owner
+    assert h.emitter.in_flight == 0
+    assert h.tracker.committed() == {}
+    assert not h.fatal  # a rebalance, not a failure
+    h.emitter.close(state)
+    await h.emitter.wait_closed(1.0)
+
+
+async def test_exactly_once_failed_transaction_is_fatal() -> None:
+    h = Harness()
+    txn = FakeTransactions()
+    txn.fail = RuntimeError("broker gone")
+    state = h.emitter.open("p0", txn)  # type: ignore[arg-type]
+    _, fut = h.unit(state, 0, 1)
+    fut.set_result([_answer("a")])
+    await settle()
+    assert [str(e) for e in h.fatal] == ["broker gone"]
+    assert h.emitter.in_flight == 0
+    assert h.tracker.committed() == {}
+    h.emitter.close(state)
+    await h.emitter.wait_closed(1.0)
