@@ -382,6 +382,21 @@ def _service_env(broker: LocalKafka, settings: Settings, release: Path) -> dict[
     return env
 
 
+async def _restart_case(
+    broker: LocalKafka, new_topic: Any, release: Path, name: str, total: int
+) -> tuple[Settings, dict[str, str]]:
+    """A fresh input topic with `total` events of 5 keys, its settings, and the environment of a
+    `clef-router run` subprocess for them."""
+    topic = new_topic("in", partitions=PARTITIONS)
+    settings = _settings(broker, f"{name}-{uuid.uuid4().hex[:6]}", topic)
+    await _produce(
+        broker.bootstrap_servers,
+        topic,
+        [(KEYS[i % 5].encode(), _event(i, KEYS[i % 5], i), []) for i in range(total)],
+    )
+    return settings, _service_env(broker, settings, release)
+
+
 def _start_service(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "consumer.cli", "run"],
@@ -395,15 +410,7 @@ async def test_sigterm_mid_stream_and_restart_loses_nothing(
     kafka_broker: LocalKafka, new_topic: Any, tiny_release: Path, tmp_path: Path
 ) -> None:
     total = 600
-    topic = new_topic("in", partitions=PARTITIONS)
-    prefix = f"term-{uuid.uuid4().hex[:6]}"
-    settings = _settings(kafka_broker, prefix, topic)
-    await _produce(
-        kafka_broker.bootstrap_servers,
-        topic,
-        [(KEYS[i % 5].encode(), _event(i, KEYS[i % 5], i), []) for i in range(total)],
-    )
-    env = _service_env(kafka_broker, settings, tiny_release)
+    settings, env = await _restart_case(kafka_broker, new_topic, tiny_release, "term", total)
     log = tmp_path / "service.log"
     proc = _start_service(env, log)
     try:
@@ -484,15 +491,7 @@ async def test_exactly_once_kill_mid_stream_and_restart_duplicates_nothing(
     """SIGKILL (no drain, a transaction may be open) and a restart: read committed, every input has exactly
     one decision; the killed member's open transaction was aborted when its successor's producer started."""
     total = 600
-    topic = new_topic("in", partitions=PARTITIONS)
-    prefix = f"eoskill-{uuid.uuid4().hex[:6]}"
-    settings = _settings(kafka_broker, prefix, topic)
-    await _produce(
-        kafka_broker.bootstrap_servers,
-        topic,
-        [(KEYS[i % 5].encode(), _event(i, KEYS[i % 5], i), []) for i in range(total)],
-    )
-    env = _service_env(kafka_broker, settings, tiny_release)
+    settings, env = await _restart_case(kafka_broker, new_topic, tiny_release, "eoskill", total)
     env["CLEF_KAFKA__EXACTLY_ONCE"] = "true"
     env["CLEF_KAFKA__SESSION_TIMEOUT_MS"] = "6000"  # the killed member leaves the group after this
     # Without exactly-once, outputs acknowledged but not yet committed are published again after the

@@ -256,16 +256,22 @@ async def test_exactly_once_units_go_out_in_transactions_with_their_offsets() ->
     assert not h.fatal
 
 
-async def test_exactly_once_fenced_partition_publishes_nothing_more() -> None:
-    from consumer.transactions import TransactionFencedError
-
+async def _one_failed_transaction(error: BaseException) -> tuple[Harness, FakeTransactions, PartitionState]:
+    """An exactly-once emitter whose first transaction (one answered unit at offset 0) raises `error`."""
     h = Harness()
     txn = FakeTransactions()
-    txn.fail = TransactionFencedError("fenced")
+    txn.fail = error
     state = h.emitter.open("p0", txn)  # type: ignore[arg-type]
     _, fut = h.unit(state, 0, 1)
     fut.set_result([_answer("a")])
     await settle()
+    return h, txn, state
+
+
+async def test_exactly_once_fenced_partition_publishes_nothing_more() -> None:
+    from consumer.transactions import TransactionFencedError
+
+    h, txn, state = await _one_failed_transaction(TransactionFencedError("fenced"))
     txn.fail = None
     _, later = h.unit(state, 1, 1)
     later.set_result([_answer("b")])
@@ -279,13 +285,7 @@ async def test_exactly_once_fenced_partition_publishes_nothing_more() -> None:
 
 
 async def test_exactly_once_failed_transaction_is_fatal() -> None:
-    h = Harness()
-    txn = FakeTransactions()
-    txn.fail = RuntimeError("broker gone")
-    state = h.emitter.open("p0", txn)  # type: ignore[arg-type]
-    _, fut = h.unit(state, 0, 1)
-    fut.set_result([_answer("a")])
-    await settle()
+    h, _, state = await _one_failed_transaction(RuntimeError("broker gone"))
     assert [str(e) for e in h.fatal] == ["broker gone"]
     assert h.emitter.in_flight == 0
     assert h.tracker.committed() == {}
