@@ -25,9 +25,10 @@ from consumer.settings import Settings, load_settings
 pytestmark = pytest.mark.kafka
 
 
-def _settings(broker: LocalKafka, prefix: str, topic: str) -> Settings:
+def _settings(broker: LocalKafka, prefix: str, topic: str, exactly_once: bool = False) -> Settings:
     return load_settings(
         kafka={
+            "exactly_once": exactly_once,
             "bootstrap_servers": broker.bootstrap_servers,
             "group_id": f"{prefix}.g",
             "commit_interval_ms": 100,
@@ -57,7 +58,10 @@ class SlowStub(StubEngine):
         return super().execute(batch)
 
 
-async def test_member_joins_mid_stream_nothing_lost(kafka_broker: LocalKafka, new_topic: Any) -> None:
+@pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
+async def test_member_joins_mid_stream_nothing_lost(
+    kafka_broker: LocalKafka, new_topic: Any, exactly_once: bool
+) -> None:
     total = 4000
     topic = new_topic("in", partitions=6)
     prefix = f"reb-{uuid.uuid4().hex[:6]}"
@@ -69,7 +73,7 @@ async def test_member_joins_mid_stream_nothing_lost(kafka_broker: LocalKafka, ne
     await asyncio.gather(*futs)
     await producer.stop()
 
-    settings = _settings(kafka_broker, prefix, topic)
+    settings = _settings(kafka_broker, prefix, topic, exactly_once)
     first = Pipeline(settings, SlowStub())
     task_a = asyncio.create_task(first.run())
     deadline = time.monotonic() + 60
@@ -89,9 +93,13 @@ async def test_member_joins_mid_stream_nothing_lost(kafka_broker: LocalKafka, ne
         second.request_stop()
         await asyncio.wait_for(asyncio.gather(task_a, task_b), 60)
 
-    decisions = await _read_decisions(kafka_broker, settings.topics.decisions)
+    decisions = await _read_decisions(
+        kafka_broker, settings.topics.decisions, "read_committed" if exactly_once else "read_uncommitted"
+    )
     answered = {(d["source"]["partition"], d["source"]["offset"]) for d in decisions}
-    assert len(answered) == total  # nothing lost; duplicates are allowed (at-least-once) but reported
+    assert len(answered) == total  # nothing lost
+    if exactly_once:
+        assert len(decisions) == total  # and, read committed, nothing twice
     print(f"\nrebalance: {len(decisions) - total} duplicate decisions for {total} events")
 
 
@@ -114,8 +122,10 @@ async def _wait_group_done(
         await admin.close()
 
 
-async def _read_decisions(broker: LocalKafka, topic: str) -> list[dict[str, Any]]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap_servers, enable_auto_commit=False)
+async def _read_decisions(broker: LocalKafka, topic: str, isolation_level: str) -> list[dict[str, Any]]:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=broker.bootstrap_servers, enable_auto_commit=False, isolation_level=isolation_level
+    )
     await consumer.start()
     out: list[dict[str, Any]] = []
     try:
