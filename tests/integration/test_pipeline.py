@@ -397,6 +397,27 @@ async def _restart_case(
     return settings, _service_env(broker, settings, release)
 
 
+async def _restart_and_finish(env: dict[str, str], log: Path, bootstrap: str, group: str, total: int) -> None:
+    """Start the service again, wait until all `total` input offsets are committed, then stop it with
+    SIGTERM (it must exit 0)."""
+    proc = _start_service(env, log)
+    try:
+        deadline = time.monotonic() + 300
+        while sum((await _committed(bootstrap, group)).values()) < total:
+            assert proc.poll() is None, _log_tail(log)
+            assert time.monotonic() < deadline, _log_tail(log)
+            await asyncio.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _log_tail(log: Path) -> str:
+    return log.read_text()[-3000:]
+
+
 def _start_service(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "consumer.cli", "run"],
@@ -425,19 +446,10 @@ async def test_sigterm_mid_stream_and_restart_loses_nothing(
         first = sum((await _committed(kafka_broker.bootstrap_servers, settings.kafka.group_id)).values())
         assert 0 < first < total, "stopped too late to test a restart"
         assert '"pipeline_stopped"' in log.read_text()
-        proc = _start_service(env, log)
-        deadline = time.monotonic() + 300
-        while (
-            sum((await _committed(kafka_broker.bootstrap_servers, settings.kafka.group_id)).values()) < total
-        ):
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            await asyncio.sleep(0.3)
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.to_thread(proc.wait, 60) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
+    await _restart_and_finish(env, log, kafka_broker.bootstrap_servers, settings.kafka.group_id, total)
     got = await _read_all(kafka_broker.bootstrap_servers, [settings.topics.decisions])
     decided = [RoutedDecision.from_json(r.value).source for r in got[settings.topics.decisions]]
     answered = {(src.partition, src.offset) for src in decided}
@@ -514,17 +526,10 @@ async def test_exactly_once_kill_mid_stream_and_restart_duplicates_nothing(
         await asyncio.to_thread(proc.wait, 30)
         first = sum((await _committed(bootstrap, group)).values())
         assert 0 < first < total, "killed too late to test a restart"
-        proc = _start_service(env, log)
-        deadline = time.monotonic() + 300
-        while sum((await _committed(bootstrap, group)).values()) < total:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            await asyncio.sleep(0.3)
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.to_thread(proc.wait, 60) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
+    await _restart_and_finish(env, log, bootstrap, group, total)
     topics = [settings.topics.decisions]
     committed_view = await _read_all(bootstrap, topics, isolation_level="read_committed")
     every = await _read_all(bootstrap, topics)
