@@ -107,7 +107,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _load_engine(settings: Any, *, stub: bool) -> Any:
     if stub:
-        from bench.pipeline import StubEngine
+        from bench.stub import StubEngine
 
         return StubEngine()
     if settings.engine.model_path is None:

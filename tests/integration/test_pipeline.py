@@ -460,7 +460,7 @@ async def test_sigterm_mid_stream_and_restart_loses_nothing(
 async def test_exactly_once_mode_publishes_each_output_once_in_transactions(
     kafka_broker: LocalKafka, new_topic: Any
 ) -> None:
-    from bench.pipeline import StubEngine
+    from bench.stub import StubEngine
 
     good, bad = 600, len(POISON)
     topic = new_topic("in", partitions=PARTITIONS)

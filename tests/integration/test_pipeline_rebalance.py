@@ -16,7 +16,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
-from bench.pipeline import StubEngine, sample_event
+from bench.stub import StubEngine, sample_event
 from consumer.dlq import topic_partitions
 from consumer.kafka_local import LocalKafka
 from consumer.pipeline import Pipeline

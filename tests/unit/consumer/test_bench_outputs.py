@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import NamedTuple
 
-from bench.pipeline import StubEngine, echo_outputs, sample_event, service_outputs
+from bench.pipeline import echo_outputs, service_outputs
+from bench.stub import StubEngine, sample_event
 from consumer.decode import decode_value
 from consumer.pipeline import default_engine_info
 from consumer.router import InputRecord, Router

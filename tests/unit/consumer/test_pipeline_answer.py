@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from aiokafka import TopicPartition
 
-from bench.pipeline import StubEngine
+from bench.stub import StubEngine
 from consumer.pipeline import Pipeline
 from consumer.settings import load_settings
 from schemas.errors import RequestError
