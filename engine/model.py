@@ -83,6 +83,11 @@ class ClefOmniModel(nn.Module):
         dense = self.attn_implementation not in _VARLEN_ATTENTION
         return "padded" if self.device.type == "cuda" and dense else "packed"
 
+    def layout_for(self, with_media: bool) -> Layout:
+        """The layout `collate` picks when given none: `media_layout` for a batch with media records,
+        else `preferred_layout`."""
+        return self.media_layout if with_media else self.preferred_layout
+
     def rope_index(self, record: EncodedRequest) -> torch.Tensor:
         """(3, L) int64 t/h/w rope positions of a media record (CPU; see `model_media.rope_positions`)."""
         return rope_positions(self.thinker, record)
@@ -94,7 +99,7 @@ class ClefOmniModel(nn.Module):
         audio_config: Any = getattr(config, "audio_config", None)
         return collate(
             encoded,
-            layout=layout or (self.media_layout if with_media else self.preferred_layout),
+            layout=layout or self.layout_for(with_media),
             pad_token_id=self.pad_token_id,
             device=self.device,
             rope_index=self.rope_index if with_media else None,

@@ -271,7 +271,8 @@ class Engine:
             ]
         out: list[tuple[int, ...]] = []
         for group in groups:
-            if len(group) == 1 or self._layout_of(any(media[i] for i in group)) != "padded":
+            layout = self._layout or self.model.layout_for(any(media[i] for i in group))
+            if len(group) == 1 or layout != "padded":
                 out.append(group)
                 continue
             plan = plan_batches(
@@ -281,12 +282,6 @@ class Engine:
             )
             out += [tuple(sorted(group[k] for k in part)) for part in plan]
         return out
-
-    def _layout_of(self, with_media: bool) -> str:
-        """The layout `collate` will use for a group with or without media records."""
-        if self._layout is not None:
-            return self._layout
-        return str(getattr(self.model, "media_layout" if with_media else "preferred_layout", "packed"))
 
     def run(self, staged: StagedBatch) -> RunResult:
         """Forward pass(es), head and one device-to-host copy per part (blocking; the GPU thread only).
@@ -336,7 +331,7 @@ class Engine:
             [p.num_tokens for _, p in ready],
             max_tokens=self.config.max_batch_tokens,
             max_records=self.config.max_batch_records,
-            packed=(self._layout or getattr(self.model, "preferred_layout", "padded")) == "packed",
+            packed=(self._layout or self.model.layout_for(False)) == "packed",
         )
         for group in plan:
             batch = [ready[k] for k in group]

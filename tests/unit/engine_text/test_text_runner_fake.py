@@ -25,6 +25,9 @@ class FakeModel:
         self.batch_sizes: list[int] = []
         self.answered: list[int] = []
 
+    def layout_for(self, with_media: bool) -> Layout:
+        return "packed"
+
     def collate(self, encoded: Sequence[EncodedRequest], layout: Layout | None = None) -> ModelBatch:
         self._nan = [self._has_nan(rec.input_ids) for rec in encoded]
         return collate(encoded, layout=layout or "packed")
