@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import random
-import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,12 +23,12 @@ from typing import Any
 
 import torch
 
-from bench.engine import stream
+from bench.engine import TimedRun, stream
 from bench.workload import build_engine, make_request
 from consumer.batcher import Batcher, StagedCalls
 from consumer.settings import BatchingSettings
 from engine.fastpath import default_buckets
-from engine.runner import Engine, EngineConfig, RunResult, StagedBatch
+from engine.runner import Engine, EngineConfig
 from schemas.systemone import SystemOneRequest, SystemOneResponse
 
 SETTINGS = ((32, 32_768), (256, 32_768), (256, 65_536), (256, 131_072))  # (max records, max tokens)
@@ -38,22 +37,10 @@ SETTINGS = ((32, 32_768), (256, 32_768), (256, 65_536), (256, 131_072))  # (max 
 async def through_batcher(
     engine: Engine, requests: Sequence[SystemOneRequest], max_records: int, max_tokens: int
 ) -> dict[str, float]:
-    """Submit every request in runs of `prepare_chunk` (as the pipeline does) and wait for all answers.
-
-    `seconds` runs from the first submission to the last answer; `steady_seconds` from the start of the
-    first `Engine.run`. `gpu_thread_busy` is the share of the steady window spent in `Engine.run`.
-    """
+    """Submit every request in runs of `prepare_chunk` (as the pipeline does) and wait for all answers;
+    the figures are `bench.engine.TimedRun.figures` (from the first submission to the last answer)."""
     settings = BatchingSettings(max_batch_records=max_records, max_batch_tokens=max_tokens)
-    spans: list[tuple[float, float]] = []
-    records: list[int] = []
-
-    def timed_run(staged: StagedBatch) -> RunResult:
-        t = time.perf_counter()
-        result = engine.run(staged)
-        spans.append((t, time.perf_counter()))
-        records.append(len(staged.prepared))
-        return result
-
+    timed_run = TimedRun(engine)
     batcher: Batcher[Any, SystemOneResponse] = Batcher(
         engine.execute, settings, stages=StagedCalls(engine.stage, timed_run, engine.respond)
     )
@@ -68,17 +55,7 @@ async def through_batcher(
     if failed:
         raise RuntimeError(f"{len(failed)} records failed, first: {failed[0]!r}")
     tokens = sum(o.usage.input_tokens for o in outcomes if isinstance(o, SystemOneResponse))
-    steady = end - spans[0][0]
-    run_ms = [(b - a) * 1000.0 for a, b in spans]
-    return {
-        "tokens": tokens,
-        "tok_s": tokens / (end - t0),
-        "steady_tok_s": tokens / steady,
-        "gpu_thread_busy": sum(run_ms) / 1000.0 / steady,
-        "batches": len(run_ms),
-        "records_per_batch": statistics.mean(records),
-        "batch_ms_p50": statistics.median(run_ms),
-    }
+    return timed_run.figures(tokens, t0, end)
 
 
 def main(out_dir: str | None = None, count: int = 1024) -> int:
@@ -124,7 +101,7 @@ def main(out_dir: str | None = None, count: int = 1024) -> int:
                 gpu_thread_busy=round(r["gpu_thread_busy"], 3),
                 batches=int(r["batches"]),
                 batch_ms_p50=round(r["batch_ms_p50"], 1),
-                records_per_batch=round(r.get("records_per_batch", count / r["batches"]), 1),
+                records_per_batch=round(r["records_per_batch"], 1),
             )
     sink.close()
     return 0

@@ -61,18 +61,10 @@ def stream(
     thread (at most two batches queued there) and answered on a third thread, so staging and answers
     overlap the forward of the neighbouring batches.
 
-    `seconds` runs from the first request submitted to the last answer (it includes filling the first
-    batch); `steady_seconds` from the moment the first batch starts on the GPU, which is the sustained rate
-    of a stream that never runs dry. `batch_ms_*` is the GPU thread's time per batch (`Engine.run`).
+    Returns `req_s` and `TimedRun.figures`, timed from the first request submitted to the last answer.
     """
-    spans: list[tuple[float, float]] = []  # (start, end) of each Engine.run on the GPU thread
+    timed_run = TimedRun(engine)
     tokens = 0
-
-    def timed_run(staged: StagedBatch) -> RunResult:
-        t = time.perf_counter()
-        result = engine.run(staged)
-        spans.append((t, time.perf_counter()))
-        return result
 
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -107,20 +99,42 @@ def stream(
         responses = sum(len(a.result()) for a in answered)
     end = time.perf_counter()
     assert responses == len(requests)
-    seconds = end - t0
-    steady = end - spans[0][0]
-    run_ms = [(b - a) * 1000.0 for a, b in spans]
-    return {
-        "tokens": tokens,
-        "seconds": seconds,
-        "tok_s": tokens / seconds,
-        "req_s": len(requests) / seconds,
-        "steady_tok_s": tokens / steady,
-        "gpu_thread_busy": sum(run_ms) / 1000.0 / steady,
-        "batches": len(run_ms),
-        "batch_ms_p50": statistics.median(run_ms),
-        "batch_ms_p99": max(run_ms) if len(run_ms) < 100 else statistics.quantiles(run_ms, n=100)[98],
-    }
+    return {"req_s": len(requests) / (end - t0), **timed_run.figures(tokens, t0, end)}
+
+
+class TimedRun:
+    """`Engine.run` for the GPU thread that records when each call ran and how many records it had, and
+    the stream figures derived from that (`figures`)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.spans: list[tuple[float, float]] = []  # (start, end) of each call
+        self.records: list[int] = []
+
+    def __call__(self, staged: StagedBatch) -> RunResult:
+        t = time.perf_counter()
+        result = self._engine.run(staged)
+        self.spans.append((t, time.perf_counter()))
+        self.records.append(len(staged.prepared))
+        return result
+
+    def figures(self, tokens: int, t0: float, end: float) -> dict[str, float]:
+        """`tok_s` over `t0`..`end` (includes filling the first batch); `steady_tok_s` from the start of
+        the first run, the sustained rate of a stream that never runs dry; `gpu_thread_busy` the share of
+        that steady window spent in `Engine.run`; `batch_ms_*` the time per run."""
+        steady = end - self.spans[0][0]
+        run_ms = [(b - a) * 1000.0 for a, b in self.spans]
+        return {
+            "tokens": tokens,
+            "seconds": end - t0,
+            "tok_s": tokens / (end - t0),
+            "steady_tok_s": tokens / steady,
+            "gpu_thread_busy": sum(run_ms) / 1000.0 / steady,
+            "batches": len(run_ms),
+            "records_per_batch": statistics.mean(self.records),
+            "batch_ms_p50": statistics.median(run_ms),
+            "batch_ms_p99": max(run_ms) if len(run_ms) < 100 else statistics.quantiles(run_ms, n=100)[98],
+        }
 
 
 def _respond_when_run(engine: Engine, ran: Future[RunResult]) -> list[SystemOneResponse]:
