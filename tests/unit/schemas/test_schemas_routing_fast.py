@@ -85,28 +85,19 @@ def test_decision_json_is_byte_identical_to_the_model(name: str, engine: EngineI
         decided_at=when,
         outage_threshold=0.6,
     )
-    fast = decision_json(
-        response,
-        event_id='évt-1 "quoted"',
-        topic="alerts.in",
-        partition=3,
-        offset=42,
-        route=route_fields(response, outage_threshold=0.6),
-        decided_at=when,
-        engine=engine_json(engine),
-    )
+    record = {
+        "event_id": 'évt-1 "quoted"',
+        "topic": "alerts.in",
+        "partition": 3,
+        "offset": 42,
+        "route": route_fields(response, outage_threshold=0.6),
+        "engine": engine_json(engine),
+    }
+    fast = decision_json(response, decided_at=when, **record)
     assert fast == model.to_json()
     assert RoutedDecision.from_json(fast) == model
-    spliced = decision_json(  # `decided_at` encoded once for many records: the same bytes
-        response,
-        event_id='évt-1 "quoted"',
-        topic="alerts.in",
-        partition=3,
-        offset=42,
-        route=route_fields(response, outage_threshold=0.6),
-        decided_at=datetime_json(when),
-        engine=engine_json(engine),
-    )
+    # `decided_at` encoded once for many records: the same bytes
+    spliced = decision_json(response, decided_at=datetime_json(when), **record)
     assert spliced == fast
 
 
