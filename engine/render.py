@@ -51,12 +51,12 @@ FORMAT_SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>")
 
 def render(value: JsonValue) -> str:
     """SPEC section 5 `render`: a string as is; anything else compact JSON (sorted keys at every depth,
-    `,` and `:` without spaces, non-ASCII kept). One definition, shared with the response legend."""
+    `,` and `:` without spaces, non-ASCII kept, floats in their shortest round-trip form)."""
     return render_value(value)
 
 
 def instruction_text(question_id: str, question: NoulQuestion | ChoiceQuestion | ScoreQuestion) -> str:
-    """The question span's text: render(instructions), or the id when they are null or empty."""
+    """The question span's text: render(instructions), or the id when they are missing, null or ""."""
     return render(effective_instructions(question_id, question))
 
 

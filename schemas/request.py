@@ -1,8 +1,8 @@
 """SystemOne request models (SPEC section 2) and the per-question option tables (SPEC section 5).
 
-Pydantic validates at the edge; everything after validation is read-only. Question ids and choice option
-ids accept Unicode (`str.isalnum()` letters and digits plus `_`, `.`, `-` for ids) and round-trip byte for
-byte: nothing is normalised, trimmed or re-cased.
+Pydantic validates at the edge; everything after validation is read-only. A question id or choice option id
+is any non-empty string of at most `MAX_ID_CHARS` characters (spaces, emoji, `/`, `:` included) and
+round-trips byte for byte: nothing is normalised, trimmed or re-cased.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pydantic import (
 _log = structlog.get_logger(__name__)
 
 MAX_QUESTIONS: Final = 64
-MAX_ID_CHARS: Final = 100
+MAX_ID_CHARS: Final = 1000
 MIN_CHOICE_OPTIONS: Final = 2
 MAX_CHOICE_OPTIONS: Final = 255
 MIN_SCORE_LEVELS: Final = 2
@@ -40,14 +40,7 @@ MAX_VIDEOS: Final = 2
 DEFAULT_TRUE_DESCRIPTION: Final = "The proposition is true or the answer is yes."
 DEFAULT_FALSE_DESCRIPTION: Final = "The proposition is false or the answer is no."
 
-_ID_PUNCTUATION: Final = frozenset("_.-")
 _STRING_OBJECT_ARRAY: Final = {"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}]}
-
-
-def _check_question_id(value: str) -> str:
-    if not all(ch.isalnum() or ch in _ID_PUNCTUATION for ch in value):
-        raise ValueError("question id may contain only letters, digits, '_', '.' and '-'")
-    return value
 
 
 def _check_state(value: JsonValue) -> JsonValue:
@@ -70,11 +63,7 @@ def _check_media_item(value: object) -> object:
     return value
 
 
-QuestionId = Annotated[
-    str,
-    StringConstraints(min_length=1, max_length=MAX_ID_CHARS),
-    AfterValidator(_check_question_id),
-]
+QuestionId = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS)]
 OptionId = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS)]
 State = Annotated[JsonValue, AfterValidator(_check_state), WithJsonSchema(_STRING_OBJECT_ARRAY)]
 Description = Annotated[
@@ -93,16 +82,24 @@ class _QuestionBase(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     instructions: Description = None
-    """What to decide; empty or null means the question id is the instruction (`effective_instructions`)."""
+    """What to decide; missing, null or "" means the question id is the instruction (`{}`/`[]` do not;
+    see `effective_instructions`)."""
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
 
 
 class NoulCriteria(BaseModel):
-    """Descriptions of the two noul options; a missing or null side keeps its default description."""
+    """Descriptions of the two noul options. A key that is absent keeps its default description; a key given
+    as null means no description at all (the option is encoded without a "description" key)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    true: Description = None
-    false: Description = None
+    # Absent and null differ, so `option_table` reads `model_fields_set`: a Python caller passing `true=None`
+    # explicitly also drops the description. The schema shows no default, as null is not what absent means.
+    true: Description = Field(default=None, json_schema_extra=_no_default)
+    false: Description = Field(default=None, json_schema_extra=_no_default)
 
 
 class NoulQuestion(_QuestionBase):
@@ -178,17 +175,19 @@ class Option:
 def option_table(question: NoulQuestion | ChoiceQuestion | ScoreQuestion) -> list[Option]:
     """The options of `question` in ENCODING order (SPEC section 5).
 
-    noul: `true` then `false`, default descriptions unless the criteria give a non-null one;
+    noul: `true` then `false`, default descriptions overlaid key by key by the criteria (a key given as null
+    yields `description=None`; criteria null or `{}` keep both defaults);
     choice: option ids sorted as Python strings (code point order); score: levels "0".."n-1".
     Model probabilities arrive in this order; `build_response` maps them back to request order.
     """
     if isinstance(question, NoulQuestion):
         criteria = question.criteria
-        true_desc = criteria.true if criteria is not None else None
-        false_desc = criteria.false if criteria is not None else None
+        if criteria is None:
+            return [Option("true", DEFAULT_TRUE_DESCRIPTION), Option("false", DEFAULT_FALSE_DESCRIPTION)]
+        given = criteria.model_fields_set
         return [
-            Option("true", DEFAULT_TRUE_DESCRIPTION if true_desc is None else true_desc),
-            Option("false", DEFAULT_FALSE_DESCRIPTION if false_desc is None else false_desc),
+            Option("true", criteria.true if "true" in given else DEFAULT_TRUE_DESCRIPTION),
+            Option("false", criteria.false if "false" in given else DEFAULT_FALSE_DESCRIPTION),
         ]
     if isinstance(question, ChoiceQuestion):
         return [Option(key, question.criteria[key]) for key in sorted(question.criteria)]
@@ -198,9 +197,12 @@ def option_table(question: NoulQuestion | ChoiceQuestion | ScoreQuestion) -> lis
 def effective_instructions(
     question_id: str, question: NoulQuestion | ChoiceQuestion | ScoreQuestion
 ) -> JsonValue:
-    """The question's instructions, or its id when they are null or empty ("", {} or [])."""
+    """The question's instructions, or its id when they are missing, null or exactly "" (SPEC section 2).
+
+    `{}` and `[]` are instructions like any other value: they render as `{}` and `[]`.
+    """
     instructions = question.instructions
-    if instructions is None or (isinstance(instructions, str | dict | list) and len(instructions) == 0):
+    if instructions is None or instructions == "":
         return question_id
     return instructions
 

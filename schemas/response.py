@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema
 
 from schemas.request import (
     ChoiceQuestion,
@@ -29,10 +29,20 @@ from schemas.request import (
     ScoreQuestion,
     SystemOneRequest,
     option_table,
-    render_value,
 )
 
 ConfidenceFormula = Literal["typesafe", "top"]
+
+LegendValue = Annotated[
+    JsonValue,
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}, {"type": "null"}],
+            "description": "the level's criteria value exactly as the request gave it",
+        }
+    ),
+]
+"""A score level's description in the legend: the request's value itself (string, object, array or null)."""
 
 DECIMALS: Final = 4
 _UNITS: Final = 10**DECIMALS
@@ -65,7 +75,9 @@ class ScoreAnswer(BaseModel):
     type: Literal["score"] = "score"
     score: float = Field(ge=0.0, description="sum(i * p_i) over the returned probabilities")
     confidence: float = Field(ge=0.0, le=1.0)
-    legend: dict[str, str] = Field(description='level "i" -> its description (rendered; null -> "")')
+    legend: dict[str, LegendValue] = Field(
+        description='level "i" -> its criteria value exactly as given (objects, arrays, "" and null kept)'
+    )
     probabilities: dict[str, float]
 
 
@@ -194,9 +206,7 @@ def _score_answer(question: ScoreQuestion, raw: Sequence[float], formula: Confid
     return ScoreAnswer(
         score=round(score_units / _UNITS, DECIMALS),
         confidence=score_confidence(returned, formula),
-        legend={
-            str(i): "" if level is None else render_value(level) for i, level in enumerate(question.criteria)
-        },
+        legend={str(i): level for i, level in enumerate(question.criteria)},
         probabilities={str(i): _to_float(u) for i, u in enumerate(units)},
     )
 

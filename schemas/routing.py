@@ -15,6 +15,7 @@ from typing import Final, TypeGuard, TypeVar
 import pydantic_core
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
 
+from schemas.request import render_value
 from schemas.response import Answer, ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOneResponse, Usage
 
 H_DEPARTMENT: Final = "clef-department"
@@ -39,7 +40,8 @@ class RouteSummary(BaseModel):
     """The routing fields of one decision; each is null when its question is absent or of another type.
 
     `urgency` is the urgency score (expected level, 0..n-1); `urgency_label` the legend of the level
-    nearest to it (half rounds up), cut to 100 characters; `outage` is `outage_probability >= threshold`.
+    nearest to it (half rounds up) as text (an object or array as compact JSON; null or "" as the level
+    number), cut to 100 characters; `outage` is `outage_probability >= threshold`.
     """
 
     model_config = ConfigDict(frozen=True, json_schema_serialization_defaults_required=True)
@@ -86,7 +88,7 @@ def route_fields(
     if type(urgency) is ScoreAnswer or _is(urgency, ScoreAnswer):
         score = float(urgency.score)
         level = nearest_level(score, len(urgency.probabilities))
-        label = (urgency.legend.get(str(level)) or str(level))[:_MAX_LABEL_CHARS]
+        label = _label(urgency.legend.get(str(level)), level)
     if type(outage) is NoulAnswer or _is(outage, NoulAnswer):
         probability = float(outage.noul)
         is_outage = outage.noul >= outage_threshold
@@ -98,6 +100,13 @@ def route_fields(
         "outage": is_outage,
         "outage_probability": probability,
     }
+
+
+def _label(value: JsonValue, level: int) -> str:
+    """A legend value as routing text: null and "" fall back to the level number."""
+    if value is None or value == "":
+        return str(level)
+    return render_value(value)[:_MAX_LABEL_CHARS]
 
 
 def _is(answer: object, kind: type[_A]) -> TypeGuard[_A]:

@@ -129,7 +129,8 @@ def test_noul_default_and_overridden_descriptions_and_score_levels(tok: Tokenize
                     "Q3",
                     [true_default, '{"description":{"a":null,"k":"v"},"option_id":"false"}'],
                 ),
-                field(4, "nulls", "noul", "Q4", [true_default, false_default]),
+                # an explicit null drops the description key (absent keys keep the defaults)
+                field(4, "nulls", "noul", "Q4", ['{"option_id":"true"}', '{"option_id":"false"}']),
                 field(
                     5,
                     "urgency",
@@ -150,8 +151,19 @@ def test_noul_default_and_overridden_descriptions_and_score_levels(tok: Tokenize
     assert [len(spans) for spans in enc.option_spans] == [2, 2, 2, 2, 3]
 
 
-@pytest.mark.parametrize("instructions", [None, "", {}, [], "absent"])
-def test_empty_or_null_instructions_use_the_question_id(tok: Tokenizer, instructions: object) -> None:
+@pytest.mark.parametrize(
+    ("instructions", "text"),
+    [
+        (None, "svc.latency-p99_x"),
+        ("", "svc.latency-p99_x"),
+        ("absent", "svc.latency-p99_x"),
+        ({}, "{}"),  # only missing, null or "" fall back to the id (SPEC section 2)
+        ([], "[]"),
+    ],
+)
+def test_instructions_fall_back_to_the_question_id_only_when_missing_null_or_empty_string(
+    tok: Tokenizer, instructions: object, text: str
+) -> None:
     question: dict[str, Any] = {"type": "noul"}
     if instructions != "absent":
         question["instructions"] = instructions
@@ -160,11 +172,18 @@ def test_empty_or_null_instructions_use_the_question_id(tok: Tokenizer, instruct
     false_default = '{"description":"' + FALSE_DEFAULT + '","option_id":"false"}'
     exp = expect(
         tok,
-        prompt(
-            '["a",1]',
-            [field(1, "svc.latency-p99_x", "noul", "svc.latency-p99_x", [true_default, false_default])],
-        ),
+        prompt('["a",1]', [field(1, "svc.latency-p99_x", "noul", text, [true_default, false_default])]),
     )
+    check(tok, enc, exp)
+
+
+def test_question_id_with_spaces_emoji_and_punctuation_is_encoded_raw(tok: Tokenizer) -> None:
+    qid = "disk usage 🔥 a/b:c"
+    enc = encode_request(
+        req({"state": "s", "questions": {qid: {"type": "noul", "criteria": {"true": None}}}}), tok
+    )
+    false_default = '{"description":"' + FALSE_DEFAULT + '","option_id":"false"}'
+    exp = expect(tok, prompt("s", [field(1, qid, "noul", qid, ['{"option_id":"true"}', false_default])]))
     check(tok, enc, exp)
 
 

@@ -130,7 +130,8 @@ def test_custom_default_schema() -> None:
     "overrides",
     [
         {"department_id": "urgency"},
-        {"department_id": "bad id"},
+        {"department_id": ""},
+        {"department_id": "x" * 1001},
         {"departments": {"only": "one"}},
         {"urgency_levels": ["one"]},
         {"unknown_setting": 1},

@@ -16,12 +16,18 @@ def test_json_schemas_are_serialisable_and_complete() -> None:
     assert set(request["required"]) == {"state", "questions"}
     questions = request["properties"]["questions"]
     assert (questions["minProperties"], questions["maxProperties"]) == (1, 64)
-    assert questions["propertyNames"] == {"minLength": 1, "maxLength": 100}
+    # any non-empty string of at most 1,000 characters is an id: no pattern
+    assert questions["propertyNames"] == {"minLength": 1, "maxLength": 1000}
     images = request["properties"]["images"]["anyOf"][0]
     assert images["items"]["type"] == "string"
     assert images["maxItems"] == 4
     score = request["$defs"]["ScoreQuestion"]["properties"]["criteria"]
     assert (score["type"], score["minItems"], score["maxItems"]) == ("array", 2, 10)
+    any_json = [{"type": "string"}, {"type": "object"}, {"type": "array"}, {"type": "null"}]
+    assert score["items"]["anyOf"] == any_json
+    noul = request["$defs"]["NoulCriteria"]["properties"]
+    assert noul["true"]["anyOf"] == any_json
+    assert "default" not in noul["true"]  # absent keeps the default text, null drops it
     response = exported["response"]
     assert set(response["required"]) == {"model", "answers", "usage"}
     assert set(response["$defs"]["ChoiceAnswer"]["required"]) == {
@@ -30,6 +36,9 @@ def test_json_schemas_are_serialisable_and_complete() -> None:
         "confidence",
         "probabilities",
     }
+    legend = response["$defs"]["ScoreAnswer"]["properties"]["legend"]
+    assert legend["type"] == "object"
+    assert legend["additionalProperties"]["anyOf"] == any_json  # values as given, never turned into text
 
 
 def test_public_names() -> None:

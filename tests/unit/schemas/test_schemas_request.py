@@ -88,13 +88,33 @@ def test_questions_required_and_counted() -> None:
 
 
 @pytest.mark.parametrize(
-    "qid", ["a", "A_b.c-d", "x" * 100, "0", "département", "緊急度", "срочность", "q٣", "a.b.c"]
+    "qid",
+    [
+        "a",
+        "A_b.c-d",
+        "x" * 1000,
+        "0",
+        "département",
+        "緊急度",
+        "q٣",
+        "disk usage",
+        "🔥 hot",
+        "naïve id ✅",
+        "a/b",
+        "a:b",
+        "q!",
+        "tab\t",
+        "a\u200bb",
+        " ",
+        "line\nbreak",
+    ],
 )
-def test_question_id_accepted(qid: str) -> None:
-    assert list(accepted(body(questions={qid: {"type": "noul"}})).questions) == [qid]
+def test_question_id_any_non_empty_string(qid: str) -> None:
+    request = accepted(body(questions={qid: {"type": "noul"}}))
+    assert list(request.questions) == [qid]  # byte for byte: nothing trimmed or normalised
 
 
-@pytest.mark.parametrize("qid", ["", "x" * 101, "a b", "a/b", "a:b", "q!", "tab\t", "emoji🙂", "a\u200bb"])
+@pytest.mark.parametrize("qid", ["", "x" * 1001])
 def test_question_id_refused(qid: str) -> None:
     refused(body(questions={qid: {"type": "noul"}}))
 
@@ -122,11 +142,17 @@ def test_instructions_scalar_refused(instructions: object) -> None:
 
 
 @pytest.mark.parametrize(
-    ("instructions", "expected"), [(None, "q"), ("", "q"), ({}, "q"), ([], "q"), ("x", "x")]
+    ("instructions", "expected"),
+    [(None, "q"), ("", "q"), ({}, {}), ([], []), (" ", " "), ("x", "x"), ({"a": 1}, {"a": 1})],
 )
 def test_effective_instructions(instructions: object, expected: object) -> None:
     question = accepted(body(questions={"q": {"type": "noul", "instructions": instructions}})).questions["q"]
     assert effective_instructions("q", question) == expected
+
+
+def test_effective_instructions_missing_uses_id() -> None:
+    question = accepted(body(questions={"q": {"type": "noul"}})).questions["q"]
+    assert effective_instructions("q", question) == "q"
 
 
 def test_unknown_keys_ignored() -> None:
@@ -144,7 +170,11 @@ def test_unknown_keys_ignored() -> None:
         ({}, (DEFAULT_TRUE_DESCRIPTION, DEFAULT_FALSE_DESCRIPTION)),
         ({"true": "up"}, ("up", DEFAULT_FALSE_DESCRIPTION)),
         ({"false": {"d": 1}}, (DEFAULT_TRUE_DESCRIPTION, {"d": 1})),
-        ({"true": None, "false": ["x"]}, (DEFAULT_TRUE_DESCRIPTION, ["x"])),
+        ({"true": None, "false": ["x"]}, (None, ["x"])),
+        ({"true": None}, (None, DEFAULT_FALSE_DESCRIPTION)),
+        ({"false": None}, (DEFAULT_TRUE_DESCRIPTION, None)),
+        ({"true": None, "false": None}, (None, None)),
+        ({"true": "", "false": ""}, ("", "")),
         ({"true": "y", "false": "n"}, ("y", "n")),
     ],
 )
@@ -153,6 +183,19 @@ def test_noul_criteria(criteria: object, expected: tuple[JsonValue, JsonValue]) 
     request = accepted(body(questions={"q": question}))
     assert isinstance(request.questions["q"], NoulQuestion)
     assert option_table(request.questions["q"]) == [Option("true", expected[0]), Option("false", expected[1])]
+
+
+def test_noul_criteria_null_keeps_defaults() -> None:
+    request = accepted(body(questions={"q": {"type": "noul", "criteria": None}}))
+    defaults = [Option("true", DEFAULT_TRUE_DESCRIPTION), Option("false", DEFAULT_FALSE_DESCRIPTION)]
+    assert option_table(request.questions["q"]) == defaults
+
+
+def test_noul_explicit_null_survives_a_copy() -> None:
+    # The consumer builds event requests with model_copy; the set of given keys must travel with it.
+    request = accepted(body(questions={"q": {"type": "noul", "criteria": {"true": None}}}))
+    copy = request.model_copy(update={"state": "other"})
+    assert option_table(copy.questions["q"])[0] == Option("true", None)
 
 
 @pytest.mark.parametrize("criteria", [[], "x", 1, {"true": 1}])
@@ -193,7 +236,7 @@ def test_choice_counts_accepted(count: int) -> None:
         {"a": 1, "b": "x"},
         {"a": True, "b": "x"},
         {"": "empty id", "b": "x"},
-        {"x" * 101: "long id", "b": "x"},
+        {"x" * 1001: "long id", "b": "x"},
     ],
 )
 def test_choice_refused(criteria: object) -> None:

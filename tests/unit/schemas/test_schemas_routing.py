@@ -70,6 +70,19 @@ def test_route_summary_missing_or_mistyped_questions_are_null() -> None:
     assert (custom.urgency, custom.urgency_label, custom.department) == (1.0, "b", None)
 
 
+@pytest.mark.parametrize(
+    ("level", "label"),
+    [("sev", "sev"), ({"b": 1, "a": "é"}, '{"a":"é","b":1}'), (["x", 2], '["x",2]'), (None, "1"), ("", "1")],
+)
+def test_urgency_label_from_legend_values(level: object, label: str) -> None:
+    # The legend keeps the request's values as given; the routing label is always text.
+    question = {"type": "score", "criteria": ["lo", level]}
+    request = parse_request({"state": "s", "questions": {"urgency": question}})
+    response = build_response(request, {"urgency": [0, 1]}, input_tokens=1)
+    assert response.answers["urgency"].legend["1"] == level  # type: ignore[union-attr]
+    assert route_summary(response).urgency_label == label
+
+
 @pytest.mark.parametrize(("score", "level"), [(0.0, 0), (0.49, 0), (0.5, 1), (2.5, 3), (3.0, 3), (9.0, 3)])
 def test_nearest_level(score: float, level: int) -> None:
     assert nearest_level(score, 4) == level
