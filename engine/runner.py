@@ -316,8 +316,10 @@ class Engine:
     ) -> list[SystemOneResponse | RequestError]:
         """Validate, prepare, pack by token budget and execute `requests` (blocking).
 
-        Results come back in input order: a `SystemOneResponse` per good request and the
-        `RequestError` of each bad one; a bad request never affects the others.
+        Results come back in input order: a `SystemOneResponse` per good request and a `RequestError` per
+        failed one; one request's failure never affects the others. Client errors keep their 4xx reason;
+        an unexpected failure while preparing or running a record becomes that record's `engine_failed`
+        (500) error, after its batch has been split so that every other record is still answered.
         """
         results: list[SystemOneResponse | RequestError | None] = [None] * len(requests)
         ready: list[tuple[int, Prepared]] = []
@@ -327,6 +329,9 @@ class Engine:
                 ready.append((index, self.prepare(request)))
             except RequestError as error:
                 results[index] = error
+            except Exception as exc:  # a bug or library failure on this record must not sink the others
+                log.warning("preparing request %d failed", index, exc_info=True)
+                results[index] = _engine_failed("cannot prepare the request", exc)
         plan = plan_batches(
             [p.num_tokens for _, p in ready],
             max_tokens=self.config.max_batch_tokens,
@@ -341,8 +346,9 @@ class Engine:
         return [r for r in results if r is not None]
 
     def _execute_splitting(self, batch: list[Prepared]) -> list[SystemOneResponse | RequestError]:
-        """`execute`, halving the batch on CUDA out-of-memory or unusable model output (NaN); a record
-        that still fails alone gets a `RequestError` (500) instead of failing its neighbours."""
+        """`execute`, halving the batch on any failure (CUDA out-of-memory, unusable model output, an
+        error inside the model or the media path); a record that still fails alone gets a `RequestError`
+        (500) instead of failing its neighbours."""
         try:
             return list(self.execute(batch))
         except torch.OutOfMemoryError:
@@ -351,7 +357,16 @@ class Engine:
         except ProbabilityError as error:
             if len(batch) == 1:
                 return [RequestError(DlqReason.engine_failed, f"model output unusable: {error}")]
+        except Exception as exc:  # e.g. a processor/thinker error on one record's media
+            if len(batch) == 1:
+                log.warning("running one record failed", exc_info=True)
+                return [_engine_failed("the model failed on this request", exc)]
         if self.config.device.startswith("cuda"):
             torch.cuda.empty_cache()
         half = len(batch) // 2
         return self._execute_splitting(batch[:half]) + self._execute_splitting(batch[half:])
+
+
+def _engine_failed(what: str, exc: BaseException) -> RequestError:
+    """A 500 `engine_failed` error naming the exception type only (its message may quote the payload)."""
+    return RequestError(DlqReason.engine_failed, f"{what} ({type(exc).__name__})")

@@ -3,8 +3,14 @@
 ``decide REQUEST.json --model DIR`` prints the SystemOne response JSON on stdout (exit 0); for an invalid
 request it prints the error body (``{"detail": ...}``, SPEC section 2) on stdout and exits 2.
 ``decide --batch FILE.jsonl --model DIR`` reads one request per non-blank line, decides them as GPU
-batches and writes one response or error body per line, in input order; it exits 2 when any line was
-invalid (every line is still answered), else 0. Loading progress and logs go to stderr.
+batches and writes one response or error body per line, in input order. One request's failure is that
+request's error line; every other line is still answered.
+
+Every request is validated before the model loads: when no line is valid the model is never loaded.
+Exit codes: 0 when every request was answered; 1 when the engine failed on any request (an
+``engine_failed``/``oom_single_record`` error line, HTTP status 500); otherwise 2 when any request was
+invalid (a 4xx error line). An unreadable input file is a usage error (2, one line on stderr); a release
+that cannot be loaded exits 1. Loading progress and logs go to stderr.
 """
 
 from __future__ import annotations
@@ -13,12 +19,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from consumer.commands import Commands, UsageError
 
 if TYPE_CHECKING:
-    from schemas.systemone import RequestError, SystemOneResponse
+    from schemas.systemone import RequestError, SystemOneRequest, SystemOneResponse
 
 
 def register(commands: Commands) -> None:
@@ -68,21 +74,63 @@ def _result_line(result: SystemOneResponse | RequestError) -> str:
     return result.model_dump_json()
 
 
+def _read_inputs(args: argparse.Namespace) -> list[bytes]:
+    path: Path = args.batch if args.batch is not None else args.request
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or type(exc).__name__}") from None
+    if args.batch is not None:
+        return [line for line in data.splitlines() if line.strip()]
+    return [data]
+
+
+def _exit_code(results: list[SystemOneResponse | RequestError]) -> int:
+    from schemas.systemone import RequestError
+
+    statuses = [r.status for r in results if isinstance(r, RequestError)]
+    if any(status >= 500 for status in statuses):
+        return 1
+    return 2 if statuses else 0
+
+
 def _decide(args: argparse.Namespace) -> int:
     if (args.request is None) == (args.batch is None):
         raise UsageError("give exactly one of REQUEST.json or --batch FILE.jsonl")
     if args.max_batch_tokens <= 0 or args.max_batch_records <= 0:
         raise UsageError("--max-batch-tokens and --max-batch-records must be positive")
-    if args.batch is not None:
-        lines = [line for line in args.batch.read_bytes().splitlines() if line.strip()]
-        inputs: list[bytes] = lines
-    else:
-        inputs = [args.request.read_bytes()]
+    inputs = _read_inputs(args)
 
+    from schemas.systemone import RequestError, parse_request
+
+    # Validate first: a bad line is answered without waiting for (or ever paying for) the model load.
+    results: list[SystemOneResponse | RequestError | None] = []
+    valid: list[tuple[int, SystemOneRequest]] = []
+    for index, raw in enumerate(inputs):
+        try:
+            valid.append((index, parse_request(raw)))
+            results.append(None)
+        except RequestError as error:
+            results.append(error)
+    if valid:
+        for (index, _), result in zip(valid, _run_engine(args, [r for _, r in valid]), strict=True):
+            results[index] = result
+    done = [r for r in results if r is not None]
+    assert len(done) == len(inputs), "every input line gets a result"
+    out = sys.stdout
+    for result in done:
+        out.write(_result_line(result) + "\n")
+    out.flush()
+    return _exit_code(done)
+
+
+def _run_engine(
+    args: argparse.Namespace, requests: list[SystemOneRequest]
+) -> list[SystemOneResponse | RequestError]:
+    """Load the release and decide the validated `requests` (blocking); results in input order."""
     import torch
 
     from engine.runner import DTypeName, Engine, EngineConfig
-    from schemas.systemone import RequestError
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
@@ -97,10 +145,4 @@ def _decide(args: argparse.Namespace) -> int:
         confidence_formula=args.confidence_formula,
     )
     engine = Engine.from_release(args.model, config=config)
-    decide_inputs: list[Any] = list(inputs)
-    results = engine.decide(decide_inputs)
-    out = sys.stdout
-    for result in results:
-        out.write(_result_line(result) + "\n")
-    out.flush()
-    return 2 if any(isinstance(r, RequestError) for r in results) else 0
+    return engine.decide(requests)

@@ -104,3 +104,59 @@ def test_make_tiny_release(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert out.strip() == str(target)
     for name in ("config.json", "model.safetensors.index.json", "joint_head.safetensors", "tokenizer.json"):
         assert (target / name).is_file()
+
+
+def test_decide_batch_one_engine_failure_is_its_line_and_exit_1(
+    tiny_release: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import engine.runner
+
+    real_forward = engine.runner.forward
+
+    def forward(model: Any, batch: Any) -> Any:
+        if any("boom" in qids for qids in batch.question_ids):
+            raise RuntimeError("thinker failure")  # any error inside the model, not only OOM
+        return real_forward(model, batch)
+
+    monkeypatch.setattr(engine.runner, "forward", forward)
+    boom = {**GOOD, "questions": {"boom": {"type": "noul"}}}
+    lines = [json.dumps(GOOD), json.dumps(boom), "{broken", json.dumps({**GOOD, "model": "third"})]
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    argv = ["decide", "--batch", str(path), "--model", str(tiny_release), "--device", "cpu"]
+    code, out = run(argv, capsys)
+    assert code == 1  # an engine failure outranks the invalid line's 2
+    results = [json.loads(line) for line in out.splitlines()]
+    assert len(results) == 4
+    assert results[0]["model"] == "cli-test"
+    assert results[1]["detail"]["error_type"] == "engine_failed"
+    assert results[2]["detail"]["error_type"] == "bad_json"
+    assert results[3]["model"] == "third"
+
+
+def test_decide_invalid_lines_are_answered_before_any_model_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.runner import Engine
+
+    def no_load(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the model must not load when no line is valid")
+
+    monkeypatch.setattr(Engine, "from_release", no_load)
+    path = tmp_path / "requests.jsonl"
+    path.write_text("{broken\n[1]\n", encoding="utf-8")
+    argv = ["decide", "--batch", str(path), "--model", str(tmp_path / "absent"), "--device", "cpu"]
+    code, out = run(argv, capsys)
+    assert code == 2
+    assert [json.loads(line)["detail"]["error_type"] for line in out.splitlines()] == [
+        "bad_json",
+        "not_an_object",
+    ]
+
+
+def test_decide_unreadable_input_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["decide", "--batch", str(tmp_path / "missing.jsonl"), "--model", str(tmp_path), "--device", "cpu"]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "missing.jsonl" in captured.err

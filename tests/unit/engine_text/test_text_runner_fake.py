@@ -78,3 +78,62 @@ def test_a_record_that_runs_out_of_memory_alone_gets_an_error(bpe_tokenizer: Tok
     [result] = engine.decide([body("x")])
     assert isinstance(result, RequestError)
     assert result.reason is DlqReason.oom_single_record
+
+
+class CrashingModel(FakeModel):
+    """Like `FakeModel`, but any batch holding a record whose state says 'crash' raises a plain error
+    (as a thinker or processor bug would), not an OOM or NaN."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        super().__init__(max_records=64, tokenizer=tokenizer)
+        self.crash_id = tokenizer.encode("crash", add_special_tokens=False).ids
+
+    def collate(self, encoded: Sequence[EncodedRequest], layout: Layout | None = None) -> ModelBatch:
+        n = len(self.crash_id)
+        self._crash = any(
+            list(rec.input_ids[i : i + n]) == self.crash_id
+            for rec in encoded
+            for i in range(len(rec.input_ids) - n + 1)
+        )
+        return super().collate(encoded, layout)
+
+    def forward_batch(self, batch: ModelBatch) -> list[list[npt.NDArray[np.float32]]]:
+        if self._crash:
+            self.batch_sizes.append(len(batch.lengths))
+            raise RuntimeError("fake thinker failure quoting the payload: crash")
+        return super().forward_batch(batch)
+
+
+def test_an_unexpected_model_error_fails_only_its_record(bpe_tokenizer: Tokenizer) -> None:
+    fake = CrashingModel(bpe_tokenizer)
+    engine = Engine(fake, bpe_tokenizer, EngineConfig(device="cpu", dtype="float32"))  # type: ignore[arg-type]
+    states = ["one", "two", "crash now", "four", "five"]
+    results = engine.decide([body(s) for s in states])
+    assert fake.batch_sizes[0] == 5  # one batch first; the failure is then narrowed down by halving
+    for k, result in enumerate(results):
+        if k == 2:
+            assert isinstance(result, RequestError)
+            assert result.reason is DlqReason.engine_failed
+            assert result.status == 500
+            assert "payload" not in result.message  # only the exception type is reported
+            assert "RuntimeError" in result.message
+        else:
+            assert isinstance(result, SystemOneResponse), k
+
+
+def test_an_unexpected_prepare_error_fails_only_its_record(bpe_tokenizer: Tokenizer) -> None:
+    fake = FakeModel(max_records=64, tokenizer=bpe_tokenizer)
+    engine = Engine(fake, bpe_tokenizer, EngineConfig(device="cpu", dtype="float32"))  # type: ignore[arg-type]
+    prepare = engine.prepare
+
+    def flaky(request: Any) -> Any:
+        if request.state == "bad":
+            raise KeyError("internal")
+        return prepare(request)
+
+    engine.prepare = flaky  # type: ignore[method-assign]
+    results = engine.decide([body("good"), body("bad"), body("also good")])
+    assert [type(r).__name__ for r in results] == ["SystemOneResponse", "RequestError", "SystemOneResponse"]
+    failed = results[1]
+    assert isinstance(failed, RequestError)
+    assert failed.reason is DlqReason.engine_failed
