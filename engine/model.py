@@ -83,6 +83,13 @@ class ClefOmniModel(nn.Module):
         dense = self.attn_implementation not in _VARLEN_ATTENTION
         return "padded" if self.device.type == "cuda" and dense else "packed"
 
+    def can_pack(self, with_media: bool) -> bool:
+        """Whether records packed back to back in one row need no dense attention mask: text on the varlen
+        fast path, or any batch under a varlen attention implementation. Otherwise transformers turns
+        the packed row into a block-diagonal (T, T) mask, quadratic in the pack's tokens."""
+        varlen = self.attn_implementation in _VARLEN_ATTENTION
+        return varlen or (not with_media and self._fast is not None)
+
     def layout_for(self, with_media: bool) -> Layout:
         """The layout `collate` picks when given none: `media_layout` for a batch with media records,
         else `preferred_layout`."""

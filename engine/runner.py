@@ -261,7 +261,11 @@ class Engine:
         """Indexes into `encoded` per forward pass, each in batch order: text and media records apart when
         the text fast path is on, and a group that will be right-padded cut by `plan_batches` so that its
         records x longest stays within `max_batch_tokens` (callers such as the service's batcher budget
-        the plain sum of tokens, which is what a packed group costs)."""
+        the plain sum of tokens, which is what a packed group costs).
+
+        A packed group that would need a dense attention mask runs one record per pass instead (see
+        `_one_per_pass`): a single unpadded sequence needs no mask at all (sdpa's `is_causal`), so memory
+        stays linear in its length, and each record's answer is exactly its answer alone."""
         media = [bool(e.media) for e in encoded]
         groups = [tuple(range(len(encoded)))]
         if any(media) and not all(media) and getattr(self.model, "fast_path", False):
@@ -271,7 +275,11 @@ class Engine:
             ]
         out: list[tuple[int, ...]] = []
         for group in groups:
-            layout = self._layout or self.model.layout_for(any(media[i] for i in group))
+            with_media = any(media[i] for i in group)
+            layout = self._layout or self.model.layout_for(with_media)
+            if len(group) > 1 and self._one_per_pass(layout, with_media):
+                out += [(i,) for i in group]
+                continue
             if len(group) == 1 or layout != "padded":
                 out.append(group)
                 continue
@@ -282,6 +290,18 @@ class Engine:
             )
             out += [tuple(sorted(group[k] for k in part)) for part in plan]
         return out
+
+    def _one_per_pass(self, layout: Layout, with_media: bool) -> bool:
+        """True when several records packed in one row would make transformers build a dense attention
+        mask: without varlen attention a packed row becomes a block-diagonal (T, T) mask over the whole
+        pack (4.3 GB of bool for 65k tokens). This is the CPU's default layout. A right-padded group
+        (dense attention on a GPU, or `layout="padded"`) keeps its (B, 1, L, L) mask, bounded by the
+        token budget that `plan_batches` applies to it; a record that fills the budget runs alone and
+        unpadded, with no mask."""
+        can_pack: Callable[[bool], bool] | None = getattr(self.model, "can_pack", None)
+        if can_pack is None:  # a stand-in model without transformers' attention (tests)
+            return False
+        return layout == "packed" and not can_pack(with_media)
 
     def run(self, staged: StagedBatch) -> RunResult:
         """Forward pass(es), head and one device-to-host copy per part (blocking; the GPU thread only).
