@@ -75,7 +75,7 @@ async def test_graceful_stop_finishes_requests_in_progress() -> None:
     stopping = asyncio.create_task(server.stop())
     await asyncio.sleep(0.3)
     assert not stopping.done()  # waits for the request in progress
-    with pytest.raises(OSError):
+    with pytest.raises(ConnectionRefusedError):
         await asyncio.open_connection("127.0.0.1", port)  # no longer accepting
     backend.gate.set()
     status, _, _ = await asyncio.wait_for(read_response(reader), 5)
@@ -92,7 +92,7 @@ async def test_port_in_use_is_an_os_error() -> None:
             HttpSettings(port=first.port or 0),
             create_app(HttpSettings(), FakeBackend(), Metrics(), "clef-omni"),
         )
-        with pytest.raises(OSError):
+        with pytest.raises(OSError, match="in use"):
             await second.start()
     finally:
         await first.stop()
