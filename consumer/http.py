@@ -8,6 +8,7 @@ answer HEAD (the server sends no body). Optional Bearer keys protect `/v1/*`.
 Errors (SPEC sections 2 and 8): validation failures, a body that is not JSON or not an object included, are
 422 `{"detail": [{"type", "loc": ["body", ...], "msg"}]}`; every other error is
 `{"detail": {"error_type", "message"}}` (401 `authentication_error`, 404, 405 with `Allow`, 413, 415,
+404 `model_not_found` for a model name that is neither the served model nor `jev-latest`,
 400 for other client errors, 503 `overloaded` with `Retry-After` beyond `max_concurrent_requests` in flight,
 500 only when the engine failed on the request alone). Every response carries `x-typesafe-request-id`.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
@@ -67,8 +68,11 @@ _BODY_ERRORS = {
 class Backend(Protocol):
     """What the app needs from the service (`consumer.pipeline.Pipeline`, `consumer.serve.HttpService`)."""
 
-    async def answer(self, body: bytes) -> SystemOneResponse:
-        """Answer one request body. Raises `RequestError` (client error) or `EngineError`."""
+    async def answer(
+        self, body: bytes, check: Callable[[SystemOneRequest], None] | None = None
+    ) -> SystemOneResponse:
+        """Answer one request body; `check` sees the parsed request before the engine and what it raises
+        is re-raised. Raises `RequestError` (client error), `EngineError`, `RuntimeError` (stopping)."""
         ...
 
     def ready(self) -> bool: ...
@@ -139,6 +143,15 @@ class _Api:
                 )
             )
         self.models_body = ModelList(models=models).model_dump_json().encode()
+        self.model_names = frozenset(m.name for m in models)
+
+    def check_model(self, request: SystemOneRequest) -> None:
+        """Raise a 404 `ApiError` unless the request names a served model or alias (prepare thread)."""
+        if request.model not in self.model_names:
+            shown = request.model[:64]
+            raise ApiError(
+                404, "model_not_found", f"model {shown!r} is not served; GET /v1/models lists them"
+            )
 
     def check_key(self, request: Request) -> None:
         """Raise a 401 `ApiError` unless auth is off or the Bearer key is one of the configured keys."""
@@ -183,7 +196,7 @@ class _Api:
 
     async def _answer(self, body: bytes) -> SystemOneResponse:
         try:
-            return await self.backend.answer(body)
+            return await self.backend.answer(body, self.check_model)
         except RequestError:
             raise
         except EngineError as exc:
@@ -238,7 +251,7 @@ def create_app(settings: HttpSettings, backend: Backend, metrics: Metrics, model
         summary="Answer SystemOne questions about a state",
         responses={
             200: {"model": SystemOneResponse, "description": "one answer per question, in request order"},
-            **_error_responses([400, *auth_codes, 413, 415, 500, 503]),
+            **_error_responses([400, *auth_codes, 404, 413, 415, 500, 503]),
         },
         openapi_extra={
             "requestBody": {

@@ -9,8 +9,10 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from consumer.batcher import Batcher, EngineLike, staged_calls
@@ -18,7 +20,10 @@ from consumer.logging import get_logger
 from consumer.metrics import Metrics
 from consumer.settings import Settings
 from schemas.parse import RequestLimits, parse_request
+from schemas.request import SystemOneRequest
 from schemas.response import SystemOneResponse
+
+RequestCheck = Callable[[SystemOneRequest], None]
 
 log = get_logger("consumer.serve")
 
@@ -69,12 +74,14 @@ class HttpService:
         await self.batcher.close(timeout_s)
         self.metrics.model_loaded.set(0)
 
-    async def answer(self, body: bytes) -> SystemOneResponse:
-        """Answer one request body through the batcher. Raises `RequestError` (client error),
-        `EngineError` (the engine failed on it alone), `RuntimeError` (the batcher is closing)."""
+    async def answer(self, body: bytes, check: RequestCheck | None = None) -> SystemOneResponse:
+        """Answer one request body through the batcher; `check` sees the parsed request first (prepare
+        thread) and what it raises is re-raised here. Raises `RequestError` (client error), `EngineError`
+        (the engine failed on it alone), `RuntimeError` (the batcher is closing)."""
         self._in_flight += 1
         try:
-            (outcome,) = await self.batcher.submit(self._prepare, [body])
+            prepare = functools.partial(self._prepare, check=check)
+            (outcome,) = await self.batcher.submit(prepare, [body])
         finally:
             self._in_flight -= 1
             self._last_progress = time.monotonic()
@@ -82,9 +89,12 @@ class HttpService:
             raise outcome
         return outcome
 
-    def _prepare(self, body: bytes) -> Any:
-        """Parse and prepare one body (prepare thread pool)."""
-        return self._engine.prepare(parse_request(body, self._limits))
+    def _prepare(self, body: bytes, check: RequestCheck | None) -> Any:
+        """Parse, check and prepare one body (prepare thread pool)."""
+        request = parse_request(body, self._limits)
+        if check is not None:
+            check(request)
+        return self._engine.prepare(request)
 
     def ready(self) -> bool:
         return self._started and not self._stopping
@@ -95,7 +105,7 @@ class HttpService:
 
 
 class _PipelineLike(Protocol):
-    async def answer(self, body: bytes) -> SystemOneResponse: ...
+    async def answer(self, body: bytes, check: RequestCheck | None = None) -> SystemOneResponse: ...
 
     def ready(self) -> bool: ...
 
@@ -113,8 +123,8 @@ class ServiceBackend:
         self._pipeline = pipeline
         self._broker = broker
 
-    async def answer(self, body: bytes) -> SystemOneResponse:
-        return await self._pipeline.answer(body)
+    async def answer(self, body: bytes, check: RequestCheck | None = None) -> SystemOneResponse:
+        return await self._pipeline.answer(body, check)
 
     def ready(self) -> bool:
         return self._pipeline.ready() and self._broker.reachable()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -17,7 +18,7 @@ from consumer.metrics import Metrics
 from consumer.retry import EngineError
 from consumer.settings import HttpSettings
 from schemas.errors import DlqReason, RequestError
-from schemas.systemone import SystemOneResponse, build_response, parse_request
+from schemas.systemone import SystemOneRequest, SystemOneResponse, build_response, parse_request
 
 OK = {"state": "disk full", "questions": {"outage": {"type": "noul"}}}
 
@@ -29,14 +30,18 @@ class FakeBackend:
         self.gate: asyncio.Event | None = None
         self.bodies: list[bytes] = []
 
-    async def answer(self, body: bytes) -> SystemOneResponse:
+    async def answer(
+        self, body: bytes, check: Callable[[SystemOneRequest], None] | None = None
+    ) -> SystemOneResponse:
         self.bodies.append(body)
         if self.gate is not None:
             await self.gate.wait()
         request = parse_request(body)
-        if request.model == "explode":
+        if check is not None:
+            check(request)
+        if request.state == "explode":
             raise EngineError(DlqReason.engine_failed, RuntimeError("boom"), 1)
-        if request.model == "too-long":
+        if request.state == "too-long":
             raise RequestError(DlqReason.context_length_exceeded, "input is 70000 tokens")
         probs = {qid: [0.25, 0.75] for qid in request.questions}
         return build_response(request, probs, input_tokens=5)
@@ -110,10 +115,15 @@ async def test_validation_errors_are_422_under_body() -> None:
 
 async def test_other_client_errors_and_engine_failure() -> None:
     async with client() as c:
-        too_long = await c.post("/v1/systemone", json={**OK, "model": "too-long"})
-        boom = await c.post("/v1/systemone", json={**OK, "model": "explode"})
+        too_long = await c.post("/v1/systemone", json={**OK, "state": "too-long"})
+        boom = await c.post("/v1/systemone", json={**OK, "state": "explode"})
+        alias = await c.post("/v1/systemone", json={**OK, "model": "jev-latest"})
+        unknown = await c.post("/v1/systemone", json={**OK, "model": "gpt-4"})
     assert_error(too_long, 400, "context_length_exceeded")
     assert_error(boom, 500, "engine_failed")
+    assert alias.status_code == 200
+    assert alias.json()["model"] == "jev-latest"
+    assert_error(unknown, 404, "model_not_found")
 
 
 async def test_routes_404_405_and_head() -> None:
