@@ -291,6 +291,11 @@ def create_app(settings: HttpSettings, backend: Backend, metrics: Metrics, model
             schemas = doc.setdefault("components", {}).setdefault("schemas", {})
             schemas.update(request_schema.pop("$defs", {}))
             schemas["SystemOneRequest"] = request_schema
+            for name in ("NoulQuestion", "ChoiceQuestion", "ScoreQuestion"):
+                # a question's `type` has a default in Python, but on the wire it is the union's tag
+                required = schemas[name].setdefault("required", [])
+                if "type" not in required:
+                    required.insert(0, "type")
             app.openapi_schema = doc
         return app.openapi_schema
 

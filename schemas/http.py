@@ -64,4 +64,3 @@ class HealthStatus(_Frozen):
     """`/healthz` and `/readyz` bodies."""
 
     status: Literal["ok", "stalled", "ready", "not_ready"]
-    reasons: list[str] = Field(default_factory=list, description="why not ready or not healthy")
