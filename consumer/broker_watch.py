@@ -45,6 +45,7 @@ class BrokerWatch:
         self._up = True
         self._admin: AIOKafkaAdminClient | None = None
         self._task: asyncio.Task[None] | None = None
+        self._probing = asyncio.Lock()
 
     def reachable(self) -> bool:
         """False while no probe has succeeded for `unreachable_after_s` seconds."""
@@ -68,21 +69,28 @@ class BrokerWatch:
         await self._drop_admin()
 
     async def probe_once(self) -> bool:
-        """One metadata round trip within `timeout_s`; records the outcome and returns it."""
-        try:
-            if self._admin is None:
-                admin = AIOKafkaAdminClient(
-                    **client_options(self._settings), request_timeout_ms=int(self.timeout_s * 1000)
-                )
-                self._admin = admin
-                await asyncio.wait_for(admin.start(), self.timeout_s)
-            await asyncio.wait_for(self._admin.describe_cluster(), self.timeout_s)
-        except Exception as exc:  # any failure to get an answer is "not reachable now"
-            await self._drop_admin()  # next probe bootstraps afresh (the broker may have moved)
-            self._record(False, type(exc).__name__)
-            return False
-        self._record(True, "")
-        return True
+        """One metadata round trip within `timeout_s`; records the outcome and returns it. Probes never
+        overlap (a second caller waits for the first)."""
+        async with self._probing:
+            try:
+                if self._admin is None:
+                    admin = AIOKafkaAdminClient(
+                        **client_options(self._settings), request_timeout_ms=int(self.timeout_s * 1000)
+                    )
+                    try:
+                        await asyncio.wait_for(admin.start(), self.timeout_s)
+                    except BaseException:
+                        with contextlib.suppress(Exception):
+                            await asyncio.wait_for(admin.close(), self.timeout_s)
+                        raise
+                    self._admin = admin
+                await asyncio.wait_for(self._admin.describe_cluster(), self.timeout_s)
+            except Exception as exc:  # any failure to get an answer is "not reachable now"
+                await self._drop_admin()  # next probe bootstraps afresh (the broker may have moved)
+                self._record(False, type(exc).__name__)
+                return False
+            self._record(True, "")
+            return True
 
     def _record(self, ok: bool, error: str) -> None:
         if ok:

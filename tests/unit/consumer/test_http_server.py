@@ -12,7 +12,7 @@ from bench.stub import StubEngine
 from consumer.http import create_app
 from consumer.http_server import HttpServer
 from consumer.metrics import Metrics
-from consumer.serve import HttpService
+from consumer.serve import HttpService, ServiceBackend
 from consumer.settings import HttpSettings, load_settings
 from tests.unit.consumer.test_http import OK, FakeBackend
 
@@ -114,3 +114,27 @@ async def test_http_service_answers_through_its_batcher() -> None:
         await service.close(5)
     with pytest.raises(RuntimeError):
         await service.answer(json.dumps(OK).encode())
+
+
+class Reach:
+    def __init__(self) -> None:
+        self.up = True
+
+    def reachable(self) -> bool:
+        return self.up
+
+
+async def test_run_readiness_needs_the_broker() -> None:
+    pipeline, broker = FakeBackend(), Reach()
+    server = await started(ServiceBackend(pipeline, broker))
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        statuses = []
+        for up in (True, False, True):
+            broker.up = up
+            writer.write(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+            statuses.append((await read_response(reader))[0])
+        writer.close()
+    finally:
+        await server.stop()
+    assert statuses == [200, 503, 200]
