@@ -3,8 +3,9 @@
 The limit applies twice: to the bytes on the wire (a declared `Content-Length` over it is refused before
 any byte is read; a chunked body is counted as it arrives) and to the decompressed body, so a small
 compressed body cannot expand into a large one. `Content-Encoding: gzip` and `deflate` are always
-understood; `zstd` (what the official SDK sends when its `zstd` extra is installed) when Python has
-`compression.zstd` (3.14+) or the `backports.zstd` package. Decompression runs in a worker thread.
+understood, and `zstd` (what the official SDK sends when zstd is available to it) through
+`compression.zstd` (Python 3.14+) or the `backports.zstd` package (a dependency before 3.14).
+Decompression runs in a worker thread.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from backports.zstd import compress as zstd_compress
 from pydantic import SecretStr
 
 from consumer.http import create_app
@@ -185,11 +186,21 @@ async def test_body_limit_and_encodings() -> None:
         )
         corrupt = await c.post("/v1/systemone", content=b"\x1f\x8bxx", headers={"content-encoding": "gzip"})
         brotli = await c.post("/v1/systemone", content=body, headers={"content-encoding": "br"})
+        zstd = await c.post(
+            "/v1/systemone", content=zstd_compress(body), headers={"content-encoding": "zstd"}
+        )
+        zstd_bomb = await c.post(
+            "/v1/systemone",
+            content=zstd_compress(body + b" " * 100_000),
+            headers={"content-encoding": "zstd"},
+        )
     assert_error(big, 413, "request_too_large")
     assert gz.status_code == 200
     assert_error(bomb, 413, "request_too_large")
     assert_error(corrupt, 400, "bad_request")
     assert_error(brotli, 415, "unsupported_media_type")
+    assert zstd.status_code == 200
+    assert_error(zstd_bomb, 413, "request_too_large")
 
 
 async def test_overload_is_503_with_retry_after_and_never_hangs() -> None:
