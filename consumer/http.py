@@ -7,10 +7,11 @@ answer HEAD (the server sends no body). Optional Bearer keys protect `/v1/*`.
 
 Errors (SPEC sections 2 and 8; shapes in `consumer.http_errors`): validation failures, a body that is
 not JSON or not an object included, are 422 `{"detail": [{"type", "loc": ["body", ...], "msg"}]}`;
-every other error is `{"detail": {"error_type", "message"}}` (401 `authentication_error`, 404 `not_found`, 405 with `Allow`,
-413, 415, 404 `model_not_found` for a model that is neither the served one nor `jev-latest`,
-400 for other client errors, 503 `overloaded` with `Retry-After` beyond `max_concurrent_requests` in flight,
-500 only when the engine failed on the request alone). Every response carries `x-typesafe-request-id`.
+every other error is `{"detail": {"error_type", "message"}}`: 401 `authentication_error`, 404
+`not_found`, 405 with `Allow`, 413, 415, 404 `model_not_found` (a model that is neither the served one
+nor `jev-latest`), 400 other client errors, 503 `overloaded` with `Retry-After` beyond
+`max_concurrent_requests` in flight, 500 only when the engine failed on the request alone.
+Every response carries `x-typesafe-request-id`.
 """
 
 from __future__ import annotations
