@@ -84,7 +84,7 @@ def _install_fake_commands(monkeypatch: pytest.MonkeyPatch) -> None:
         (["bench", "other"], 2, "bad --thing"),
         (["no-such-command"], 2, "invalid choice"),
         (["bench"], 2, "required"),
-        (["kafka-local", "--port", "0"], 2, "--port must be between"),
+        (["kafka-local", "--port", "70000"], 2, "--port must be between"),
     ],
 )
 def test_errors_are_one_line(
@@ -278,3 +278,25 @@ def test_torchvision_notice_is_silenced(caplog: pytest.LogCaptureFixture) -> Non
         )
         log.warning("another warning")
     assert [r.getMessage() for r in caplog.records] == ["another warning"]
+
+
+def test_kafka_local_refuses_a_taken_port_at_once(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        assert cli.main(["kafka-local", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"port {port} on 127.0.0.1 is in use" in err
+    assert "--port 0" in err
+
+
+def test_kafka_local_defaults_to_the_clients_default_port() -> None:
+    from consumer.settings import KafkaSettings
+
+    parser = cli.build_parser()
+    args = parser.parse_args(["kafka-local"])
+    assert KafkaSettings().bootstrap_servers == f"127.0.0.1:{args.port}"
