@@ -6,6 +6,8 @@ set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
+# shellcheck source=scripts/env.sh
+source "$repo/scripts/env.sh"
 venv="$("$repo/scripts/setup.sh" | tail -n 1)"
 export PATH="$venv/bin:$PATH"
 
@@ -27,10 +29,20 @@ echo "== mypy --strict"
 mypy --strict || failed+=(mypy)
 
 echo "== pytest -m 'not gpu'"
-set +e
-timeout --signal=INT --kill-after=60 3600 python -m pytest -m "not gpu" "$@"
-rc=$?
-set -e
+# `timeout` runs pytest in a process group of its own, where a Ctrl-C in the terminal does not reach it:
+# the trap forwards SIGINT/SIGTERM (timeout passes them on), and the loop waits until pytest has ended,
+# so its fixtures stop every broker they started before this script exits.
+timeout --signal=INT --kill-after=60 3600 python -m pytest -m "not gpu" "$@" &
+pytest_pid=$!
+interrupted=""
+trap 'interrupted=1; kill -INT "$pytest_pid" 2>/dev/null || true' INT TERM
+while :; do
+    rc=0
+    wait "$pytest_pid" || rc=$?
+    kill -0 "$pytest_pid" 2>/dev/null || break
+done
+trap - INT TERM
+[[ -z "$interrupted" ]] || { echo "test.sh: interrupted" >&2; exit 130; }
 case $rc in
     0) ;;
     5) echo "test.sh: pytest collected no tests; that is a failure" >&2; failed+=("pytest (no tests)") ;;

@@ -76,6 +76,7 @@ async def _read(
     after the broker answered (an unreachable broker is `BrokerUnreachableError`)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
+    from consumer.dlq import topic_partitions
     from consumer.source import client_options
 
     consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False)
@@ -86,8 +87,7 @@ async def _read(
     async with started(consumer, consumer.stop, bootstrap=bootstrap, timeout_s=connect_s):
         try:
             async with asyncio.timeout(connect_s):
-                await consumer.topics()  # fetches the cluster metadata that partitions_for_topic reads
-                parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+                parts = [TopicPartition(topic, p) for p in await topic_partitions(settings.kafka, topic)]
                 if not parts:
                     raise CommandError(f"topic {topic} does not exist at {bootstrap}")
                 consumer.assign(parts)
