@@ -10,6 +10,10 @@ cd "$repo"
 source "$repo/scripts/env.sh"
 venv="$("$repo/scripts/setup.sh" | tail -n 1)"
 export PATH="$venv/bin:$PATH"
+# the tests' temporary files (pytest keeps its last runs' tmp_path folders) go to a folder removed at exit
+test_tmp="$(mktemp -d -t clef-test-XXXXXX)"
+trap 'rm -rf "$test_tmp"' EXIT
+export TMPDIR="$test_tmp"
 
 echo "== versions"
 python -V
