@@ -47,6 +47,7 @@ trap 'exit 130' INT TERM
 mkdir -p "$root/cache" "$root/home" "$root/tmp"
 say "fresh clone of $(git -C "$repo" rev-parse --short HEAD) into $root/clone"
 git clone --quiet --no-hardlinks "$repo" "$root/clone"
+git -C "$root/clone" checkout --quiet --detach "$(git -C "$repo" rev-parse HEAD)"  # this HEAD, also from a worktree
 
 # a newcomer's environment: nothing of ours set, except the cache folder the README mentions
 run_in_clone() {
