@@ -92,11 +92,16 @@ def run_client(main: Callable[[], Coroutine[Any, Any, _T]], *, bootstrap: str, t
 
 
 async def _bounded(coro: Awaitable[_T], timeout_s: float | None, bootstrap: str) -> _T:
+    """`coro` within `timeout_s`; only this bound's expiry becomes `BrokerUnreachableError` (a
+    `TimeoutError` of the command's own propagates unchanged)."""
+    bound = asyncio.timeout(timeout_s)
     try:
-        async with asyncio.timeout(timeout_s):
+        async with bound:
             return await coro
     except TimeoutError as exc:
-        raise unreachable(bootstrap, timeout_s or 0) from exc
+        if bound.expired():
+            raise unreachable(bootstrap, timeout_s or 0) from exc
+        raise
 
 
 def _kafka_text(exc: BaseException) -> str:
