@@ -38,6 +38,31 @@ import sys
 sys.exit(0 if sys.version_info >= (3, 11) else 1)
 PY
 
+# with_ticker MESSAGE CMD...: run CMD, saying MESSAGE with the elapsed time and the virtualenv's size every
+# 30 s (pip prints nothing while it unpacks and installs torch's gigabytes); the ticker is stopped by pid
+ticker_pid=""
+trap '[[ -z "$ticker_pid" ]] || kill "$ticker_pid" 2>/dev/null || true' EXIT
+with_ticker() {
+    local message="$1" began=$SECONDS rc=0
+    shift
+    (
+        nap=""
+        trap '[[ -z "$nap" ]] || kill "$nap" 2>/dev/null; exit 0' TERM  # its sleep must not outlive it
+        while :; do
+            sleep 30 &
+            nap=$!
+            wait "$nap"
+            say "$message: $((SECONDS - began)) s, $(du -sh "$venv" 2>/dev/null | cut -f1) so far"
+        done
+    ) &
+    ticker_pid=$!
+    "$@" || rc=$?
+    kill "$ticker_pid" 2>/dev/null || true
+    wait "$ticker_pid" 2>/dev/null || true
+    ticker_pid=""
+    return "$rc"
+}
+
 # ---- the project's virtualenv ---------------------------------------------------------------------------
 cache="$clef_cache"
 key="$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)"
@@ -58,7 +83,7 @@ if [[ ! -f "$venv/.clef-complete" ]]; then
     say "first run: about 5 GB to download and install (torch and its CUDA libraries), several minutes;"
     say "pip lists each package as it goes (its download cache: ${PIP_CACHE_DIR:-~/.cache/pip})"
     # no -q: pip's per-package lines (Collecting/Downloading/Installing) are the progress
-    timeout 3000 "$venv/bin/python" -m pip install -c constraints.txt -e '.[dev]' >&2
+    with_ticker "still installing" timeout 3000 "$venv/bin/python" -m pip install -c constraints.txt -e '.[dev]' >&2
     touch "$venv/.clef-complete"
 else
     # same dependencies: only make sure the editable install points at this clone
