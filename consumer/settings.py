@@ -130,6 +130,12 @@ class KafkaSettings(_Frozen):
                 f"({beat:g} s, kafka.session_timeout_ms / 10) + {REJOIN_MARGIN_S:g} s to rejoin; raise it "
                 "or lower those bounds"
             )
+        if self.max_poll_interval_ms / 1000 < self.shutdown_timeout_s:
+            raise ValueError(
+                f"kafka.max_poll_interval_ms ({self.max_poll_interval_ms / 1000:g} s) is below "
+                f"kafka.shutdown_timeout_s ({self.shutdown_timeout_s:g} s): the drain at shutdown fetches "
+                "nothing, and aiokafka leaves the group after max_poll_interval_ms without a fetch"
+            )
         reserve = self.close_reserve_s
         if path + reserve > self.shutdown_timeout_s:
             commit = "" if self.exactly_once else " + kafka.commit_timeout_s for the final commit"

@@ -66,6 +66,13 @@ def test_a_shutdown_bound_shorter_than_a_revoke_plus_closing_is_refused() -> Non
     load_settings(kafka={"shutdown_timeout_s": 23})
 
 
+def test_a_poll_interval_shorter_than_the_shutdown_drain_is_refused() -> None:
+    kafka = {"rebalance_timeout_ms": 30_000, "shutdown_timeout_s": 25}
+    with pytest.raises(SettingsError, match=r"kafka\.max_poll_interval_ms \(20 s\) is below"):
+        load_settings(kafka={**kafka, "max_poll_interval_ms": 20_000})
+    load_settings(kafka={**kafka, "max_poll_interval_ms": 25_000})
+
+
 # ---- source: a stop ends a fetch blocked in a rebalance -------------------------------------------------
 class _RebalancingConsumer:
     """Stands in for AIOKafkaConsumer during a rebalance: `getmany` waits whatever its timeout."""
