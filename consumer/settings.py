@@ -30,6 +30,9 @@ SHUTDOWN_RESERVE_S = 3.0
 #: Between the end of a revoke callback and the broker receiving the member's JoinGroup (round trips and
 #: scheduling), counted against the rebalance timeout.
 REJOIN_MARGIN_S = 1.0
+#: aiokafka's request timeout (its default `request_timeout_ms`, kept): the other members' JoinGroup
+#: requests wait for the slowest member's revoke path and are sent again, logged at ERROR, after it.
+JOIN_REQUEST_TIMEOUT_S = 40.0
 
 
 class _Frozen(BaseModel):
@@ -129,6 +132,12 @@ class KafkaSettings(_Frozen):
                 f"{source} is {have:g} s, but the revoke path needs {need:g} s: {parts} + one heartbeat "
                 f"({beat:g} s, kafka.session_timeout_ms / 10) + {REJOIN_MARGIN_S:g} s to rejoin; raise it "
                 "or lower those bounds"
+            )
+        if need > JOIN_REQUEST_TIMEOUT_S:
+            raise ValueError(
+                f"the revoke path needs {need:g} s ({parts} + heartbeat + rejoin), but the other members' "
+                f"JoinGroup requests wait for it and time out after {JOIN_REQUEST_TIMEOUT_S:g} s; lower "
+                "those bounds"
             )
         if self.max_poll_interval_ms / 1000 < self.shutdown_timeout_s:
             raise ValueError(

@@ -150,6 +150,8 @@ class Source:
         """
         self._fetching = False
         if self._getter is not None:
+            # (aiokafka then counts the consumer as fetching for good, so its heartbeat never leaves the
+            # group for want of a fetch while the pipeline drains: the drain decides when to leave.)
             self._getter.cancel()
 
     @property

@@ -66,6 +66,12 @@ def test_a_shutdown_bound_shorter_than_a_revoke_plus_closing_is_refused() -> Non
     load_settings(kafka={"shutdown_timeout_s": 23})
 
 
+def test_a_revoke_path_longer_than_a_join_request_is_refused() -> None:
+    with pytest.raises(SettingsError, match=r"needs 42 s .*time out after 40 s"):
+        load_settings(kafka={"exactly_once": True, "revoke_timeout_s": 19, "shutdown_timeout_s": 45})
+    load_settings(kafka={"exactly_once": True, "revoke_timeout_s": 18, "shutdown_timeout_s": 45})
+
+
 def test_a_poll_interval_shorter_than_the_shutdown_drain_is_refused() -> None:
     kafka = {"rebalance_timeout_ms": 30_000, "shutdown_timeout_s": 25}
     with pytest.raises(SettingsError, match=r"kafka\.max_poll_interval_ms \(20 s\) is below"):
