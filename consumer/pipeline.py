@@ -417,7 +417,8 @@ class Pipeline:
             except Exception as exc:
                 log.warning("final_commit_failed", error=repr(exc)[:300])
         abandoned = self.in_flight
-        await self.batcher.close(0.0)
+        # HTTP requests already in the batcher may still be answered (Kafka results are not published).
+        await self.batcher.close(left() / 3)
         # Exactly-once: a transaction being committed ends before the group is left, so the next owner
         # reads its offsets.
         await self.emitter.wait_closed(min(left() / 3, 2.0))
