@@ -24,7 +24,7 @@ from consumer.commands import CommandError, Commands
 
 PROG = "clef-router"
 #: Command modules under ``consumer/commands/``, in help order.
-COMMAND_MODULES: tuple[str, ...] = ("kafka", "schema", "engine", "service", "tail", "bench")
+COMMAND_MODULES: tuple[str, ...] = ("kafka", "schema", "engine", "service", "records", "tail", "bench")
 _MAX_MESSAGE = 400
 
 

@@ -16,13 +16,14 @@ once, by the command. `started` closes a client even when its start failed, so n
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
-from consumer.commands import CommandError
+from consumer.commands import CommandError, UsageError
 
 _T = TypeVar("_T")
 _C = TypeVar("_C", bound="_Client")
@@ -117,3 +118,16 @@ def error_text(exc: BaseException) -> str:
     if not text:
         return name
     return text if text.startswith(name) else f"{name}: {text}"
+
+
+def load_cli_settings(args: argparse.Namespace, **overrides: Any) -> Any:
+    """Settings for a command: `--config`, `--bootstrap` when the command has them, and the environment.
+    Raises `UsageError` (exit 2) for an unknown or invalid setting."""
+    from consumer.settings import SettingsError, load_settings
+
+    if getattr(args, "bootstrap", None):
+        overrides.setdefault("kafka", {})["bootstrap_servers"] = args.bootstrap
+    try:
+        return load_settings(getattr(args, "config", None), **overrides)
+    except SettingsError as exc:
+        raise UsageError(str(exc)) from exc

@@ -1,5 +1,7 @@
-"""`clef-router run`, `produce`, `dlq replay` and `bench pipeline` (`tail`: `consumer.commands.tail`).
+"""`clef-router run`, `serve` and `bench pipeline` (`produce`, `dlq replay`: `consumer.commands.records`).
 
+`serve` is the HTTP API alone (no Kafka): same settings and engine; SIGTERM or SIGINT stops accepting,
+lets requests in progress finish (up to `http.shutdown_timeout_s`), then exits 0.
 `run` loads settings (env `CLEF_*`, optional `--config` TOML), prints them masked, loads the engine (a
 release directory, or `--stub-engine` for demos and benchmarks), then serves Kafka and HTTP until SIGTERM
 or SIGINT: stop fetching, drain, commit, exit 0. A fatal error (DLQ guard, exhausted retries) exits 1.
@@ -16,13 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from consumer.commands import CommandError, Commands, UsageError
-from consumer.commands.client import DEFAULT_TIMEOUT_S, error_text, run_client, started
-
-SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "events.jsonl"
+from consumer.commands.client import error_text, load_cli_settings
 
 
 def register(commands: Commands) -> None:
-    """Add `run`, `produce`, `dlq replay` and `bench pipeline`."""
+    """Add `run`, `serve` and `bench pipeline`."""
     p = commands.add_parser(
         "run",
         help="Run the Kafka routing service and its HTTP server (settings: CLEF_* variables, listed below)",
@@ -34,34 +34,12 @@ def register(commands: Commands) -> None:
     )
     p.set_defaults(func=_run)
 
-    p = commands.add_parser("produce", help="Send the sample alert/fault events to the input topic")
-    _add_kafka_options(p)
-    p.add_argument("--topic", default=None, help="topic to send to (default: the first input topic)")
-    p.add_argument("--file", type=Path, default=SAMPLES, help="JSON lines of {key, headers, value}")
-    p.add_argument("--repeat", type=int, default=1, help="send the whole file this many times")
-    p.set_defaults(func=_produce)
-
-    dlq = commands.group("dlq", "Dead-letter topic tools")
-    p = dlq.add_parser(
-        "replay",
-        help="Send DLQ records back to their original topic",
-        description="Send DLQ records back to their original topic (original value, key and headers).",
-    )
-    _add_kafka_options(p)
+    p = commands.add_parser("serve", help="Serve the SystemOne HTTP API alone (no Kafka)")
+    p.add_argument("--config", type=Path, default=None, help="TOML settings file (env CLEF_* overrides it)")
     p.add_argument(
-        "--reason",
-        action="append",
-        default=[],
-        choices=_reason_codes(),
-        metavar="CODE",
-        help=f"only records with this reason code (repeatable): {', '.join(_reason_codes())}",
+        "--stub-engine", action="store_true", help="answer instantly without a model (demo, bench)"
     )
-    p.add_argument("--limit", type=int, default=None, help="replay at most this many records")
-    p.add_argument("--group", default=None, help="replay consumer group (default: <group_id>.dlq-replay)")
-    p.add_argument(
-        "--dry-run", action="store_true", help="count what would be replayed; send and commit nothing"
-    )
-    p.set_defaults(func=_dlq_replay)
+    p.set_defaults(func=_serve_http)
 
     p = commands.bench.add_parser("pipeline", help="Service events/s (stub engine) vs a plain aiokafka loop")
     p.add_argument("--events", type=int, default=20_000, help="events per run (default 20000)")
@@ -83,25 +61,6 @@ def register(commands: Commands) -> None:
         help="a setting for the service run, e.g. batching.max_batch_records=32 (repeatable; JSON values)",
     )
     p.set_defaults(func=_bench_pipeline)
-
-
-def _add_kafka_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, default=None, help="TOML settings file (env CLEF_* overrides it)")
-    p.add_argument(
-        "--bootstrap", default=None, help="Kafka bootstrap servers (default: CLEF_KAFKA__BOOTSTRAP_SERVERS)"
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT_S,
-        help=f"give up after this many seconds, e.g. when the broker is down (default {DEFAULT_TIMEOUT_S:g})",
-    )
-
-
-def _reason_codes() -> list[str]:
-    from schemas.errors import DlqReason
-
-    return [r.value for r in DlqReason]
 
 
 class _SettingsHelpFormatter(argparse.HelpFormatter):
@@ -129,19 +88,6 @@ def settings_help() -> str:
         else:
             lines.append(f"  {ENV_PREFIX}{name.upper()}  default {json.dumps(field.default, default=str)}")
     return "\n".join(lines) + "\n"
-
-
-def load_cli_settings(args: argparse.Namespace, **overrides: Any) -> Any:
-    """Settings for a command: `--config`, `--bootstrap` when the command has them, and the environment.
-    Raises `UsageError` (exit 2) for an unknown or invalid setting."""
-    from consumer.settings import SettingsError, load_settings
-
-    if getattr(args, "bootstrap", None):
-        overrides.setdefault("kafka", {})["bootstrap_servers"] = args.bootstrap
-    try:
-        return load_settings(getattr(args, "config", None), **overrides)
-    except SettingsError as exc:
-        raise UsageError(str(exc)) from exc
 
 
 _settings = load_cli_settings
@@ -212,84 +158,86 @@ def _load_engine(settings: Any, *, stub: bool) -> Any:
 
 
 async def _serve(settings: Any, engine: Any) -> None:
-    from consumer.http import HttpServer
+    """Kafka and HTTP on one loop. SIGTERM/SIGINT: the HTTP server stops accepting and lets requests in
+    progress finish while the pipeline drains (HTTP requests already in the batcher are answered)."""
+    from consumer.broker_watch import BrokerWatch
+    from consumer.http import create_app
+    from consumer.http_server import HttpServer
     from consumer.pipeline import Pipeline
+    from consumer.serve import ServiceBackend
 
     pipeline = Pipeline(settings, engine)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, pipeline.request_stop)
+    watch = BrokerWatch(settings.kafka, pipeline.metrics, settings.http.broker_unreachable_s)
     server = None
     if settings.http.enabled:
-        server = HttpServer(settings.http, pipeline, pipeline.metrics, [settings.engine.model_name])
+        app = create_app(
+            settings.http, ServiceBackend(pipeline, watch), pipeline.metrics, settings.engine.model_name
+        )
+        server = HttpServer(settings.http, app)
         await server.start()
+
+    def stop() -> None:
+        pipeline.request_stop()
+        if server is not None:
+            server.request_stop()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    await watch.start()
     try:
         await pipeline.run()
     finally:
+        await watch.stop()
         if server is not None:
             await server.stop()
 
 
-def _produce(args: argparse.Namespace) -> int:
+def _serve_http(args: argparse.Namespace) -> int:
+    """`clef-router serve`: the HTTP API alone (no Kafka), same settings and engine as `run`."""
+    from consumer.logging import configure_logging, get_logger
+
     settings = _settings(args)
-    topic = args.topic or settings.topics.input[0]
-    if args.repeat < 1 or args.timeout <= 0:
-        raise UsageError("--repeat must be >= 1 and --timeout positive")
+    if not args.stub_engine:
+        _check_engine_settings(settings.engine)
+    configure_logging(settings.log_level)
+    log = get_logger("consumer.service")
+    log.info("settings", settings=settings.masked())
+    engine = _load_engine(settings, stub=args.stub_engine)
+    log.info("engine_loaded", stub=args.stub_engine, device=settings.engine.device)
     try:
-        lines = [json.loads(line) for line in args.file.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read samples from {args.file}: {exc}") from exc
-    bootstrap = settings.kafka.bootstrap_servers
-    items = lines * args.repeat
-    sent = run_client(
-        lambda: _send_samples(settings, topic, items), bootstrap=bootstrap, timeout_s=args.timeout
-    )
-    print(f"sent {sent} events to {topic} at {bootstrap}")
+        asyncio.run(_serve_http_async(settings, engine))
+    except OSError as exc:
+        raise CommandError(f"cannot serve HTTP on {settings.http.host}:{settings.http.port}: {exc}") from exc
     return 0
 
 
-async def _send_samples(settings: Any, topic: str, items: list[dict[str, Any]]) -> int:
-    from consumer.producer import Producer
-    from consumer.router import OutRecord
-    from consumer.source import ensure_topics
+async def _serve_http_async(settings: Any, engine: Any) -> None:
+    from consumer.http import create_app
+    from consumer.http_server import HttpServer
+    from consumer.runtime import tune_gc
+    from consumer.serve import HttpService
 
-    await ensure_topics(settings.kafka, [topic])
-    producer = Producer(settings.kafka)
-    async with started(producer, producer.stop, bootstrap=settings.kafka.bootstrap_servers):
-        futures = []
-        for item in items:
-            key = str(item["key"]).encode() if item.get("key") is not None else None
-            headers = tuple((str(k), str(v).encode()) for k, v in (item.get("headers") or {}).items())
-            value = json.dumps(item["value"]).encode()
-            futures.append(await producer.send(OutRecord(topic, key, value, headers)))
-        await asyncio.gather(*futures)
-        return len(futures)
-
-
-def _dlq_replay(args: argparse.Namespace) -> int:
-    from consumer.dlq import reason_filter, replay
-
-    settings = _settings(args)
-    if args.timeout <= 0 or (args.limit is not None and args.limit < 1):
-        raise UsageError("--timeout must be positive and --limit >= 1")
-    reasons = reason_filter(args.reason)  # argparse already checked the codes
-    group = args.group or f"{settings.kafka.group_id}.dlq-replay"
-    counts = run_client(
-        lambda: replay(
-            settings.kafka,
-            settings.topics.dlq,
-            group_id=group,
-            reasons=reasons,
-            limit=args.limit,
-            dry_run=args.dry_run,
-        ),
-        bootstrap=settings.kafka.bootstrap_servers,
-        timeout_s=args.timeout,
+    service = HttpService(settings, engine)
+    server = HttpServer(
+        settings.http, create_app(settings.http, service, service.metrics, settings.engine.model_name)
     )
-    if args.dry_run:  # nothing was sent: say what would have been
-        counts = {"would_replay": counts.pop("replayed"), **counts}
-    print(json.dumps({"dlq_topic": settings.topics.dlq, "dry_run": args.dry_run, **counts}))
-    return 0
+    await service.start()
+    await server.start()
+    tune_gc(settings.gc_gen0_threshold, freeze=settings.gc_freeze)
+    stopping = asyncio.Event()
+
+    def stop() -> None:
+        service.request_stop()
+        server.request_stop()
+        stopping.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    await stopping.wait()
+    await server.stop()  # requests in progress finish on the still running batcher
+    await service.close(settings.http.shutdown_timeout_s)
 
 
 def _bench_pipeline(args: argparse.Namespace) -> int:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from consumer.commands import CommandError, Commands, UsageError
-from consumer.commands.client import DEFAULT_TIMEOUT_S, run_client, started, unreachable
+from consumer.commands.client import DEFAULT_TIMEOUT_S, load_cli_settings, run_client, started, unreachable
 
 
 def register(commands: Commands) -> None:
@@ -47,8 +47,6 @@ def register(commands: Commands) -> None:
 
 
 def _tail(args: argparse.Namespace) -> int:
-    from consumer.commands.service import load_cli_settings
-
     if args.count < 0 or (args.max is not None and args.max < 1):
         raise UsageError("--count must be >= 0 and --max >= 1")
     if args.timeout is not None and args.timeout <= 0:
