@@ -4,6 +4,7 @@
 #   - a virtualenv outside the clone, keyed by a hash of pyproject.toml + constraints.txt
 #     (${CLEF_CACHE_DIR:-~/.cache/clef-router}/venv-<hash>; override with CLEF_VENV), reused when present,
 #   - the package installed editable from THIS clone with the dev extra and pinned torch/transformers,
+#   - a second cached virtualenv with the newest transformers 5.x (scripts/setup-newest.sh),
 #   - the Apache Kafka broker jars (Maven Central) in ${CLEF_CACHE_DIR:-~/.cache/clef-router}/kafka-<version>.
 # Progress goes to stderr; the last line on stdout is the virtualenv path, e.g.
 #   venv="$(scripts/setup.sh | tail -n 1)"
@@ -58,6 +59,10 @@ else
         timeout 600 "$venv/bin/python" -m pip install -q --no-deps -c constraints.txt -e . >&2
     fi
 fi
+
+# Second environment: the newest transformers 5.x, for the engine and conformance tests (scripts/test.sh).
+say "second virtualenv with the newest transformers 5.x (cached)"
+"$repo/scripts/setup-newest.sh" >/dev/null
 
 say "fetching the Kafka broker jars (cached)"
 "$venv/bin/python" -m consumer.kafka_jars >&2
