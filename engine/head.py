@@ -191,7 +191,11 @@ class JointSchemaHead(nn.Module):
 
         # Memory: (B, L, w), padded per record; padding is masked out of every attention below.
         mem = _to_padded(
-            self.memory_projection(h), index.token_record, index.token_position, index.num_records, index.max_length
+            self.memory_projection(h),
+            index.token_record,
+            index.token_position,
+            index.num_records,
+            index.max_length,
         )  # (B, L, w)
         mem_pad = index.memory_padding  # (B, L) bool, True = padding
 
@@ -230,7 +234,9 @@ class JointSchemaHead(nn.Module):
         on = self.option_norm(o)  # (N, w)
 
         joint = F.cosine_similarity(f.float(), on.float(), dim=-1)  # (N,) float32
-        residual = self.residual_scorer(torch.cat([f, on, f * on, (f - on).abs()], dim=-1)).squeeze(-1).float()  # (N,)
+        residual = (
+            self.residual_scorer(torch.cat([f, on, f * on, (f - on).abs()], dim=-1)).squeeze(-1).float()
+        )  # (N,)
         anchor = (q + g[index.question_record])[opt_q]  # (N, H)
         prior = (F.normalize(lex.float(), dim=-1) * F.normalize(anchor.float(), dim=-1)).sum(-1)  # (N,)
         gate = torch.sigmoid(self.residual_gate.float())  # () float32

@@ -52,7 +52,7 @@ CHECKPOINT_PARTS: tuple[str, ...] = ("model", "visual", "audio_tower", "lm_head"
 
 
 def _module_path(thinker: nn.Module, target: nn.Module, what: str) -> str:
-    paths = [name for name, module in thinker.named_modules() if module is target]
+    paths: list[str] = [name for name, module in thinker.named_modules() if module is target]
     if len(paths) != 1:
         raise ValueError(f"cannot place the thinker's {what} in its module tree (found at {paths})")
     return paths[0]
@@ -95,7 +95,7 @@ def checkpoint_names(thinker: nn.Module, prefix: str = "thinker.") -> dict[str, 
     for key in thinker.state_dict(keep_vars=True):
         for part, path in parts:
             if key.startswith(path + "."):
-                names[key] = f"{prefix}{part}{key[len(path):]}"
+                names[key] = f"{prefix}{part}{key[len(path) :]}"
                 break
         else:
             raise ValueError(f"thinker tensor {key!r} lies outside every checkpoint part {CHECKPOINT_PARTS}")
@@ -111,6 +111,6 @@ def text_model(thinker: nn.Module) -> Any:
 
 
 def expected_tensors(thinker: nn.Module, prefix: str = "thinker.") -> dict[str, tuple[int, ...]]:
-    """Release (checkpoint) name -> shape for every tensor the thinker needs (parameters, persistent buffers)."""
+    """Release (checkpoint) name -> shape of every tensor the thinker needs (incl. persistent buffers)."""
     names = checkpoint_names(thinker, prefix)
     return {names[key]: tuple(t.shape) for key, t in thinker.state_dict(keep_vars=True).items()}

@@ -11,7 +11,8 @@
 Tensor names are the checkpoint's under every transformers version: the thinker's as `engine.thinker.
 checkpoint_names` gives them (`thinker.model.layers.N.*`, `thinker.visual.*`, `thinker.audio_tower.*`, ...),
 the talker's and code2wav's as transformers' `Qwen3OmniMoeForConditionalGeneration` names them; the joint
-head's are the SPEC section 4 names. Loads on a CPU in about a second. See docs/tiny-release.md for the special token ids.
+head's are the SPEC section 4 names. Loads on a CPU in about a second. See docs/tiny-release.md for the
+special token ids.
 """
 
 from __future__ import annotations

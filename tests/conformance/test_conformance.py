@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conformance_support import RELEASE, Case, Outcome, load_cases, run_case
+
 from engine.release import load_release_model
 from engine.runner import Engine
 

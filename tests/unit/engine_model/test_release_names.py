@@ -1,7 +1,8 @@
 """Release I/O by checkpoint names (SPEC 3/4), whatever transformers is installed.
 
-The vendored fixture release (tests/conformance/release, written by the vendor) is the reference for every name
-and shape: the loader must read it, and a release written by `make-tiny-release` must hold the same tensors.
+The vendored fixture release (tests/conformance/release, written by the vendor) is the reference for every
+name and shape: the loader must read it, and a release written by `make-tiny-release` must hold the same
+tensors.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ def test_live_module_names_are_refused(tmp_path: Path) -> None:
     shutil.copytree(FIXTURE, root)
     data = json.loads((root / INDEX).read_text())
     data["weight_map"] = {
-        re.sub(r"^thinker\.model\.", "thinker.model.language_model.", k): v for k, v in data["weight_map"].items()
+        re.sub(r"^thinker\.model\.", "thinker.model.language_model.", k): v
+        for k, v in data["weight_map"].items()
     }
     (root / INDEX).write_text(json.dumps(data))
     with pytest.raises(ReleaseError, match=r"missing thinker tensors.*thinker\.model\.embed_tokens\.weight"):
@@ -128,7 +130,8 @@ def test_head_with_old_names_is_refused_naming_keys(tmp_path: Path) -> None:
     shutil.copytree(FIXTURE, root)
     state = load_file(str(root / "joint_head.safetensors"))
     old = {_old_name(k): v for k, v in state.items()}
-    assert len(old) == len(state) and "norm.weight" in old and "routing_layers.0.ffn.2.bias" in old
+    assert len(old) == len(state)
+    assert {"norm.weight", "routing_layers.0.ffn.2.bias", "scorer.2.weight"} <= set(old)
     save_file(old, str(root / "joint_head.safetensors"))
     with pytest.raises(ReleaseError) as info:
         load_release_model(root, device="cpu", dtype=torch.float32, load_processor=False)
@@ -145,3 +148,17 @@ def test_head_loads_the_fixture_values(fixture_model: LoadedModel) -> None:
     assert set(loaded) == set(state)
     for key, value in state.items():
         assert torch.equal(loaded[key], value.float()), key
+
+
+def test_tiny_release_seed_0_is_the_fixture(tiny_release: Path) -> None:
+    """The vendor built the fixture with this writer (seed 0): every file matches byte for byte, config.json
+    up to the transformers version that wrote it."""
+    for file in sorted(FIXTURE.iterdir()):
+        ours = (tiny_release / file.name).read_bytes()
+        if file.name == "config.json":
+            mine, theirs = json.loads(ours), json.loads(file.read_bytes())
+            assert mine.pop("transformers_version")
+            assert theirs.pop("transformers_version")
+            assert mine == theirs
+        else:
+            assert ours == file.read_bytes(), file.name
