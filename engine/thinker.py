@@ -4,6 +4,10 @@ The thinker is constructed directly on the target device and dtype with weight i
 parameters are allocated but not written (no random init of 30B weights), while the non-persistent buffers
 that the modules compute in `__init__` (rotary `inv_freq`, the audio tower's sinusoid table) are correct. A
 meta-device build followed by `to_empty` would leave those buffers as garbage; they are not in the release.
+
+Releases name the thinker's tensors as the checkpoint does, while transformers versions place its modules
+differently (5.24 nests the text decoder and towers under `model`); `checkpoint_names` maps between the two
+from the installed module tree, and `text_model` finds the text decoder.
 """
 
 from __future__ import annotations
