@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README, .ci/run): set-up if needed, then ruff, mypy --strict and
-# pytest -m "not gpu" (unit tests and integration tests against a real local Apache Kafka broker).
+# pytest -m "not gpu" (unit tests and integration tests against a real local Apache Kafka broker), then
+# (full runs only) the engine and conformance tests again under the newest transformers 5.x.
 # Extra arguments go to pytest, e.g. scripts/test.sh tests/unit -x
 set -euo pipefail
 
@@ -22,6 +23,8 @@ mvn -v 2>/dev/null | sed -n 1p
 ruff --version
 mypy --version
 python -c 'import aiokafka, torch, transformers; print("aiokafka", aiokafka.__version__, "| torch", torch.__version__, "| transformers", transformers.__version__)'
+
+newest_tests=(tests/unit/engine_model tests/unit/engine_text tests/unit/media tests/unit/media_e2e tests/conformance)
 
 # every stage runs, so one report shows all problems; the script fails if any stage failed
 failed=()
@@ -53,6 +56,19 @@ case $rc in
     124) echo "test.sh: pytest did not finish within 3600 s" >&2; failed+=("pytest (timeout)") ;;
     *) failed+=("pytest (exit $rc)") ;;
 esac
+
+# The engine and conformance tests again under the newest transformers 5.x (second venv, constraints-newest.txt);
+# only on a full run (no pytest arguments), as CI does.
+if (($# == 0)); then
+    echo "== pytest under the newest transformers 5.x: ${newest_tests[*]}"
+    newest="$("$repo/scripts/setup-newest.sh" | tail -n 1)"
+    "$newest/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "| transformers", transformers.__version__)'
+    set +e
+    timeout --signal=INT --kill-after=60 1800 "$newest/bin/python" -m pytest -m "not gpu" -p no:cacheprovider "${newest_tests[@]}"
+    rc=$?
+    set -e
+    ((rc == 0)) || failed+=("pytest newest transformers (exit $rc)")
+fi
 
 if ((${#failed[@]})); then
     echo "test.sh: FAILED: ${failed[*]}" >&2
