@@ -1,7 +1,9 @@
 """``clef-router make-tiny-release`` and ``clef-router decide``: the engine from the command line.
 
 ``decide REQUEST.json --model DIR`` prints the SystemOne response JSON on stdout (exit 0); for an invalid
-request it prints the error body (``{"detail": ...}``, SPEC section 2) on stdout and exits 2.
+request it prints the error body (``{"detail": ...}``, SPEC section 2) on stderr and exits 2 (a file that is
+not JSON, or a missing release directory, fails before the model loads); an engine failure's error body
+also goes to stderr (exit 1).
 ``decide --batch FILE.jsonl --model DIR`` reads one request per non-blank line, decides them as GPU
 batches and writes one response or error body per line, in input order. One request's failure is that
 request's error line; every other line is still answered.
@@ -62,6 +64,8 @@ def _make_tiny_release(args: argparse.Namespace) -> int:
     from engine.tiny import write_tiny_release
 
     path = write_tiny_release(args.dir, seed=args.seed)
+    for item in path.rglob("*"):  # safetensors writes 0600; a container's other uid must read the release
+        item.chmod(0o755 if item.is_dir() else 0o644)
     print(str(path))
     return 0
 
@@ -117,7 +121,8 @@ def _decide(args: argparse.Namespace) -> int:
             results[index] = result
     done = [r for r in results if r is not None]
     assert len(done) == len(inputs), "every input line gets a result"
-    out = sys.stdout
+    # one request: an error body goes to stderr (stdout is for answers); --batch keeps input order on stdout
+    out = sys.stderr if args.batch is None and isinstance(done[0], RequestError) else sys.stdout
     for result in done:
         out.write(_result_line(result) + "\n")
     out.flush()
@@ -128,6 +133,8 @@ def _run_engine(
     args: argparse.Namespace, requests: list[SystemOneRequest]
 ) -> list[SystemOneResponse | RequestError]:
     """Load the release and decide the validated `requests` (blocking); results in input order."""
+    if not args.model.is_dir():
+        raise UsageError(f"--model {args.model} is not a directory (a Clef-omni release)")
     import torch
 
     from engine.runner import DTypeName, Engine, EngineConfig
