@@ -102,9 +102,18 @@ class _Sampler:
         self.max_kept = limits.video_max_kept_frames
         self.max_pixels = limits.video_frame_pixels
         self.decoded = 0
+        self.packets = 0
         self.end = 0.0
         self.frames: list[FrameArray] = []
         self.times: list[float] = []
+
+    def cannot_keep(self, pts: int | None, time_base: float) -> bool:
+        """Count one demuxed packet (raising past the frame cap: skipped frames count too) and tell whether
+        a frame stamped `pts` lies before the next mark, so it will never be kept."""
+        self.packets += 1
+        if self.packets > self.max_frames:
+            raise bomb(f"video has more than {self.max_frames} frames")
+        return pts is not None and time_base > 0 and pts * time_base < len(self.frames) * STEP - _EPS
 
     def add(self, frame: av.VideoFrame, fallback_duration: float, time_base: float) -> None:
         """Take the next decoded frame (presentation order); raise past the frame-count or time caps."""
@@ -165,6 +174,9 @@ def decode_video(data: bytes, limits: MediaLimits) -> DecodedVideo:
                         if collector is not None and isinstance(audio_frame, av.AudioFrame):
                             collector.add(audio_frame)
                     continue
+                # A non-reference frame that shows before the next 0.5 s mark can never be kept (the mark
+                # only moves later), so FFmpeg may drop it undecoded; every other frame is decoded.
+                context.skip_frame = "NONREF" if sampler.cannot_keep(packet.pts, time_base) else "DEFAULT"
                 for video_frame in context.decode(packet):
                     if isinstance(video_frame, av.VideoFrame):
                         sampler.add(video_frame, fallback, time_base)

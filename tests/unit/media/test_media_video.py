@@ -12,7 +12,7 @@ import pytest
 from mediagen import read_index, video_bytes
 
 from engine.media.limits import SAMPLE_RATE, MediaLimits
-from engine.media.video import decode_video, frame_size, video_from_array
+from engine.media.video import _Sampler, decode_video, frame_size, video_from_array
 
 LIMITS = MediaLimits()
 CODECS = [("mp4", "libx264"), ("mp4", "mpeg4"), ("webm", "libvpx"), ("webm", "libvpx-vp9")]
@@ -60,6 +60,30 @@ def test_low_and_fractional_frame_rates(fps: int | Fraction, seconds: float, kep
     video = decode_video(video_bytes(fps=fps, seconds=seconds), LIMITS)
     assert [read_index(frame) for frame in video.frames] == kept
     assert len(set(video.timestamps)) == len(kept)
+
+
+@pytest.mark.parametrize("fps", [Fraction(30000, 1001), 24, 60])
+def test_skipping_unkeepable_frames_keeps_the_same_frames(
+    fps: int | Fraction, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # x264's default preset uses B-frames (non-reference): decoding lets FFmpeg drop those before the next
+    # mark; the result must equal decoding every frame.
+    clip = video_bytes(fps=fps, seconds=3.0, preset="medium", content="motion", sound=True)
+    fast = decode_video(clip, LIMITS)
+    counted: list[int] = []
+
+    def decode_all(sampler: _Sampler, pts: int | None, time_base: float) -> bool:
+        counted.append(1)
+        return False
+
+    monkeypatch.setattr(_Sampler, "cannot_keep", decode_all)
+    full = decode_video(clip, LIMITS)
+    assert len(counted) >= round(3.0 * fps)  # every packet (plus the flush packet) was asked
+    assert fast.timestamps == full.timestamps
+    assert np.array_equal(fast.frames, full.frames)
+    assert fast.audio is not None
+    assert full.audio is not None
+    assert np.array_equal(fast.audio, full.audio)
 
 
 def test_odd_frame_count_is_padded_with_the_last_frame() -> None:
