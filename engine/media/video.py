@@ -4,11 +4,12 @@ One demux pass reads the first video stream and the first audio stream. Video fr
 decoder in presentation order; a frame is kept when it has a timestamp and its absolute stream time is
 at least (frames kept so far) x 0.5 s (minus 1e-6). Frames are never repeated: a 1 fps clip keeps every
 frame, a 30 fps clip one frame per 0.5 s. Non-reference frames stamped before the next mark could never
-be kept, so FFmpeg drops them undecoded (`skip_frame`); the kept frames are those of decoding them all. Each kept frame is converted to RGB24 and scaled by
-min(1, sqrt(`limits.video_frame_pixels` / (w x h))) to even sides (2 x round(side x scale / 2), half to
-even, at least 2) in one PyAV call (bilinear). An odd count gets the last frame once more. Caps on
-declared size, frame count and duration are checked before decoding and again while decoding (headers
-can lie); kept frames are capped as well. CPU only, blocking; thread-safe.
+be kept, so FFmpeg drops them undecoded (`skip_frame`); the kept frames are those of decoding them all.
+Each kept frame is converted to RGB24 and scaled by min(1, sqrt(`limits.video_frame_pixels` / (w x h)))
+to even sides (2 x round(side x scale / 2), half to even, at least 2) in one PyAV call (bilinear). An
+odd count gets the last frame once more. Caps on declared size, frame count and duration are checked
+before decoding and again while decoding (headers can lie); kept frames are capped as well.
+CPU only, blocking; thread-safe.
 """
 
 from __future__ import annotations
