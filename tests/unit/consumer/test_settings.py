@@ -105,3 +105,14 @@ def test_sub_configs_are_frozen() -> None:
         s.kafka.group_id = "other"  # type: ignore[misc]
     with pytest.raises(ValidationError):
         Settings(kafka={"max_in_flight": 0})
+
+
+@pytest.mark.parametrize("name", ["CLEF_CACHE_DIR", "CLEF_VENV", "CLEF_DEBUG", "CLEF_MODEL_DIR"])
+def test_script_variables_are_not_settings_errors(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README tells users to export these for the scripts; the service must start with them set."""
+    monkeypatch.setenv(name, "/somewhere")
+    monkeypatch.setenv("CLEF_LOG_LEVL", "debug")  # a typo next to them is still caught
+    with pytest.raises(SettingsError, match="CLEF_LOG_LEVL"):
+        load_settings()
+    monkeypatch.delenv("CLEF_LOG_LEVL")
+    assert load_settings().log_level == "info"
