@@ -68,6 +68,14 @@ class TopicSettings(_Frozen):
 
 
 class BatchingSettings(_Frozen):
+    mode: Literal["adaptive", "fixed"] = Field(
+        default="adaptive",
+        description="adaptive: batches follow the queue and the measured GPU time (consumer.adaptive); "
+        "fixed: flush on max_batch_records, max_batch_tokens or max_wait_ms",
+    )
+    latency_target_ms: float = Field(
+        default=250.0, gt=0, description="adaptive: a batch runs in half of this unless a backlog built"
+    )
     max_batch_records: int = Field(default=256, ge=1)
     max_batch_tokens: int = Field(default=32_768, ge=1)
     max_wait_ms: float = Field(default=20.0, ge=0)
