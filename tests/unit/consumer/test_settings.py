@@ -105,3 +105,17 @@ def test_sub_configs_are_frozen() -> None:
         s.kafka.group_id = "other"  # type: ignore[misc]
     with pytest.raises(ValidationError):
         Settings(kafka={"max_in_flight": 0})
+
+
+def test_device_index_picks_one_gpu_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    from consumer.settings import engine_device
+
+    assert engine_device(load_settings().engine) == "cuda"
+    monkeypatch.setenv("CLEF_ENGINE__DEVICE_INDEX", "3")
+    assert engine_device(load_settings().engine) == "cuda:3"
+    monkeypatch.setenv("CLEF_ENGINE__DEVICE", "cuda:1")
+    with pytest.raises(SettingsError, match="already names a device"):
+        engine_device(load_settings().engine)
+    monkeypatch.setenv("CLEF_ENGINE__DEVICE_INDEX", "-1")
+    with pytest.raises(SettingsError):
+        load_settings()
