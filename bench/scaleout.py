@@ -114,16 +114,17 @@ async def _committed(admin: Any, group: str, topic: str, previous: int) -> int:
     return int(sum(m.offset for tp, m in offsets.items() if tp.topic == topic and m.offset > 0))
 
 
-async def _decision_ids(bootstrap: str, topic: str) -> list[str]:
+async def _decision_ids(admin: Any, bootstrap: str, topic: str) -> list[str]:
     """Every event id on the decisions topic, read from the beginning to the current end."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
+    described = await admin.describe_topics([topic])
+    numbers = sorted(p["partition"] for t in described if t["error_code"] == 0 for p in t["partitions"])
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     ids: list[str] = []
     try:
-        await consumer.topics()  # loads the metadata partitions_for_topic reads
-        parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        parts = [TopicPartition(topic, p) for p in numbers]
         consumer.assign(parts)
         await consumer.seek_to_beginning(*parts)
         ends = await consumer.end_offsets(parts)
@@ -160,11 +161,13 @@ async def run(
             await asyncio.to_thread(fleet.scale_to, n)
             step_end = t0 + (index + 1) * step_s
             final = index == len(plan) - 1
-            if final:
-                stop.set()
-                await producer
-                step_end += drain_s
-            while time.monotonic() < step_end:
+            while True:
+                if final and not stop.is_set() and time.monotonic() >= step_end:
+                    stop.set()  # the last step produces for its time too, then drains
+                    await producer
+                    step_end += drain_s
+                if time.monotonic() >= step_end:
+                    break
                 await asyncio.sleep(1.0)
                 fleet.check_alive()
                 committed = await _committed(admin, group, topic, last)
@@ -180,11 +183,11 @@ async def run(
                 last = committed
                 samples.append(sample)
                 print(json.dumps(sample), flush=True)
-                if final and committed >= sent[0]:
+                if final and stop.is_set() and committed >= sent[0]:
                     break
         await asyncio.to_thread(fleet.scale_to, 0)
         committed = await _committed(admin, group, topic, last)
-        ids = await _decision_ids(bootstrap, f"{prefix}.decisions")
+        ids = await _decision_ids(admin, bootstrap, f"{prefix}.decisions")
     finally:
         stop.set()
         await asyncio.to_thread(fleet.scale_to, 0)
