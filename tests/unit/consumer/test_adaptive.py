@@ -170,8 +170,13 @@ async def test_busy_gpu_cut_waits_for_its_predicted_end_and_takes_everything_rea
     await settle()
     assert engine.batches == [["a"], ["b0", "b1", "b2"]]
     assert cost.observed == [10, 30]
-    assert metrics.gpu_busy._value.get() > 0
     assert metrics.batch_fill.count == 2
+    text = metrics.render().decode()
+    busy = [line for line in text.splitlines() if line.startswith("clef_router_gpu_busy_seconds_total ")]
+    assert busy
+    assert float(busy[0].split()[1]) > 0
+    assert "clef_router_batch_budget_tokens 1000.0" in text  # the budget of the last cut
+    assert 'clef_router_batch_fill_ratio_bucket{le="0.05"} 2.0' in text  # 10 and 30 of 1,000 tokens
     await b.close()
 
 
