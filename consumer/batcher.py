@@ -297,6 +297,10 @@ class Batcher(Generic[PreparedT, ResponseT]):
         prepared = [job[0] for job in batch]
         try:
             result, elapsed = await self._execute_batch(loop, prepared, tokens)
+        except asyncio.CancelledError:  # `close` gave up on it: its records are unfinished, not failed
+            for _, sub, _ in batch:
+                sub.future.cancel()
+            raise
         except BaseException as exc:  # the GPU thread itself died: fail the whole batch, loudly
             for _, sub, index in batch:
                 sub.settle(index, EngineError(DlqReason.engine_failed, exc, 1))
@@ -405,6 +409,9 @@ class Batcher(Generic[PreparedT, ResponseT]):
         for _, sub, _ in self._ready:
             sub.future.cancel()
         self._ready.clear()
+        # Before the pools go: a task left running would fail on them ("cannot schedule new futures").
+        for task in list(self._tasks):
+            task.cancel()
         self._prepare_pool.shutdown(wait=False, cancel_futures=True)
         self._gpu_pool.shutdown(wait=False, cancel_futures=True)
 
