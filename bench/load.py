@@ -83,7 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loads", default=",".join(str(x) for x in LOADS), help="shares of capacity")
     p.add_argument("--budgets", default="32768,65536,131072", help="fixed token budgets for capacity")
     p.add_argument("--adaptive-max", type=int, default=131_072, help="adaptive mode's max_batch_tokens")
-    p.add_argument("--latency-target-ms", type=float, default=250.0)
+    p.add_argument("--latency-target-ms", type=float, default=250.0, help="adaptive mode's latency target")
     p.add_argument("--backlog", type=int, default=1024, help="events per capacity run")
     p.add_argument("--pool", type=int, default=256, help="distinct requests")
     p.add_argument("--singles", type=int, default=40, help="single-request repetitions")

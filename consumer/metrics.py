@@ -75,6 +75,12 @@ class Metrics:
             registry=r,
         )
         self.dlq = Counter(f"{PREFIX}_dlq_records", "Dead-lettered records by reason", ["reason"], registry=r)
+        self.routed = Counter(
+            f"{PREFIX}_routed_records",
+            "Answered records by the route topic they went to",
+            ["topic"],
+            registry=r,
+        )
         self.retries = Counter(f"{PREFIX}_retries", "Retries by kind", ["kind"], registry=r)
         self.batch_splits = Counter(
             f"{PREFIX}_batch_splits", "Engine batches split after a failure", registry=r

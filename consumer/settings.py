@@ -24,6 +24,9 @@ from pydantic_settings import (
 from schemas.envelope import DEFAULT_DEPARTMENTS, DefaultSchema
 
 ENV_PREFIX = "CLEF_"
+#: `CLEF_*` names that belong to the project's scripts and tools, not to the service (README, scripts/*.sh,
+#: docker-compose.yml): the unknown-setting check skips them, so exporting them never breaks a command.
+TOOL_VARIABLES = frozenset({"CLEF_CACHE_DIR", "CLEF_VENV", "CLEF_DEBUG", "CLEF_MODEL_DIR"})
 #: Part of `kafka.shutdown_timeout_s` kept, after the drain, for leaving the group, closing the clients and
 #: exiting the process (the final commit has its own `kafka.commit_timeout_s` on top).
 SHUTDOWN_RESERVE_S = 3.0
@@ -298,9 +301,10 @@ class SettingsError(ValueError):
 
 
 def _check_env_keys(environ: Mapping[str, str]) -> None:
-    """Reject `CLEF_*` variables that name no setting (pydantic-settings ignores them)."""
+    """Reject `CLEF_*` variables that name no setting (pydantic-settings ignores them), except the names in
+    `TOOL_VARIABLES`."""
     for name in environ:
-        if not name.upper().startswith(ENV_PREFIX):
+        if not name.upper().startswith(ENV_PREFIX) or name.upper() in TOOL_VARIABLES:
             continue
         parts = name[len(ENV_PREFIX) :].lower().split("__")
         model: type[BaseModel] = Settings

@@ -119,3 +119,14 @@ def test_device_index_picks_one_gpu_per_process(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("CLEF_ENGINE__DEVICE_INDEX", "-1")
     with pytest.raises(SettingsError):
         load_settings()
+
+
+@pytest.mark.parametrize("name", ["CLEF_CACHE_DIR", "CLEF_VENV", "CLEF_DEBUG", "CLEF_MODEL_DIR"])
+def test_script_variables_are_not_settings_errors(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README tells users to export these for the scripts; the service must start with them set."""
+    monkeypatch.setenv(name, "/somewhere")
+    monkeypatch.setenv("CLEF_LOG_LEVL", "debug")  # a typo next to them is still caught
+    with pytest.raises(SettingsError, match="CLEF_LOG_LEVL"):
+        load_settings()
+    monkeypatch.delenv("CLEF_LOG_LEVL")
+    assert load_settings().log_level == "info"
