@@ -169,6 +169,14 @@ class TopicSettings(_Frozen):
 
 
 class BatchingSettings(_Frozen):
+    mode: Literal["adaptive", "fixed"] = Field(
+        default="adaptive",
+        description="adaptive: batches follow the queue and the measured GPU time (consumer.adaptive); "
+        "fixed: flush on max_batch_records, max_batch_tokens or max_wait_ms",
+    )
+    latency_target_ms: float = Field(
+        default=250.0, gt=0, description="adaptive: a batch runs in half of this unless a backlog built"
+    )
     max_batch_records: int = Field(default=256, ge=1)
     max_batch_tokens: int = Field(default=32_768, ge=1)
     max_wait_ms: float = Field(default=20.0, ge=0)
@@ -180,6 +188,11 @@ class BatchingSettings(_Frozen):
 class EngineSettings(_Frozen):
     model_path: Path | None = None
     device: str = "cuda"
+    device_index: int | None = Field(
+        default=None,
+        ge=0,
+        description="GPU of this process (one service process per GPU): device becomes cuda:N",
+    )
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     model_name: str = "clef-omni"
     max_input_tokens: int = Field(default=64_000, ge=1)
@@ -187,6 +200,16 @@ class EngineSettings(_Frozen):
     confidence_formula: Literal["typesafe", "top"] = "typesafe"
     max_message_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
     single_record_attempts: int = Field(default=2, ge=1, description="tries for a record failing alone")
+
+
+def engine_device(engine: EngineSettings) -> str:
+    """The torch device string of the engine: `device`, or `device:device_index` when an index is set
+    (an index already in `device`, e.g. `cuda:1`, conflicts: `SettingsError`). Pure."""
+    if engine.device_index is None:
+        return engine.device
+    if ":" in engine.device:
+        raise SettingsError(f"engine.device {engine.device!r} already names a device; unset device_index")
+    return f"{engine.device}:{engine.device_index}"
 
 
 class HttpSettings(_Frozen):

@@ -103,7 +103,12 @@ def _run(args: argparse.Namespace) -> int:
     log = get_logger("consumer.service")
     log.info("settings", settings=settings.masked())
     engine = _load_engine(settings, stub=args.stub_engine)
-    log.info("engine_loaded", stub=args.stub_engine, device=settings.engine.device)
+    log.info(
+        "engine_loaded",
+        stub=args.stub_engine,
+        device=settings.engine.device,
+        device_index=settings.engine.device_index,
+    )
     try:
         asyncio.run(_serve(settings, engine))
     except Exception as exc:
@@ -139,11 +144,20 @@ def _load_engine(settings: Any, *, stub: bool) -> Any:
 
         return StubEngine()
     e = settings.engine
+    from consumer.settings import SettingsError, engine_device
     from engine.release import ReleaseError
     from engine.runner import Engine, EngineConfig
 
+    try:
+        device = engine_device(e)
+    except SettingsError as exc:
+        raise UsageError(str(exc)) from exc
+    if e.device_index is not None and device.startswith("cuda"):
+        import torch
+
+        torch.cuda.set_device(e.device_index)  # kernels and CUDA graphs with no explicit device use it
     config = EngineConfig(
-        device=e.device,
+        device=device,
         dtype=e.dtype,
         max_batch_tokens=settings.batching.max_batch_tokens,
         max_batch_records=settings.batching.max_batch_records,
