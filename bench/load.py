@@ -101,9 +101,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from bench.load_run import FIXED_DEFAULT, LoadRunner, capacity, single_latency
-    from consumer.logging import configure_logging
 
-    configure_logging("warning")  # the batcher logs a line per batch at info
     cpu = args.cpu or not torch.cuda.is_available()
     out = Path(args.out or os.environ.get("OUT") or "bench-out")
     out.mkdir(parents=True, exist_ok=True)
@@ -222,4 +220,8 @@ def _version(name: str) -> str:
 
 
 if __name__ == "__main__":
+    from consumer.logging import configure_logging
+
+    # here, not in run(): a test calling main() must not leave structlog at warning for the whole session
+    configure_logging("warning")  # the batcher logs a line per batch at info
     raise SystemExit(main())

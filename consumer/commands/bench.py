@@ -62,7 +62,9 @@ def _bench_engine(args: argparse.Namespace) -> int:
 
 def _bench_load(args: argparse.Namespace) -> int:
     from bench.load import run
+    from consumer.logging import configure_logging
 
+    configure_logging("warning")  # the batcher logs a line per batch at info
     return run(args)
 
 
