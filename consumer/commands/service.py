@@ -159,9 +159,9 @@ def _produce(args: argparse.Namespace) -> int:
 
 
 async def _send_samples(settings: Any, topic: str, items: list[dict[str, Any]]) -> int:
+    from consumer.kafka_access import ensure_topics
     from consumer.producer import Producer
     from consumer.router import OutRecord
-    from consumer.source import ensure_topics
 
     await ensure_topics(settings.kafka, [topic])
     producer = Producer(settings.kafka)
@@ -260,7 +260,7 @@ async def _tail_decisions(settings: Any, topic: str, count: int, timeout_s: floa
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     from consumer.dlq import topic_partitions
-    from consumer.source import client_options
+    from consumer.kafka_config import client_options
 
     consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False)
     await consumer.start()

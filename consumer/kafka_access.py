@@ -1,0 +1,214 @@
+"""Start-up checks against the broker, before any consumer or producer starts (`preflight`).
+
+1. Connect to a bootstrap server with the configured security settings. A wrong password, an untrusted
+   broker certificate, a rejected client certificate or a protocol mismatch fails at once with one line
+   saying which (`KafkaAccessError`), instead of aiokafka's retry-and-log.
+2. Make sure the topics exist: create the missing ones when `create_topics` is on (`MissingTopicsError`
+   when it is off, or when the broker refuses the creation, e.g. no CREATE permission).
+3. Ask the broker which operations this principal may do on them (Metadata v8, authorized operations):
+   READ on the inputs, WRITE on every output (decisions, route topics, review, unrouted, DLQ). A missing
+   permission stops the service at start with a message naming the topic and the operation, instead of
+   failing later on the first record that goes there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import Iterable
+from typing import Any
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.client import AIOKafkaClient
+from aiokafka.conn import create_conn
+from aiokafka.errors import KafkaConnectionError, SaslAuthenticationFailed
+
+from consumer.kafka_config import client_options
+from consumer.kafka_protocol import AclOperation, AuthorizedTopicsRequest, parse_topic_access
+from consumer.logging import get_logger
+from consumer.settings import KafkaSettings, Settings, TopicSettings
+
+log = get_logger("consumer.kafka_access")
+
+CONNECT_TIMEOUT_S = 20.0
+_TOPIC_AUTHORIZATION_FAILED = 29
+_TOPIC_ALREADY_EXISTS = 36
+
+
+class KafkaAccessError(RuntimeError):
+    """The broker cannot be reached, refused the credentials, or denies an operation the service needs."""
+
+
+class MissingTopicsError(RuntimeError):
+    """Configured topics are missing and `create_topics` is off, or creating them failed."""
+
+
+def output_topics(topics: TopicSettings, department_suffixes: Iterable[str]) -> list[str]:
+    """Every topic the service writes (decisions, all route topics, review, unrouted, DLQ), deduplicated."""
+    names = [topics.decisions, topics.review, topics.unrouted, topics.dlq]
+    names += [topics.route_prefix + suffix for suffix in department_suffixes]
+    return list(dict.fromkeys(names))
+
+
+def service_topics(topics: TopicSettings, department_suffixes: Iterable[str]) -> list[str]:
+    """Every topic the service reads or writes (inputs first), deduplicated."""
+    return list(dict.fromkeys([*topics.input, *output_topics(topics, department_suffixes)]))
+
+
+async def preflight(settings: Settings) -> None:
+    """Run the three checks of the module docstring (blocking on the network, bounded by timeouts).
+
+    Raises `KafkaAccessError`, `MissingTopicsError` or `consumer.kafka_config.KafkaConfigError`.
+    """
+    kafka = settings.kafka
+    outputs = output_topics(settings.topics, settings.routing.department_map.values())
+    await check_connection(kafka)
+    await ensure_topics(kafka, service_topics(settings.topics, settings.routing.department_map.values()))
+    await check_topic_access(kafka, reads=settings.topics.input, writes=outputs)
+
+
+def _hosts(bootstrap: str) -> list[tuple[str, int]]:
+    hosts = []
+    for item in bootstrap.split(","):
+        host, _, port = item.strip().rpartition(":")
+        hosts.append((host.strip("[]") or item.strip(), int(port) if port.isdigit() else 9092))
+    return hosts
+
+
+async def check_connection(settings: KafkaSettings) -> None:
+    """Open one authenticated connection to the first bootstrap server that answers.
+
+    Raises `KafkaAccessError` (one line, the most telling failure of all servers) when none accepts.
+    """
+    opts = client_options(settings)
+    failures: list[tuple[int, str]] = []
+    for host, port in _hosts(settings.bootstrap_servers):
+        try:
+            conn = await asyncio.wait_for(
+                create_conn(
+                    host,
+                    port,
+                    client_id=settings.client_id,
+                    request_timeout_ms=int(CONNECT_TIMEOUT_S * 1000),
+                    ssl_context=opts.get("ssl_context"),
+                    security_protocol=opts["security_protocol"],
+                    sasl_mechanism=opts.get("sasl_mechanism"),
+                    sasl_plain_username=opts.get("sasl_plain_username"),
+                    sasl_plain_password=opts.get("sasl_plain_password"),
+                    sasl_oauth_token_provider=opts.get("sasl_oauth_token_provider"),
+                ),
+                CONNECT_TIMEOUT_S,
+            )
+        except (OSError, KafkaConnectionError, SaslAuthenticationFailed, TimeoutError) as exc:
+            failures.append(describe_connect_error(exc, settings, f"{host}:{port}"))
+            continue
+        conn.close()
+        return
+    _, message = max(failures)
+    raise KafkaAccessError(message)
+
+
+def describe_connect_error(exc: BaseException, settings: KafkaSettings, where: str) -> tuple[int, str]:
+    """(rank, one-line message) for a failed connection; a higher rank says more about the cause."""
+    sec = settings.security
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(exc, SaslAuthenticationFailed):
+        return 5, (
+            f"Kafka SASL authentication failed at {where} for user {sec.sasl_username!r} "
+            f"({sec.sasl_mechanism}): wrong user name or password? broker said: {_brief(exc)}"
+        )
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        hint = (
+            "set kafka.security.ssl_check_hostname=false only if the name cannot match"
+            if "hostname" in str(exc.verify_message).lower()
+            else "set kafka.security.ssl_cafile to the CA that signed it"
+        )
+        return 5, f"TLS: the broker certificate at {where} is not trusted ({exc.verify_message}); {hint}"
+    if isinstance(cause, ssl.SSLError) and "ALERT" in str(cause):
+        return 4, (
+            f"TLS: the broker at {where} rejected the connection ({cause.reason}): it requires a client "
+            "certificate signed by a CA it trusts (kafka.security.ssl_certfile / ssl_keyfile)"
+        )
+    if isinstance(exc, ssl.SSLError):
+        return 3, f"TLS handshake with {where} failed ({exc.reason}): is it a TLS listener?"
+    if isinstance(cause, asyncio.IncompleteReadError) and sec.protocol in ("PLAINTEXT", "SASL_PLAINTEXT"):
+        return 3, (
+            f"Kafka at {where} closed the connection at once: the listener probably expects TLS "
+            f"(kafka.security.protocol is {sec.protocol})"
+        )
+    if isinstance(exc, TimeoutError):
+        return 1, f"Kafka at {where} did not answer within {CONNECT_TIMEOUT_S:.0f} s"
+    return 0, f"cannot connect to Kafka at {where}: {_brief(exc)}"
+
+
+def _brief(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
+
+
+async def ensure_topics(settings: KafkaSettings, names: list[str]) -> list[str]:
+    """Check `names` exist; create the missing ones when `create_topics` is on. Returns those created.
+
+    Raises `MissingTopicsError` when some are missing and creation is off, or creation failed.
+    """
+    admin = AIOKafkaAdminClient(**client_options(settings), request_timeout_ms=15_000)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [name for name in names if name not in existing]
+        if not missing:
+            return []
+        if not settings.create_topics:
+            raise MissingTopicsError(
+                f"missing topics (create_topics is off): {', '.join(missing)} "
+                "(or this principal may not DESCRIBE them)"
+            )
+        new = [NewTopic(name, settings.topic_partitions, settings.replication_factor) for name in missing]
+        response = await admin.create_topics(new, timeout_ms=15_000)
+        denied = [entry[0] for entry in response.topic_errors if entry[1] == _TOPIC_AUTHORIZATION_FAILED]
+        if denied:
+            raise MissingTopicsError(
+                f"may not CREATE topic {', '.join(map(repr, denied))} (topic authorization failed): create "
+                "it beforehand and grant this principal DESCRIBE on it, or grant CREATE"
+            )
+        for entry in response.topic_errors:
+            if entry[1] not in (0, _TOPIC_ALREADY_EXISTS):  # already exists: a concurrent creator won
+                raise MissingTopicsError(f"creating topic {entry[0]!r} failed with error code {entry[1]}")
+        log.info("topics_created", topics=missing, partitions=settings.topic_partitions)
+        return missing
+    finally:
+        await admin.close()
+
+
+async def check_topic_access(settings: KafkaSettings, *, reads: Iterable[str], writes: Iterable[str]) -> None:
+    """Ask the broker for this principal's allowed operations on the topics.
+
+    Raises `KafkaAccessError` naming every (operation, topic) that is denied: READ on `reads`, WRITE on
+    `writes`, DESCRIBE on any of them (a topic the principal may not describe is reported as such).
+    """
+    wanted = [(AclOperation.READ, t) for t in reads]
+    wanted += [(AclOperation.WRITE, t) for t in writes]
+    names = list(dict.fromkeys(t for _, t in wanted))
+    client = AIOKafkaClient(**client_options(settings), request_timeout_ms=15_000)
+    try:
+        await client.bootstrap()
+        response: Any = await client.send(client.get_random_node(), AuthorizedTopicsRequest(names))
+    finally:
+        with contextlib.suppress(Exception):
+            await client.close()
+    access = {entry.name: entry for entry in parse_topic_access(response)}
+    denied: list[str] = []
+    for op, topic in wanted:
+        entry = access.get(topic)
+        if entry is not None and entry.error_code == _TOPIC_AUTHORIZATION_FAILED:
+            denied.append(f"DESCRIBE and {op.name} on topic {topic!r}")
+        elif entry is None or not entry.allows(op):
+            denied.append(f"{op.name} on topic {topic!r}")
+    if denied:
+        user = settings.security.sasl_username
+        who = f"user {user!r}" if user else "this connection's principal"
+        raise KafkaAccessError(
+            f"Kafka denies {who} {'; '.join(dict.fromkeys(denied))}: grant the ACLs listed in the README "
+            "(section Production Kafka)"
+        )
+    log.info("kafka_access_checked", topics=len(names))
