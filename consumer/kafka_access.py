@@ -3,12 +3,13 @@
 1. Connect to a bootstrap server with the configured security settings. A wrong password, an untrusted
    broker certificate, a rejected client certificate or a protocol mismatch fails at once with one line
    saying which (`KafkaAccessError`), instead of aiokafka's retry-and-log.
-2. Make sure the topics exist: create the missing ones when `create_topics` is on (`MissingTopicsError`
-   when it is off, or when the broker refuses the creation, e.g. no CREATE permission).
-3. Ask the broker which operations this principal may do on them (Metadata v8, authorized operations):
-   READ on the inputs, WRITE on every output (decisions, route topics, review, unrouted, DLQ). A missing
-   permission stops the service at start with a message naming the topic and the operation, instead of
-   failing later on the first record that goes there.
+2. Ask the broker which operations this principal may do on the service's topics (Metadata v8 with
+   authorized operations, KIP-430). Topics that do not exist are created when `create_topics` is on
+   (`MissingTopicsError` when it is off, or when the broker refuses: no CREATE permission).
+3. Require READ on the inputs and WRITE on every output (decisions, route topics, review, unrouted, DLQ).
+   A missing permission stops the service at start with a message naming the topic and the operation,
+   instead of failing later on the first record that goes there. (Group and transactional-id ACLs have
+   no such query; aiokafka fails on them when the consumer joins or a transactional producer starts.)
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from aiokafka.conn import create_conn
 from aiokafka.errors import KafkaConnectionError, SaslAuthenticationFailed
 
 from consumer.kafka_config import client_options
-from consumer.kafka_protocol import AclOperation, AuthorizedTopicsRequest, parse_topic_access
+from consumer.kafka_protocol import AclOperation, AuthorizedTopicsRequest, TopicAccess, parse_topic_access
 from consumer.logging import get_logger
 from consumer.settings import KafkaSettings, Settings, TopicSettings
 
 log = get_logger("consumer.kafka_access")
 
 CONNECT_TIMEOUT_S = 20.0
+_UNKNOWN_TOPIC = 3
 _TOPIC_AUTHORIZATION_FAILED = 29
 _TOPIC_ALREADY_EXISTS = 36
 
@@ -62,10 +64,16 @@ async def preflight(settings: Settings) -> None:
     Raises `KafkaAccessError`, `MissingTopicsError` or `consumer.kafka_config.KafkaConfigError`.
     """
     kafka = settings.kafka
-    outputs = output_topics(settings.topics, settings.routing.department_map.values())
+    reads = list(settings.topics.input)
+    writes = output_topics(settings.topics, settings.routing.department_map.values())
     await check_connection(kafka)
-    await ensure_topics(kafka, service_topics(settings.topics, settings.routing.department_map.values()))
-    await check_topic_access(kafka, reads=settings.topics.input, writes=outputs)
+    access = await topic_access(kafka, [*reads, *writes])
+    # Unknown (3) only for topics the principal may describe; hidden ones answer 29 and are reported below.
+    unknown = [name for name, entry in access.items() if entry.error_code == _UNKNOWN_TOPIC]
+    if unknown:
+        await _create_missing(kafka, unknown)
+        access.update(await topic_access(kafka, unknown))
+    check_operations(kafka, access, reads=reads, writes=writes)
 
 
 def _hosts(bootstrap: str) -> list[tuple[str, int]]:
@@ -147,7 +155,8 @@ def _brief(exc: BaseException) -> str:
 
 
 async def ensure_topics(settings: KafkaSettings, names: list[str]) -> list[str]:
-    """Check `names` exist; create the missing ones when `create_topics` is on. Returns those created.
+    """Check `names` exist (as far as this principal can see); create the missing ones when
+    `create_topics` is on. Returns those created. For the CLI tools; the service runs `preflight`.
 
     Raises `MissingTopicsError` when some are missing and creation is off, or creation failed.
     """
@@ -155,40 +164,41 @@ async def ensure_topics(settings: KafkaSettings, names: list[str]) -> list[str]:
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        missing = [name for name in names if name not in existing]
-        if not missing:
-            return []
-        if not settings.create_topics:
-            raise MissingTopicsError(
-                f"missing topics (create_topics is off): {', '.join(missing)} "
-                "(or this principal may not DESCRIBE them)"
-            )
-        new = [NewTopic(name, settings.topic_partitions, settings.replication_factor) for name in missing]
-        response = await admin.create_topics(new, timeout_ms=15_000)
-        denied = [entry[0] for entry in response.topic_errors if entry[1] == _TOPIC_AUTHORIZATION_FAILED]
-        if denied:
-            raise MissingTopicsError(
-                f"may not CREATE topic {', '.join(map(repr, denied))} (topic authorization failed): create "
-                "it beforehand and grant this principal DESCRIBE on it, or grant CREATE"
-            )
-        for entry in response.topic_errors:
-            if entry[1] not in (0, _TOPIC_ALREADY_EXISTS):  # already exists: a concurrent creator won
-                raise MissingTopicsError(f"creating topic {entry[0]!r} failed with error code {entry[1]}")
-        log.info("topics_created", topics=missing, partitions=settings.topic_partitions)
-        return missing
     finally:
         await admin.close()
+    missing = [name for name in names if name not in existing]
+    if missing:
+        await _create_missing(settings, missing)
+    return missing
 
 
-async def check_topic_access(settings: KafkaSettings, *, reads: Iterable[str], writes: Iterable[str]) -> None:
-    """Ask the broker for this principal's allowed operations on the topics.
+async def _create_missing(settings: KafkaSettings, missing: list[str]) -> None:
+    """Create `missing` (raises `MissingTopicsError` when creation is off, denied or failed)."""
+    if not settings.create_topics:
+        raise MissingTopicsError(f"missing topics (create_topics is off): {', '.join(missing)}")
+    admin = AIOKafkaAdminClient(**client_options(settings), request_timeout_ms=15_000)
+    await admin.start()
+    try:
+        new = [NewTopic(name, settings.topic_partitions, settings.replication_factor) for name in missing]
+        response = await admin.create_topics(new, timeout_ms=15_000)
+    finally:
+        await admin.close()
+    denied = [entry[0] for entry in response.topic_errors if entry[1] == _TOPIC_AUTHORIZATION_FAILED]
+    if denied:
+        names = ", ".join(map(repr, denied))
+        raise MissingTopicsError(
+            f"{'topics' if len(denied) > 1 else 'topic'} {names} missing and this principal may not CREATE "
+            "topics: create them beforehand (and grant the ACLs of the README), or grant CREATE"
+        )
+    for entry in response.topic_errors:
+        if entry[1] not in (0, _TOPIC_ALREADY_EXISTS):  # already exists: a concurrent creator won
+            raise MissingTopicsError(f"creating topic {entry[0]!r} failed with error code {entry[1]}")
+    log.info("topics_created", topics=missing, partitions=settings.topic_partitions)
 
-    Raises `KafkaAccessError` naming every (operation, topic) that is denied: READ on `reads`, WRITE on
-    `writes`, DESCRIBE on any of them (a topic the principal may not describe is reported as such).
-    """
-    wanted = [(AclOperation.READ, t) for t in reads]
-    wanted += [(AclOperation.WRITE, t) for t in writes]
-    names = list(dict.fromkeys(t for _, t in wanted))
+
+async def topic_access(settings: KafkaSettings, names: list[str]) -> dict[str, TopicAccess]:
+    """Per topic: Kafka's error code (0, 3 unknown, 29 may not describe) and this principal's allowed
+    operations (Metadata v8). Raises aiokafka errors when the broker cannot be reached."""
     client = AIOKafkaClient(**client_options(settings), request_timeout_ms=15_000)
     try:
         await client.bootstrap()
@@ -196,7 +206,15 @@ async def check_topic_access(settings: KafkaSettings, *, reads: Iterable[str], w
     finally:
         with contextlib.suppress(Exception):
             await client.close()
-    access = {entry.name: entry for entry in parse_topic_access(response)}
+    return {entry.name: entry for entry in parse_topic_access(response)}
+
+
+def check_operations(
+    settings: KafkaSettings, access: dict[str, TopicAccess], *, reads: list[str], writes: list[str]
+) -> None:
+    """Raise `KafkaAccessError` naming every denied (operation, topic): READ on `reads`, WRITE on
+    `writes`, DESCRIBE on any of them (a topic this principal may not describe is invisible to it)."""
+    wanted = [(AclOperation.READ, t) for t in reads] + [(AclOperation.WRITE, t) for t in writes]
     denied: list[str] = []
     for op, topic in wanted:
         entry = access.get(topic)
@@ -211,4 +229,4 @@ async def check_topic_access(settings: KafkaSettings, *, reads: Iterable[str], w
             f"Kafka denies {who} {'; '.join(dict.fromkeys(denied))}: grant the ACLs listed in the README "
             "(section Production Kafka)"
         )
-    log.info("kafka_access_checked", topics=len(names))
+    log.info("kafka_access_checked", reads=len(reads), writes=len(writes))
