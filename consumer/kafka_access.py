@@ -72,7 +72,12 @@ async def preflight(settings: Settings) -> None:
     unknown = [name for name, entry in access.items() if entry.error_code == _UNKNOWN_TOPIC]
     if unknown:
         await _create_missing(kafka, unknown)
-        access.update(await topic_access(kafka, unknown))
+        for _ in range(50):  # until the new topics are in the broker's metadata (a moment after creation)
+            created = await topic_access(kafka, unknown)
+            access.update(created)
+            if all(entry.error_code != _UNKNOWN_TOPIC for entry in created.values()):
+                break
+            await asyncio.sleep(0.2)
     check_operations(kafka, access, reads=reads, writes=writes)
 
 

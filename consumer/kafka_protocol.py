@@ -94,9 +94,8 @@ class TopicAccess:
 
     def allows(self, op: AclOperation) -> bool:
         """True when the broker reported `op` as allowed (False when it reported nothing)."""
-        return (
-            self.error_code == 0 and self.operations != UNSET_OPERATIONS and bool(self.operations >> op & 1)
-        )
+        # The broker fills the field for unknown topics too (what this principal could do once it exists).
+        return self.operations != UNSET_OPERATIONS and bool(self.operations >> op & 1)
 
 
 def parse_topic_access(response: Response) -> list[TopicAccess]:
