@@ -141,6 +141,22 @@ async def test_mtls_routes_events_end_to_end_exactly_once(secure: SecureKafka) -
     await _route_events(secure, _settings(prefix, secure.mtls, security, exactly_once=True))
 
 
+@pytest.mark.parametrize("mechanism", ["PLAIN", "OAUTHBEARER"])
+async def test_sasl_plaintext_plain_and_oauthbearer_route_events(secure: SecureKafka, mechanism: str) -> None:
+    from tests.support.oauth import SUBJECT
+
+    prefix = f"{mechanism.lower()}-{uuid.uuid4().hex[:6]}"
+    security: dict[str, Any] = {"protocol": "SASL_PLAINTEXT", "sasl_mechanism": mechanism}
+    if mechanism == "PLAIN":
+        security |= {"sasl_username": "svc", "sasl_password": PASSWORD}
+        principal = "User:svc"
+    else:  # the token provider hook: a 'module:attribute' the service imports and calls
+        security |= {"oauth_token_provider": "tests.support.oauth:provider"}
+        principal = f"User:{SUBJECT}"
+    await grant(secure.admin, _prefix_acls(principal, prefix))
+    await _route_events(secure, _settings(prefix, secure.sasl_plaintext, security))
+
+
 def test_wrong_password_fails_at_start_with_one_line(secure: SecureKafka) -> None:
     """`clef-router run` as a user would start it: exits 1 at once, one error line, no retry loop."""
     env = {
