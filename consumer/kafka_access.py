@@ -8,8 +8,9 @@
    (`MissingTopicsError` when it is off, or when the broker refuses: no CREATE permission).
 3. Require READ on the inputs and WRITE on every output (decisions, route topics, review, unrouted, DLQ).
    A missing permission stops the service at start with a message naming the topic and the operation,
-   instead of failing later on the first record that goes there. (Group and transactional-id ACLs have
-   no such query; aiokafka fails on them when the consumer joins or a transactional producer starts.)
+   instead of failing later on the first record that goes there. READ on the consumer group is checked
+   the same way (DescribeGroups with authorized operations). Transactional-id ACLs have no such query;
+   aiokafka fails on them when a transactional producer starts.
 """
 
 from __future__ import annotations
@@ -23,16 +24,30 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.client import AIOKafkaClient
 from aiokafka.conn import create_conn
-from aiokafka.errors import KafkaConnectionError, SaslAuthenticationFailed
+from aiokafka.errors import (
+    GroupAuthorizationFailedError,
+    KafkaConnectionError,
+    KafkaError,
+    SaslAuthenticationFailed,
+)
 
 from consumer.kafka_config import client_options
-from consumer.kafka_protocol import AclOperation, AuthorizedTopicsRequest, TopicAccess, parse_topic_access
+from consumer.kafka_protocol import (
+    UNSET_OPERATIONS,
+    AclOperation,
+    AuthorizedGroupRequest,
+    AuthorizedTopicsRequest,
+    TopicAccess,
+    parse_group_operations,
+    parse_topic_access,
+)
 from consumer.logging import get_logger
 from consumer.settings import KafkaSettings, Settings, TopicSettings
 
 log = get_logger("consumer.kafka_access")
 
 CONNECT_TIMEOUT_S = 20.0
+COORDINATOR_ATTEMPTS = 60  # 0.5 s apart
 _UNKNOWN_TOPIC = 3
 _TOPIC_AUTHORIZATION_FAILED = 29
 _TOPIC_ALREADY_EXISTS = 36
@@ -79,6 +94,7 @@ async def preflight(settings: Settings) -> None:
                 break
             await asyncio.sleep(0.2)
     check_operations(kafka, access, reads=reads, writes=writes)
+    await check_group_access(kafka)
 
 
 def _hosts(bootstrap: str) -> list[tuple[str, int]]:
@@ -228,10 +244,46 @@ def check_operations(
         elif entry is None or not entry.allows(op):
             denied.append(f"{op.name} on topic {topic!r}")
     if denied:
-        user = settings.security.sasl_username
-        who = f"user {user!r}" if user else "this connection's principal"
         raise KafkaAccessError(
-            f"Kafka denies {who} {'; '.join(dict.fromkeys(denied))}: grant the ACLs listed in the README "
-            "(section Production Kafka)"
+            f"Kafka denies {_who(settings)} {'; '.join(dict.fromkeys(denied))}: grant the ACLs listed in "
+            "the README (section Production Kafka)"
         )
     log.info("kafka_access_checked", reads=len(reads), writes=len(writes))
+
+
+async def check_group_access(settings: KafkaSettings) -> None:
+    """Raise `KafkaAccessError` unless this principal may READ (join, commit) the consumer group."""
+    group = settings.group_id
+    client = AIOKafkaClient(**client_options(settings), request_timeout_ms=15_000)
+    error, ops = 0, UNSET_OPERATIONS
+    try:
+        await client.bootstrap()
+        for attempt in range(COORDINATOR_ATTEMPTS):
+            try:  # FindCoordinator needs DESCRIBE on the group
+                node = await client.coordinator_lookup(0, group)
+                break
+            except KafkaError as exc:  # e.g. coordinator not available: a fresh cluster's offsets topic
+                if not exc.retriable or attempt == COORDINATOR_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(0.5)
+        response: Any = await client.send(node, AuthorizedGroupRequest(group))
+        error, ops = parse_group_operations(response)
+    except GroupAuthorizationFailedError:
+        error = GroupAuthorizationFailedError.errno
+    finally:
+        with contextlib.suppress(Exception):
+            await client.close()
+    if (
+        error == GroupAuthorizationFailedError.errno
+        or ops == UNSET_OPERATIONS
+        or not ops >> AclOperation.READ & 1
+    ):
+        raise KafkaAccessError(
+            f"Kafka denies {_who(settings)} READ on group {group!r} (kafka.group_id): grant the ACLs "
+            "listed in the README (section Production Kafka)"
+        )
+
+
+def _who(settings: KafkaSettings) -> str:
+    user = settings.security.sasl_username
+    return f"user {user!r}" if user else "this connection's principal"

@@ -1,7 +1,9 @@
-"""Metadata v8 with the caller's authorized operations per topic (KIP-430), which aiokafka does not ask
-for (its metadata requests stop at v5). Used by the start-up access check (`consumer.kafka_access`).
+"""Requests for the caller's authorized operations (KIP-430), used by the start-up access check
+(`consumer.kafka_access`): Metadata v8 per topic (aiokafka's metadata requests stop at v5) and
+DescribeGroups v3 per group (aiokafka 0.14 has v3 but parses its answer with the v2 schema, dropping
+`authorized_operations`).
 
-Built on aiokafka's protocol classes; v8 is the newest non-flexible version and Kafka 4.x serves it.
+Built on aiokafka's protocol classes; both are non-flexible versions that Kafka 4.x serves.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from aiokafka.protocol.api import Request, RequestStruct, Response
-from aiokafka.protocol.types import Array, Boolean, Int16, Int32, Schema, String
+from aiokafka.protocol.types import Array, Boolean, Bytes, Int16, Int32, Schema, String
 
 UNSET_OPERATIONS = -(2**31)  # what the broker sends when authorized operations were not asked for
 
@@ -104,3 +106,57 @@ def parse_topic_access(response: Response) -> list[TopicAccess]:
         TopicAccess(name=name, error_code=code, operations=ops)
         for code, name, _internal, _parts, ops in response.topics
     ]
+
+
+class _DescribeGroupsResponseV3(Response):  # type: ignore[misc]
+    API_KEY = 15
+    API_VERSION = 3
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        (
+            "groups",
+            Array(
+                ("error_code", Int16),
+                ("group", String("utf-8")),
+                ("state", String("utf-8")),
+                ("protocol_type", String("utf-8")),
+                ("protocol", String("utf-8")),
+                (
+                    "members",
+                    Array(
+                        ("member_id", String("utf-8")),
+                        ("client_id", String("utf-8")),
+                        ("client_host", String("utf-8")),
+                        ("member_metadata", Bytes),
+                        ("member_assignment", Bytes),
+                    ),
+                ),
+                ("authorized_operations", Int32),
+            ),
+        ),
+    )
+
+
+class _DescribeGroupsRequestV3(RequestStruct):  # type: ignore[misc]
+    API_KEY = 15
+    API_VERSION = 3
+    RESPONSE_TYPE = _DescribeGroupsResponseV3
+    SCHEMA = Schema(("groups", Array(String("utf-8"))), ("include_authorized_operations", Boolean))
+
+
+class AuthorizedGroupRequest(Request[_DescribeGroupsRequestV3]):  # type: ignore[misc]
+    """DescribeGroups for one group with the authorized operations of the connection's principal."""
+
+    API_KEY = 15
+
+    def __init__(self, group: str) -> None:
+        self._group = group
+
+    def build(self, request_struct_class: type[_DescribeGroupsRequestV3]) -> _DescribeGroupsRequestV3:
+        return request_struct_class([self._group], True)
+
+
+def parse_group_operations(response: Response) -> tuple[int, int]:
+    """(error code, authorized operations) of the one group of an `AuthorizedGroupRequest` response."""
+    error_code, *_, operations = response.groups[0]
+    return int(error_code), int(operations)

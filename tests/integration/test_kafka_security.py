@@ -73,10 +73,14 @@ def _outputs(s: Settings) -> list[str]:
     return [t.decisions, t.review, t.unrouted, t.dlq, *routes]
 
 
-def _exact_acls(principal: str, s: Settings, *, skip_write: str | None = None) -> list[Acl]:
-    """The ACLs the README lists for at-least-once mode, literal names (minus WRITE on `skip_write`)."""
+def _exact_acls(
+    principal: str, s: Settings, *, skip_write: str | None = None, group: bool = True
+) -> list[Acl]:
+    """The ACLs the README lists for at-least-once mode, literal names (minus WRITE on `skip_write`, and
+    READ on the group unless `group`)."""
     acls = [Acl(principal, "topic", t, "read") for t in s.topics.input]
-    acls.append(Acl(principal, "group", s.kafka.group_id, "read"))
+    if group:
+        acls.append(Acl(principal, "group", s.kafka.group_id, "read"))
     acls += [Acl(principal, "topic", t, "write") for t in _outputs(s) if t != skip_write]
     return acls
 
@@ -247,6 +251,20 @@ async def test_missing_write_acl_stops_at_start_naming_topic(secure: SecureKafka
     named = f"DESCRIBE and WRITE on topic {denied!r}" if missing == "dlq" else f"; WRITE on topic {denied!r}"
     assert named in f"; {info.value}".replace("denies this connection's principal ", "; ")
     assert str(info.value).count("WRITE on topic") == 1  # exactly the missing one is named
+
+
+async def test_missing_group_acl_stops_at_start(secure: SecureKafka) -> None:
+    prefix = f"nogroup-{uuid.uuid4().hex[:6]}"
+    client = secure.ca.issue(prefix)
+    settings = _settings(prefix, secure.mtls, _mtls(secure, client), create_topics=False)
+    await asyncio.to_thread(
+        secure.broker.create_topics, [*settings.topics.input, *_outputs(settings)], partitions=1
+    )
+    await grant(secure.admin, _exact_acls(f"User:{prefix}", settings, group=False))
+    pipeline = Pipeline(settings, StubEngine())
+    with pytest.raises(KafkaAccessError, match=f"READ on group '{prefix}.g'") as info:
+        await asyncio.wait_for(pipeline.run(), 60)
+    print(f"\nno group ACL: {info.value}")
 
 
 async def test_missing_create_permission_stops_at_start(secure: SecureKafka) -> None:
