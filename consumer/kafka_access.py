@@ -74,7 +74,7 @@ def service_topics(topics: TopicSettings, department_suffixes: Iterable[str]) ->
 
 
 async def preflight(settings: Settings) -> None:
-    """Run the three checks of the module docstring (blocking on the network, bounded by timeouts).
+    """Run the checks of the module docstring (awaits the broker; every call bounded by a timeout).
 
     Raises `KafkaAccessError`, `MissingTopicsError` or `consumer.kafka_config.KafkaConfigError`.
     """
