@@ -72,6 +72,23 @@ class Metrics:
         self.http_requests = Counter(
             f"{PREFIX}_http_requests", "HTTP requests by path and status", ["path", "status"], registry=r
         )
+        self.http_in_flight = Gauge(
+            f"{PREFIX}_http_in_flight", "POST /v1/systemone requests being answered", registry=r
+        )
+        self.http_seconds = BulkHistogram(
+            f"{PREFIX}_http_request_seconds",
+            "HTTP request start to response sent, every route",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.broker_reachable = Gauge(
+            f"{PREFIX}_broker_reachable", "1 while the last broker probe answered (run only)", registry=r
+        )
+        self.broker_unreachable_seconds = Gauge(
+            f"{PREFIX}_broker_unreachable_seconds",
+            "Seconds since the broker last answered a probe (0 while reachable)",
+            registry=r,
+        )
         self.model_loaded = Gauge(f"{PREFIX}_model_loaded", "1 once the engine is ready", registry=r)
 
     def render(self) -> bytes:

@@ -29,6 +29,7 @@ import functools
 import importlib.metadata
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -48,9 +49,11 @@ from consumer.source import Source
 from consumer.transactions import PartitionTransactions
 from schemas.parse import RequestLimits, parse_request
 from schemas.routing import EngineInfo
-from schemas.systemone import SystemOneResponse
+from schemas.systemone import SystemOneRequest, SystemOneResponse
 
 log = get_logger("consumer.pipeline")
+
+RequestCheck = Callable[[SystemOneRequest], None]
 
 PAUSE_AFTER_S = 0.5  # the in-flight bound reached this long -> pause every input partition
 FULL_POLL_S = 0.005  # how often the fetch loop looks at the in-flight count while it is full or paused
@@ -251,18 +254,24 @@ class Pipeline:
         return self._engine.prepare(decoded.request)
 
     # ---- HTTP ---------------------------------------------------------------------------------------------
-    async def answer(self, body: bytes) -> SystemOneResponse:
+    async def answer(self, body: bytes, check: RequestCheck | None = None) -> SystemOneResponse:
         """Answer one SystemOne request body through the shared batcher.
 
+        `check` (the HTTP API's model-name check) sees the parsed request in the prepare thread before the
+        engine does; what it raises is re-raised here.
         Raises `RequestError` (client error), `EngineError` (engine failed on it alone).
         """
-        (outcome,) = await self.batcher.submit(self._prepare_body, [body])
+        prepare = functools.partial(self._prepare_body, check=check)
+        (outcome,) = await self.batcher.submit(prepare, [body])
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome
 
-    def _prepare_body(self, body: bytes) -> Any:
-        return self._engine.prepare(parse_request(body, self._limits))
+    def _prepare_body(self, body: bytes, check: RequestCheck | None) -> Any:
+        request = parse_request(body, self._limits)
+        if check is not None:
+            check(request)
+        return self._engine.prepare(request)
 
     # ---- rebalance ----------------------------------------------------------------------------------------
     async def _on_assigned(self, tps: set[TopicPartition]) -> None:

@@ -117,10 +117,21 @@ class HttpSettings(_Frozen):
     port: int = Field(default=8080, ge=0, le=65535)
     api_keys: tuple[SecretStr, ...] = ()
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
-    max_concurrent_requests: int = Field(default=256, ge=1)
+    max_concurrent_requests: int = Field(
+        default=256, ge=1, description="POST /v1/systemone requests in flight; beyond: 503 + Retry-After"
+    )
+    retry_after_s: int = Field(default=1, ge=0, description="Retry-After of an overload 503")
+    keep_alive_s: float = Field(default=5.0, gt=0, description="idle keep-alive connections close after")
+    shutdown_timeout_s: float = Field(default=10.0, gt=0, description="graceful stop: requests may finish")
     watchdog_s: float = Field(
         default=60.0, gt=0, description="/healthz fails after this long without progress"
     )
+    broker_unreachable_s: float = Field(
+        default=30.0, gt=0, description="`run`: /readyz fails while the broker is unreachable this long"
+    )
+    model_description: str = "Clef-omni decision model: joint schema head on Qwen3-Omni-30B-A3B"
+    model_release_date: str = Field(default="", description="YYYY-MM-DD shown by GET /v1/models")
+    server_timing: bool = Field(default=False, description="Server-Timing header: time in the batcher")
 
 
 class DlqSettings(_Frozen):

@@ -1,5 +1,7 @@
-"""`clef-router run`, `produce`, `tail`, `dlq replay` and `bench pipeline`.
+"""`clef-router run`, `serve`, `produce`, `tail`, `dlq replay` and `bench pipeline`.
 
+`serve` is the HTTP API alone (no Kafka): same settings and engine; SIGTERM or SIGINT stops accepting,
+lets requests in progress finish (up to `http.shutdown_timeout_s`), then exits 0.
 `run` loads settings (env `CLEF_*`, optional `--config` TOML), prints them masked, loads the engine (a
 release directory, or `--stub-engine` for demos and benchmarks), then serves Kafka and HTTP until SIGTERM
 or SIGINT: stop fetching, drain, commit, exit 0. A fatal error (DLQ guard, exhausted retries) exits 1.
@@ -21,13 +23,20 @@ SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "events.jsonl"
 
 
 def register(commands: Commands) -> None:
-    """Add `run`, `produce`, `tail`, `dlq replay` and `bench pipeline`."""
+    """Add `run`, `serve`, `produce`, `tail`, `dlq replay` and `bench pipeline`."""
     p = commands.add_parser("run", help="Run the Kafka routing service and its HTTP server")
     p.add_argument("--config", type=Path, default=None, help="TOML settings file (env CLEF_* overrides it)")
     p.add_argument(
         "--stub-engine", action="store_true", help="answer instantly without a model (demo, bench)"
     )
     p.set_defaults(func=_run)
+
+    p = commands.add_parser("serve", help="Serve the SystemOne HTTP API alone (no Kafka)")
+    p.add_argument("--config", type=Path, default=None, help="TOML settings file (env CLEF_* overrides it)")
+    p.add_argument(
+        "--stub-engine", action="store_true", help="answer instantly without a model (demo, bench)"
+    )
+    p.set_defaults(func=_serve_http)
 
     p = commands.add_parser("produce", help="Send the sample alert/fault events to the input topic")
     p.add_argument("--config", type=Path, default=None)
@@ -128,22 +137,84 @@ def _load_engine(settings: Any, *, stub: bool) -> Any:
 
 
 async def _serve(settings: Any, engine: Any) -> None:
-    from consumer.http import HttpServer
+    """Kafka and HTTP on one loop. SIGTERM/SIGINT: the HTTP server stops accepting and lets requests in
+    progress finish while the pipeline drains (HTTP requests already in the batcher are answered)."""
+    from consumer.broker_watch import BrokerWatch
+    from consumer.http import create_app
+    from consumer.http_server import HttpServer
     from consumer.pipeline import Pipeline
+    from consumer.serve import ServiceBackend
 
     pipeline = Pipeline(settings, engine)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, pipeline.request_stop)
+    watch = BrokerWatch(settings.kafka, pipeline.metrics, settings.http.broker_unreachable_s)
     server = None
     if settings.http.enabled:
-        server = HttpServer(settings.http, pipeline, pipeline.metrics, [settings.engine.model_name])
+        app = create_app(
+            settings.http, ServiceBackend(pipeline, watch), pipeline.metrics, settings.engine.model_name
+        )
+        server = HttpServer(settings.http, app)
         await server.start()
+
+    def stop() -> None:
+        pipeline.request_stop()
+        if server is not None:
+            server.request_stop()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    await watch.start()
     try:
         await pipeline.run()
     finally:
+        await watch.stop()
         if server is not None:
             await server.stop()
+
+
+def _serve_http(args: argparse.Namespace) -> int:
+    """`clef-router serve`: the HTTP API alone (no Kafka), same settings and engine as `run`."""
+    from consumer.logging import configure_logging, get_logger
+
+    settings = _settings(args)
+    configure_logging(settings.log_level)
+    log = get_logger("consumer.service")
+    log.info("settings", settings=settings.masked())
+    engine = _load_engine(settings, stub=args.stub_engine)
+    log.info("engine_loaded", stub=args.stub_engine, device=settings.engine.device)
+    try:
+        asyncio.run(_serve_http_async(settings, engine))
+    except OSError as exc:
+        raise CommandError(f"cannot serve HTTP on {settings.http.host}:{settings.http.port}: {exc}") from exc
+    return 0
+
+
+async def _serve_http_async(settings: Any, engine: Any) -> None:
+    from consumer.http import create_app
+    from consumer.http_server import HttpServer
+    from consumer.runtime import tune_gc
+    from consumer.serve import HttpService
+
+    service = HttpService(settings, engine)
+    server = HttpServer(
+        settings.http, create_app(settings.http, service, service.metrics, settings.engine.model_name)
+    )
+    await service.start()
+    await server.start()
+    tune_gc(settings.gc_gen0_threshold, freeze=settings.gc_freeze)
+    stopping = asyncio.Event()
+
+    def stop() -> None:
+        service.request_stop()
+        server.request_stop()
+        stopping.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    await stopping.wait()
+    await server.stop()  # requests in progress finish on the still running batcher
+    await service.close(settings.http.shutdown_timeout_s)
 
 
 def _produce(args: argparse.Namespace) -> int:

@@ -1,29 +1,49 @@
-"""HTTP server on a fake backend: routes, status codes, auth, keep-alive, limits."""
+"""The ASGI app on a fake backend (in-process, httpx's ASGI transport): routes, status codes, error shapes,
+auth, body limits and encodings, overload, OpenAPI."""
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
+from collections.abc import Callable
+from typing import Any
 
+import httpx
+import pytest
+from backports.zstd import compress as zstd_compress
 from pydantic import SecretStr
 
-from consumer.http import HttpServer
+from consumer.http import create_app
 from consumer.metrics import Metrics
 from consumer.retry import EngineError
 from consumer.settings import HttpSettings
-from schemas.errors import DlqReason
-from schemas.systemone import SystemOneResponse, build_response, parse_request
+from schemas.errors import DlqReason, RequestError
+from schemas.systemone import SystemOneRequest, SystemOneResponse, build_response, parse_request
+
+OK = {"state": "disk full", "questions": {"outage": {"type": "noul"}}}
 
 
 class FakeBackend:
     def __init__(self) -> None:
         self.is_ready = True
         self.is_healthy = True
+        self.gate: asyncio.Event | None = None
+        self.bodies: list[bytes] = []
 
-    async def answer(self, body: bytes) -> SystemOneResponse:
+    async def answer(
+        self, body: bytes, check: Callable[[SystemOneRequest], None] | None = None
+    ) -> SystemOneResponse:
+        self.bodies.append(body)
+        if self.gate is not None:
+            await self.gate.wait()
         request = parse_request(body)
-        if request.model == "explode":
+        if check is not None:
+            check(request)
+        if request.state == "explode":
             raise EngineError(DlqReason.engine_failed, RuntimeError("boom"), 1)
+        if request.state == "too-long":
+            raise RequestError(DlqReason.context_length_exceeded, "input is 70000 tokens")
         probs = {qid: [0.25, 0.75] for qid in request.questions}
         return build_response(request, probs, input_tokens=5)
 
@@ -34,105 +54,222 @@ class FakeBackend:
         return self.is_healthy
 
 
-async def call(port: int, raw: bytes) -> tuple[int, dict[str, str], bytes]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(raw)
-    await writer.drain()
-    status, headers, body = await read_response(reader)
-    writer.close()
-    return status, headers, body
+def client(backend: FakeBackend | None = None, **settings: Any) -> httpx.AsyncClient:
+    app = create_app(HttpSettings(**settings), backend or FakeBackend(), Metrics(), "clef-omni")
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
 
 
-async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
-    status_line = await reader.readline()
-    headers: dict[str, str] = {}
-    while (line := await reader.readline()) not in (b"\r\n", b""):
-        name, _, value = line.decode().partition(":")
-        headers[name.strip().lower()] = value.strip()
-    body = await reader.readexactly(int(headers.get("content-length", "0")))
-    return int(status_line.split()[1]), headers, body
+def assert_error(response: httpx.Response, status: int, error_type: str) -> None:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    assert len(response.headers["x-typesafe-request-id"]) == 32
+    detail = response.json()["detail"]
+    assert detail["error_type"] == error_type
+    assert isinstance(detail["message"], str)
+    assert detail["message"]
 
 
-def post(path: str, body: bytes, extra: str = "") -> bytes:
-    return f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
+def assert_validation(response: httpx.Response) -> list[dict[str, Any]]:
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == "application/json"
+    detail = response.json()["detail"]
+    assert isinstance(detail, list)
+    assert detail
+    for item in detail:
+        assert set(item) == {"type", "loc", "msg"}
+        assert item["loc"][0] == "body"
+    return detail
 
 
-async def new_server() -> HttpServer:
-    srv = HttpServer(HttpSettings(port=0, max_body_bytes=2048), FakeBackend(), Metrics(), ["clef-omni"])
-    await srv.start()
-    return srv
+async def test_answer_has_json_and_request_id() -> None:
+    async with client() as c:
+        r = await c.post("/v1/systemone", json=OK)
+        r2 = await c.post("/v1/systemone", json=OK)
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "application/json"
+    assert r.json() == {
+        "model": "clef-omni",
+        "answers": {"outage": {"type": "noul", "noul": 0.25}},
+        "usage": {"input_tokens": 5, "output_tokens": 0},
+    }
+    assert r.headers["x-typesafe-request-id"] != r2.headers["x-typesafe-request-id"]
 
 
-async def test_systemone_ok_and_errors() -> None:
-    server = await new_server()
-    assert server.port is not None
-    ok = json.dumps({"state": "disk full", "questions": {"outage": {"type": "noul"}}}).encode()
-    status, headers, body = await call(server.port, post("/v1/systemone", ok))
-    assert status == 200
-    assert headers["content-type"] == "application/json"
-    assert json.loads(body)["answers"]["outage"] == {"type": "noul", "noul": 0.25}
-    status, _, body = await call(server.port, post("/v1/systemone", b'{"state": "x", "questions": {}}'))
-    assert status == 422
-    assert isinstance(json.loads(body)["detail"], list)
-    status, _, body = await call(server.port, post("/v1/systemone", b"{not json"))
-    assert status == 400
-    assert json.loads(body)["detail"]["error_type"] == "bad_json"
-    boom = json.dumps({"model": "explode", "state": "x", "questions": {"q": {"type": "noul"}}}).encode()
-    status, _, body = await call(server.port, post("/v1/systemone", boom))
-    assert status == 500
-    assert json.loads(body)["detail"]["error_type"] == "engine_failed"
-    status, _, _ = await call(server.port, post("/v1/systemone", b"x" * 4096))
-    assert status == 413
-    status, _, _ = await call(
-        server.port, b"POST /v1/systemone HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-    )
-    assert status == 411
-    await server.stop()
+async def test_validation_errors_are_422_under_body() -> None:
+    async with client() as c:
+        missing = await c.post("/v1/systemone", json={"questions": OK["questions"]})
+        empty_questions = await c.post("/v1/systemone", json={"state": "x", "questions": {}})
+        not_json = await c.post("/v1/systemone", content=b'{"state": "x", "questions": {')
+        array = await c.post("/v1/systemone", content=b"[1, 2]")
+        empty = await c.post("/v1/systemone", content=b"")
+        score_map = await c.post(
+            "/v1/systemone",
+            json={"state": "x", "questions": {"s": {"type": "score", "criteria": {"0": "a", "1": "b"}}}},
+        )
+    assert assert_validation(missing)[0]["loc"] == ["body", "state"]
+    assert assert_validation(empty_questions)[0]["loc"] == ["body", "questions"]
+    assert assert_validation(not_json)[0]["type"] == "json_invalid"
+    assert assert_validation(array)[0]["loc"] == ["body"]
+    assert assert_validation(empty)[0]["type"] == "missing"
+    assert assert_validation(score_map)[0]["loc"][:3] == ["body", "questions", "s"]
 
 
-async def test_get_routes_and_keep_alive() -> None:
-    server = await new_server()
-    assert server.port is not None
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    for path in ("/v1/models", "/healthz", "/readyz", "/metrics", "/nope"):
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-        await writer.drain()
-        status, headers, body = await read_response(reader)
-        if path == "/v1/models":
-            assert status == 200
-            assert json.loads(body)["data"][0]["id"] == "clef-omni"
-        elif path == "/metrics":
-            assert status == 200
-            assert b"clef_router_http_requests_total" in body
-        elif path == "/nope":
-            assert status == 404
-        else:
-            assert status == 200
-        assert headers["connection"] == "keep-alive"
-    writer.close()
-    await server.stop()
+async def test_other_client_errors_and_engine_failure() -> None:
+    async with client() as c:
+        too_long = await c.post("/v1/systemone", json={**OK, "state": "too-long"})
+        boom = await c.post("/v1/systemone", json={**OK, "state": "explode"})
+        alias = await c.post("/v1/systemone", json={**OK, "model": "jev-latest"})
+        unknown = await c.post("/v1/systemone", json={**OK, "model": "gpt-4"})
+    assert_error(too_long, 400, "context_length_exceeded")
+    assert_error(boom, 500, "engine_failed")
+    assert alias.status_code == 200
+    assert alias.json()["model"] == "jev-latest"
+    assert_error(unknown, 404, "model_not_found")
 
 
-async def test_health_and_readiness_fail() -> None:
+async def test_routes_404_405_and_head() -> None:
+    async with client() as c:
+        unknown_post = await c.post("/v1/nothing", json=OK)
+        unknown_get = await c.get("/nothing")
+        get_systemone = await c.get("/v1/systemone")
+        post_models = await c.post("/v1/models")
+        head = await c.head("/readyz")
+    assert_error(unknown_post, 404, "not_found")
+    assert_error(unknown_get, 404, "not_found")
+    assert_error(get_systemone, 405, "method_not_allowed")
+    assert get_systemone.headers["allow"] == "POST"
+    assert_error(post_models, 405, "method_not_allowed")
+    assert post_models.headers["allow"] == "GET, HEAD"
+    assert head.status_code == 200
+    assert "x-typesafe-request-id" in head.headers
+
+
+async def test_models_lists_the_model_and_the_jev_alias() -> None:
+    async with client(model_release_date="2026-10-01") as c:
+        r = await c.get("/v1/models")
+    assert r.status_code == 200
+    models = r.json()["models"]
+    assert [m["name"] for m in models] == ["clef-omni", "jev-latest"]
+    assert all(set(m) == {"name", "description", "release_date"} for m in models)
+    assert models[0]["release_date"] == "2026-10-01"
+
+
+async def test_auth_off_ignores_the_header_and_on_checks_it() -> None:
+    async with client() as c:
+        r = await c.post("/v1/systemone", json=OK, headers={"Authorization": "Bearer whatever"})
+    assert r.status_code == 200
+    keys = (SecretStr("k1"), SecretStr("k2"))
+    async with client(api_keys=keys) as c:
+        missing = await c.post("/v1/systemone", json=OK)
+        wrong = await c.post("/v1/systemone", json=OK, headers={"Authorization": "Bearer nope"})
+        basic = await c.get("/v1/models", headers={"Authorization": "Basic k1"})
+        good = await c.post("/v1/systemone", json=OK, headers={"Authorization": "Bearer k2"})
+        models = await c.get("/v1/models", headers={"Authorization": "Bearer k1"})
+        health = await c.get("/healthz")
+    for bad in (missing, wrong, basic):
+        assert_error(bad, 401, "authentication_error")
+        assert bad.headers["www-authenticate"] == "Bearer"
+    assert good.status_code == 200
+    assert models.status_code == 200
+    assert health.status_code == 200
+
+
+async def test_body_limit_and_encodings() -> None:
+    body = json.dumps(OK).encode()
+    async with client(max_body_bytes=200) as c:
+        big = await c.post("/v1/systemone", content=b" " * 201 + body)
+        gz = await c.post("/v1/systemone", content=gzip.compress(body), headers={"content-encoding": "gzip"})
+        bomb = await c.post(
+            "/v1/systemone",
+            content=gzip.compress(body + b" " * 100_000),
+            headers={"content-encoding": "gzip"},
+        )
+        corrupt = await c.post("/v1/systemone", content=b"\x1f\x8bxx", headers={"content-encoding": "gzip"})
+        brotli = await c.post("/v1/systemone", content=body, headers={"content-encoding": "br"})
+        zstd = await c.post(
+            "/v1/systemone", content=zstd_compress(body), headers={"content-encoding": "zstd"}
+        )
+        zstd_bomb = await c.post(
+            "/v1/systemone",
+            content=zstd_compress(body + b" " * 100_000),
+            headers={"content-encoding": "zstd"},
+        )
+    assert_error(big, 413, "request_too_large")
+    assert gz.status_code == 200
+    assert_error(bomb, 413, "request_too_large")
+    assert_error(corrupt, 400, "bad_request")
+    assert_error(brotli, 415, "unsupported_media_type")
+    assert zstd.status_code == 200
+    assert_error(zstd_bomb, 413, "request_too_large")
+
+
+async def test_overload_is_503_with_retry_after_and_never_hangs() -> None:
     backend = FakeBackend()
-    srv = HttpServer(HttpSettings(port=0), backend, Metrics(), ["m"])
-    port = await srv.start()
-    backend.is_ready = False
-    backend.is_healthy = False
-    assert (await call(port, b"GET /readyz HTTP/1.1\r\n\r\n"))[0] == 503
-    assert (await call(port, b"GET /healthz HTTP/1.1\r\n\r\n"))[0] == 503
-    await srv.stop()
+    backend.gate = asyncio.Event()
+    async with client(backend, max_concurrent_requests=2, retry_after_s=3) as c:
+        held = [asyncio.create_task(c.post("/v1/systemone", json=OK)) for _ in range(2)]
+        for _ in range(200):  # both requests reach the backend
+            if len(backend.bodies) == 2:
+                break
+            await asyncio.sleep(0.005)
+        assert len(backend.bodies) == 2
+        over = await asyncio.wait_for(c.post("/v1/systemone", json=OK), 5)
+        backend.gate.set()
+        done = await asyncio.wait_for(asyncio.gather(*held), 5)
+        after = await c.post("/v1/systemone", json=OK)
+    assert_error(over, 503, "overloaded")
+    assert over.headers["retry-after"] == "3"
+    assert [r.status_code for r in done] == [200, 200]
+    assert after.status_code == 200
 
 
-async def test_bearer_keys() -> None:
-    srv = HttpServer(HttpSettings(port=0, api_keys=(SecretStr("s3cret"),)), FakeBackend(), Metrics(), ["m"])
-    port = await srv.start()
-    status, headers, _ = await call(port, b"GET /v1/models HTTP/1.1\r\n\r\n")
-    assert status == 401
-    assert headers["www-authenticate"] == "Bearer"
-    status, _, _ = await call(port, b"GET /v1/models HTTP/1.1\r\nAuthorization: Bearer wrong\r\n\r\n")
-    assert status == 401
-    status, _, _ = await call(port, b"GET /v1/models HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n\r\n")
-    assert status == 200
-    assert (await call(port, b"GET /healthz HTTP/1.1\r\n\r\n"))[0] == 200  # probes need no key
-    await srv.stop()
+async def test_health_and_readiness() -> None:
+    backend = FakeBackend()
+    async with client(backend) as c:
+        assert (await c.get("/healthz")).json() == {"status": "ok"}
+        assert (await c.get("/readyz")).json() == {"status": "ready"}
+        backend.is_ready = False
+        backend.is_healthy = False
+        not_ready = await c.get("/readyz")
+        stalled = await c.get("/healthz")
+    assert (not_ready.status_code, not_ready.json()) == (503, {"status": "not_ready"})
+    assert (stalled.status_code, stalled.json()) == (503, {"status": "stalled"})
+
+
+async def test_metrics_count_requests_by_route() -> None:
+    async with client() as c:
+        await c.post("/v1/systemone", json=OK)
+        await c.get("/nothing")
+        text = (await c.get("/metrics")).text
+    assert 'clef_router_http_requests_total{path="/v1/systemone",status="200"} 1.0' in text
+    assert 'clef_router_http_requests_total{path="other",status="404"} 1.0' in text
+    assert "clef_router_http_request_seconds_count" in text
+
+
+async def test_openapi_documents_the_real_schemas_and_docs_page() -> None:
+    async with client() as c:
+        doc = (await c.get("/openapi.json")).json()
+        docs = await c.get("/docs")
+    post = doc["paths"]["/v1/systemone"]["post"]
+    assert post["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/SystemOneRequest"
+    }
+    schemas = doc["components"]["schemas"]
+    for name in ("SystemOneRequest", "SystemOneResponse", "ChoiceQuestion", "ScoreAnswer", "ModelList"):
+        assert name in schemas
+    assert post["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/SystemOneResponse"
+    )
+    assert post["responses"]["422"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/ValidationBody"
+    )
+    assert "head" not in doc["paths"]["/readyz"]
+    assert docs.status_code == 200
+    assert "swagger" in docs.text.lower()
+
+
+@pytest.mark.parametrize("path", ["/v1/systemone", "/v1/models"])
+async def test_auth_applies_before_anything_else(path: str) -> None:
+    async with client(api_keys=(SecretStr("k"),), max_body_bytes=10) as c:
+        r = await c.request("POST" if path.endswith("one") else "GET", path, content=b"x" * 50)
+    assert_error(r, 401, "authentication_error")

@@ -1,0 +1,133 @@
+"""Backends of the HTTP app (`consumer.http.Backend`) for `clef-router serve` and `clef-router run`.
+
+- `HttpService` (`serve`): the engine behind its own batcher, no Kafka. Same settings, same engine, same
+  batching as `run`. Ready once the batcher runs and until a stop begins; healthy unless requests are in
+  flight and none has finished for `http.watchdog_s`.
+- `ServiceBackend` (`run`): the pipeline's answer, health and readiness, and readiness also requires the
+  broker to have answered within `http.broker_unreachable_s` (`consumer.broker_watch.BrokerWatch`).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from consumer.batcher import Batcher, EngineLike, staged_calls
+from consumer.logging import get_logger
+from consumer.metrics import Metrics
+from consumer.settings import Settings
+from schemas.parse import RequestLimits, parse_request
+from schemas.request import SystemOneRequest
+from schemas.response import SystemOneResponse
+
+RequestCheck = Callable[[SystemOneRequest], None]
+
+log = get_logger("consumer.serve")
+
+
+def _empty_cuda_cache() -> None:
+    # Called by the batcher after a CUDA OOM; torch is looked up only if the engine imported it.
+    torch: Any = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+class HttpService:
+    """The engine behind a batcher of its own, answering request bodies. Event loop only."""
+
+    def __init__(
+        self, settings: Settings, engine: EngineLike[Any], *, metrics: Metrics | None = None
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self._engine = engine
+        self._limits = RequestLimits(max_value_bytes=settings.engine.max_message_bytes)
+        self.batcher: Batcher[Any, SystemOneResponse] = Batcher(
+            engine.execute,
+            settings.batching,
+            metrics=self.metrics,
+            single_attempts=settings.engine.single_record_attempts,
+            on_oom=_empty_cuda_cache,
+            stages=staged_calls(engine),
+        )
+        self._started = False
+        self._stopping = False
+        self._in_flight = 0
+        self._last_progress = time.monotonic()
+
+    async def start(self) -> None:
+        """Start the batcher; the service is ready from here on."""
+        await self.batcher.start()
+        self._started = True
+        self.metrics.model_loaded.set(1)
+
+    def request_stop(self) -> None:
+        """Turn readiness off (safe from a signal handler); answering continues until `close`."""
+        self._stopping = True
+
+    async def close(self, timeout_s: float) -> None:
+        """Finish what the batcher holds (at most `timeout_s`), then stop its threads."""
+        self._stopping = True
+        await self.batcher.close(timeout_s)
+        self.metrics.model_loaded.set(0)
+
+    async def answer(self, body: bytes, check: RequestCheck | None = None) -> SystemOneResponse:
+        """Answer one request body through the batcher; `check` sees the parsed request first (prepare
+        thread) and what it raises is re-raised here. Raises `RequestError` (client error), `EngineError`
+        (the engine failed on it alone), `RuntimeError` (the batcher is closing)."""
+        self._in_flight += 1
+        try:
+            prepare = functools.partial(self._prepare, check=check)
+            (outcome,) = await self.batcher.submit(prepare, [body])
+        finally:
+            self._in_flight -= 1
+            self._last_progress = time.monotonic()
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def _prepare(self, body: bytes, check: RequestCheck | None) -> Any:
+        """Parse, check and prepare one body (prepare thread pool)."""
+        request = parse_request(body, self._limits)
+        if check is not None:
+            check(request)
+        return self._engine.prepare(request)
+
+    def ready(self) -> bool:
+        return self._started and not self._stopping
+
+    def healthy(self) -> bool:
+        idle = self._in_flight == 0
+        return idle or time.monotonic() - self._last_progress < self.settings.http.watchdog_s
+
+
+class _PipelineLike(Protocol):
+    async def answer(self, body: bytes, check: RequestCheck | None = None) -> SystemOneResponse: ...
+
+    def ready(self) -> bool: ...
+
+    def healthy(self) -> bool: ...
+
+
+class _Reachability(Protocol):
+    def reachable(self) -> bool: ...
+
+
+class ServiceBackend:
+    """`run`'s backend: the pipeline, with readiness that also needs a reachable broker."""
+
+    def __init__(self, pipeline: _PipelineLike, broker: _Reachability) -> None:
+        self._pipeline = pipeline
+        self._broker = broker
+
+    async def answer(self, body: bytes, check: RequestCheck | None = None) -> SystemOneResponse:
+        return await self._pipeline.answer(body, check)
+
+    def ready(self) -> bool:
+        return self._pipeline.ready() and self._broker.reachable()
+
+    def healthy(self) -> bool:
+        return self._pipeline.healthy()
