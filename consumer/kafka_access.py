@@ -29,6 +29,7 @@ from aiokafka.errors import (
     KafkaConnectionError,
     KafkaError,
     SaslAuthenticationFailed,
+    for_code,
 )
 
 from consumer.kafka_config import client_options
@@ -252,36 +253,44 @@ def check_operations(
 
 
 async def check_group_access(settings: KafkaSettings) -> None:
-    """Raise `KafkaAccessError` unless this principal may READ (join, commit) the consumer group."""
+    """Raise `KafkaAccessError` unless this principal may READ (join, commit) the consumer group.
+
+    Retriable coordinator errors (a fresh cluster still creating its offsets topic, a coordinator moving)
+    are retried for up to `COORDINATOR_ATTEMPTS` x 0.5 s; other broker errors raise `KafkaAccessError`.
+    """
     group = settings.group_id
     client = AIOKafkaClient(**client_options(settings), request_timeout_ms=15_000)
-    error, ops = 0, UNSET_OPERATIONS
     try:
         await client.bootstrap()
         for attempt in range(COORDINATOR_ATTEMPTS):
             try:  # FindCoordinator needs DESCRIBE on the group
                 node = await client.coordinator_lookup(0, group)
+                response: Any = await client.send(node, AuthorizedGroupRequest(group))
+                error, ops = parse_group_operations(response)
+            except GroupAuthorizationFailedError:
+                error, ops = GroupAuthorizationFailedError.errno, UNSET_OPERATIONS
+            except KafkaError as exc:
+                error, ops = getattr(exc, "errno", -1), UNSET_OPERATIONS
+                if not exc.retriable:
+                    raise KafkaAccessError(f"describing group {group!r} failed: {_brief(exc)}") from None
+            if error == 0 or not for_code(error).retriable:
                 break
-            except KafkaError as exc:  # e.g. coordinator not available: a fresh cluster's offsets topic
-                if not exc.retriable or attempt == COORDINATOR_ATTEMPTS - 1:
-                    raise
+            if attempt < COORDINATOR_ATTEMPTS - 1:
                 await asyncio.sleep(0.5)
-        response: Any = await client.send(node, AuthorizedGroupRequest(group))
-        error, ops = parse_group_operations(response)
-    except GroupAuthorizationFailedError:
-        error = GroupAuthorizationFailedError.errno
     finally:
         with contextlib.suppress(Exception):
             await client.close()
-    if (
-        error == GroupAuthorizationFailedError.errno
-        or ops == UNSET_OPERATIONS
-        or not ops >> AclOperation.READ & 1
-    ):
+    if error == GroupAuthorizationFailedError.errno or (error == 0 and not _allows(ops, AclOperation.READ)):
         raise KafkaAccessError(
             f"Kafka denies {_who(settings)} READ on group {group!r} (kafka.group_id): grant the ACLs "
             "listed in the README (section Production Kafka)"
         )
+    if error != 0:
+        raise KafkaAccessError(f"describing group {group!r} failed: {for_code(error).__name__}")
+
+
+def _allows(ops: int, op: AclOperation) -> bool:
+    return ops != UNSET_OPERATIONS and bool(ops >> op & 1)
 
 
 def _who(settings: KafkaSettings) -> str:
