@@ -143,7 +143,7 @@ def _respond_when_run(engine: Engine, ran: Future[RunResult]) -> list[SystemOneR
 
 def baseline(engine: Engine, requests: Sequence[SystemOneRequest], batch_size: int) -> dict[str, float]:
     """Plain transformers backbone (sdpa, default experts) on the same token batches, padded."""
-    text_model: Any = engine.model.thinker.model
+    text_model: Any = engine.model.text_model
     encoded = [engine.prepare(r).encoded for r in requests]
     times: list[float] = []
     tokens = 0

@@ -3,10 +3,14 @@
 Callers `submit` a run of items with their prepare function (decode + `engine.prepare`, CPU only). Each
 submission is prepared by one call in a thread pool, so JSON parsing, validation, tokenizing and media
 decoding overlap the GPU and never block the event loop.
-Prepared records wait in arrival order; a batch is flushed when it reaches `max_batch_records`, when the next
-record would push it over `max_batch_tokens` (a record larger than the budget runs alone), or `max_wait_ms`
-after its first record became ready. At most `max_pending_batches` batches are handed to the single GPU
-thread at once; the rest wait here (and the pipeline pauses fetching through its in-flight bound).
+Prepared records wait in arrival order. With `mode = "fixed"` a batch is flushed when it reaches
+`max_batch_records`, when the next record would push it over `max_batch_tokens` (a record larger than the
+budget runs alone), or `max_wait_ms` after its first record became ready. With `mode = "adaptive"` (the
+default) the size and the moment follow the queue and the GPU time measured per batch (`consumer.adaptive`):
+at once while the GPU is idle, just before it frees up while it is busy, within a budget derived from
+`latency_target_ms` unless a backlog built, always within `max_batch_records` and `max_batch_tokens`.
+At most `max_pending_batches` batches are handed to the single GPU thread at once; the rest wait
+here (and the pipeline pauses fetching through its in-flight bound).
 
 Each submission gets one future that resolves to one outcome per item, in order: the engine's response, the
 prepare call's own exception (e.g. `RequestError`), or an `EngineError` when the record failed even alone
@@ -29,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
+from consumer.adaptive import AdaptiveView, CostLike, CostModel, plan_adaptive, plan_next
 from consumer.clock import Clock, SystemClock
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
@@ -38,6 +43,8 @@ from schemas.errors import DlqReason
 
 if TYPE_CHECKING:
     from schemas.systemone import SystemOneRequest, SystemOneResponse
+
+__all__ = ["Batcher", "EngineLike", "PreparedLike", "StagedCalls", "plan_next", "staged_calls"]
 
 log = get_logger("consumer.batcher")
 
@@ -84,26 +91,6 @@ def staged_calls(engine: object) -> StagedCalls[Any, Any] | None:
     return None
 
 
-def plan_next(tokens: Sequence[int], max_records: int, max_tokens: int) -> tuple[int, bool]:
-    """How many leading records form the next batch, and whether that batch is full already.
-
-    Full means a limit is reached: `max_records` records, the token budget exactly used, or the next
-    record not fitting. The first record always fits (alone if larger than the budget). Pure.
-    """
-    count = 0
-    used = 0
-    for size in tokens:
-        if count == max_records:
-            return count, True
-        if count > 0 and used + size > max_tokens:
-            return count, True
-        count += 1
-        used += size
-        if used >= max_tokens:
-            return count, True
-    return count, count >= max_records
-
-
 class _Submission(Generic[ResponseT]):
     """One `submit` call: its outcomes, how many are still missing, its future, when it became ready."""
 
@@ -140,6 +127,7 @@ class Batcher(Generic[PreparedT, ResponseT]):
         single_attempts: int = 2,
         on_oom: Callable[[], None] | None = None,
         stages: StagedCalls[PreparedT, ResponseT] | None = None,
+        cost: CostLike | None = None,
     ) -> None:
         self._execute = execute
         self._stages = stages
@@ -157,6 +145,13 @@ class Batcher(Generic[PreparedT, ResponseT]):
         self._collector: asyncio.Task[None] | None = None
         self._closing = False
         self.batches = 0
+        # Adaptive mode's view of the GPU (written on the loop only): the cost model, the tokens of every
+        # batch cut and not yet off the GPU (FIFO: one GPU thread), when the GPU last started on the first
+        # of them, and how long staging takes (exponential average).
+        self._cost: CostLike = cost if cost is not None else CostModel()
+        self._outstanding: deque[int] = deque()
+        self._gpu_mark = 0.0
+        self._lead = 0.0
 
     async def start(self) -> None:
         """Start the collector task."""
@@ -205,7 +200,6 @@ class Batcher(Generic[PreparedT, ResponseT]):
         self._wakeup.set()
 
     async def _collect(self) -> None:
-        cfg = self._settings
         slot = False  # a GPU slot is held for the batch being formed, so batches grow while the GPU is busy
         while True:
             if not self._ready:
@@ -220,17 +214,71 @@ class Batcher(Generic[PreparedT, ResponseT]):
                 await self._gpu_slots.acquire()
                 slot = True
                 continue
-            head = itertools.islice(self._ready, cfg.max_batch_records + 1)
-            count, full = plan_next(
-                [job[0].num_tokens for job in head], cfg.max_batch_records, cfg.max_batch_tokens
-            )
-            remaining = self._ready[0][1].ready_at + cfg.max_wait_ms / 1000.0 - self._clock.now()
-            if not full and remaining > 0 and not self._closing:
-                await self._wait(remaining)
+            count, wait, budget = self._plan()
+            if wait > 0 and not self._closing:
+                await self._wait(wait)
                 continue
             batch = [self._ready.popleft() for _ in range(count)]
             slot = False
-            self._track(asyncio.ensure_future(self._dispatch(batch)))
+            self._cut(batch, budget)
+
+    def _plan(self) -> tuple[int, float, int]:
+        """The next batch: (records to cut, seconds to wait first instead (0: cut now), token budget)."""
+        cfg = self._settings
+        head = itertools.islice(self._ready, cfg.max_batch_records + 1)
+        tokens = [job[0].num_tokens for job in head]
+        now = self._clock.now()
+        head_age = now - self._ready[0][1].ready_at
+        if cfg.mode == "fixed":
+            count, full = plan_next(tokens, cfg.max_batch_records, cfg.max_batch_tokens)
+            remaining = cfg.max_wait_ms / 1000.0 - head_age
+            return count, (0.0 if full else max(0.0, remaining)), cfg.max_batch_tokens
+        view = AdaptiveView(head_age=head_age, gpu_free_in=self._gpu_free_in(now), lead=self._lead)
+        decision = plan_adaptive(
+            tokens,
+            view,
+            self._cost,
+            max_records=cfg.max_batch_records,
+            max_tokens=cfg.max_batch_tokens,
+            latency_target=cfg.latency_target_ms / 1000.0,
+            fallback_wait=cfg.max_wait_ms / 1000.0,
+        )
+        return decision.count, decision.wait, decision.budget
+
+    def _gpu_free_in(self, now: float) -> float:
+        """Predicted seconds until the GPU has run every batch cut so far (0 when none is outstanding or
+        the cost model cannot tell yet)."""
+        if not self._outstanding:
+            return 0.0
+        predicted = 0.0
+        for tokens in self._outstanding:
+            seconds = self._cost.predict(tokens)
+            if seconds is None:
+                return 0.0
+            predicted += seconds
+        return max(0.0, self._gpu_mark + predicted - now)
+
+    def _cut(self, batch: list[_Job[PreparedT, ResponseT]], budget: int) -> None:
+        """Hand a batch to `_dispatch` and count it as outstanding on the GPU."""
+        tokens = sum(job[0].num_tokens for job in batch)
+        if not self._outstanding:  # the GPU is idle: it starts on this batch once it is staged
+            self._gpu_mark = self._clock.now() + self._lead
+        self._outstanding.append(tokens)
+        if self._metrics is not None:
+            self._metrics.batch_fill.observe(min(1.0, tokens / budget))
+            self._metrics.batch_budget.set(budget)
+        self._track(asyncio.ensure_future(self._dispatch(batch, tokens)))
+
+    def _gpu_done(self, tokens: int, seconds: float, *, learn: bool) -> None:
+        """A batch left the GPU thread after `seconds` there (loop only): count the busy time, learn the
+        batch's cost when `learn` (one clean run), start the clock on the next batch, replan."""
+        self._outstanding.popleft()
+        self._gpu_mark = self._clock.now()
+        if learn:
+            self._cost.observe(tokens, seconds)
+        if self._metrics is not None:
+            self._metrics.gpu_busy.inc(seconds)
+        self._wakeup.set()
 
     async def _wait(self, seconds: float) -> None:
         """Sleep until `seconds` pass on the clock or a new record becomes ready."""
@@ -243,13 +291,16 @@ class Batcher(Generic[PreparedT, ResponseT]):
             waiter.cancel()
             sleeper.cancel()
 
-    async def _dispatch(self, batch: list[_Job[PreparedT, ResponseT]]) -> None:
+    async def _dispatch(self, batch: list[_Job[PreparedT, ResponseT]], tokens: int) -> None:
         loop = asyncio.get_running_loop()
         started = self._clock.now()
         prepared = [job[0] for job in batch]
-        tokens = sum(p.num_tokens for p in prepared)
         try:
-            result, elapsed = await self._execute_batch(loop, prepared)
+            result, elapsed = await self._execute_batch(loop, prepared, tokens)
+        except asyncio.CancelledError:  # `close` gave up on it: its records are unfinished, not failed
+            for _, sub, _ in batch:
+                sub.future.cancel()
+            raise
         except BaseException as exc:  # the GPU thread itself died: fail the whole batch, loudly
             for _, sub, index in batch:
                 sub.settle(index, EngineError(DlqReason.engine_failed, exc, 1))
@@ -284,26 +335,30 @@ class Batcher(Generic[PreparedT, ResponseT]):
         )
 
     async def _execute_batch(
-        self, loop: asyncio.AbstractEventLoop, prepared: list[PreparedT]
+        self, loop: asyncio.AbstractEventLoop, prepared: list[PreparedT], tokens: int
     ) -> tuple[BatchResult[ResponseT], float]:
         """Staged when the engine offers it (the GPU slot is given back as soon as the run ends), else, or
         after any failure of the staged attempt, `execute` with splitting in the GPU thread."""
         released = False
 
-        def release() -> None:
+        def release(seconds: float = 0.0, *, learn: bool = False) -> None:
             nonlocal released
             if not released:
                 released = True
                 self._gpu_slots.release()
+                self._gpu_done(tokens, seconds, learn=learn)
 
         try:
             failed: Exception | None = None
             stages = self._stages
             if stages is not None:
                 try:
-                    staged = await loop.run_in_executor(self._prepare_pool, stages.stage, prepared)
+                    staged, stage_s = await loop.run_in_executor(
+                        self._prepare_pool, _timed, stages.stage, prepared
+                    )
+                    self._lead += 0.2 * (stage_s - self._lead)
                     raw, elapsed = await loop.run_in_executor(self._gpu_pool, _timed, stages.run, staged)
-                    release()
+                    release(elapsed, learn=True)
                     responses = await loop.run_in_executor(self._prepare_pool, stages.respond, raw)
                     if len(responses) != len(prepared):
                         raise RuntimeError(f"engine returned {len(responses)} results for {len(prepared)}")
@@ -311,7 +366,10 @@ class Batcher(Generic[PreparedT, ResponseT]):
                 except Exception as exc:  # split from here on: the whole batch is not run again
                     log.warning("staged_batch_failed", records=len(prepared), error=type(exc).__name__)
                     failed = exc
-            return await loop.run_in_executor(self._gpu_pool, self._run, prepared, failed)
+            result, elapsed = await loop.run_in_executor(self._gpu_pool, self._run, prepared, failed)
+            # a split run's time is not one batch's cost: keep it out of the model
+            release(elapsed, learn=failed is None and result.stats.calls == 1)
+            return result, elapsed
         finally:
             release()
 
@@ -351,6 +409,9 @@ class Batcher(Generic[PreparedT, ResponseT]):
         for _, sub, _ in self._ready:
             sub.future.cancel()
         self._ready.clear()
+        # Before the pools go: a task left running would fail on them ("cannot schedule new futures").
+        for task in list(self._tasks):
+            task.cancel()
         self._prepare_pool.shutdown(wait=False, cancel_futures=True)
         self._gpu_pool.shutdown(wait=False, cancel_futures=True)
 

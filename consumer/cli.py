@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 import traceback
@@ -23,7 +24,7 @@ from consumer.commands import CommandError, Commands
 
 PROG = "clef-router"
 #: Command modules under ``consumer/commands/``, in help order.
-COMMAND_MODULES: tuple[str, ...] = ("kafka", "schema", "engine", "service", "bench")
+COMMAND_MODULES: tuple[str, ...] = ("kafka", "schema", "engine", "service", "records", "tail", "bench")
 _MAX_MESSAGE = 400
 
 
@@ -56,6 +57,7 @@ def build_parser(module_names: Sequence[str] | None = None) -> argparse.Argument
         prog=PROG,
         description="Route SystemOne alert and fault events from Kafka with the Clef-omni decision model.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     commands = Commands(cast("argparse._SubParsersAction[argparse.ArgumentParser]", subparsers))
     for module in _load_command_modules(COMMAND_MODULES if module_names is None else module_names):
@@ -64,6 +66,17 @@ def build_parser(module_names: Sequence[str] | None = None) -> argparse.Argument
             raise RuntimeError(f"command module {module.__name__} has no register(commands) function")
         register(commands)
     return parser
+
+
+def version() -> str:
+    """The installed package's version (`unknown` when run from a tree that was never installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("clef-router")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -92,7 +105,9 @@ def _describe(exc: BaseException) -> tuple[str, int]:
         return f"invalid input: {_one_line(exc)}", 2
     if isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError) and exc.filename:
         return f"{exc.strerror or type(exc).__name__}: {exc.filename}", 1
-    return f"{type(exc).__name__}: {_one_line(exc)}", 1
+    text, name = _one_line(exc), type(exc).__name__
+    # aiokafka's messages already start with their type name: say it once
+    return (text if text.startswith(name) else f"{name}: {text}"), 1
 
 
 def _stderr_logger(*_args: object) -> structlog.PrintLogger:
@@ -105,10 +120,32 @@ def _stderr_logger(*_args: object) -> structlog.PrintLogger:
     return structlog.PrintLogger(file=sys.stderr)
 
 
+class _DropOptionalLibraryNotices(logging.Filter):
+    """Drops the loader's "processor not loaded ... requires the Torchvision library" warning: without
+    torchvision the engine cuts video frames itself (engine.media.features), so the notice, printed cut off
+    mid-sentence on every start, only alarms users. Other warnings of that logger pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "requires the Torchvision library" not in record.getMessage()
+
+
 def _configure_default_logging() -> None:
-    """Send structlog output to stderr (stdout is for command results) unless already configured."""
+    """Send structlog output to stderr (stdout is for command results) unless already configured; silence
+    notices about optional libraries."""
     if not structlog.is_configured():
         structlog.configure(logger_factory=_stderr_logger)
+    release_log = logging.getLogger("engine.release")
+    if not any(isinstance(f, _DropOptionalLibraryNotices) for f in release_log.filters):
+        release_log.addFilter(_DropOptionalLibraryNotices())
+
+
+def _command_name(args: argparse.Namespace) -> str:
+    """`clef-router dlq replay` for a command of a group (`Commands.group` stores `<group>_command`)."""
+    words = [PROG, args.command]
+    sub = getattr(args, f"{args.command}_command", None)
+    if isinstance(sub, str):
+        words.append(sub)
+    return " ".join(words)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -122,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if func is None:
             parser.print_help(sys.stderr)
             return 2
-        name = f"{PROG} {args.command}"
+        name = _command_name(args)
         _configure_default_logging()
         result = func(args)
         return int(result) if result is not None else 0

@@ -140,9 +140,9 @@ async def replay(
     )
     producer = Producer(kafka)
     counts = {"replayed": 0, "skipped": 0, "unreadable": 0}
-    await consumer.start()
-    await producer.start()
-    try:
+    try:  # both are closed below even when a start fails or is cancelled (no "Unclosed ..." warnings)
+        await consumer.start()
+        await producer.start()
         parts = [TopicPartition(dlq_topic, p) for p in await topic_partitions(kafka, dlq_topic)]
         if not parts:
             return counts

@@ -233,6 +233,7 @@ class Emitter:
         decided_at = datetime_json(datetime.now(UTC))  # the unit's records were answered together
         guard = self._guard
         answered = 0  # counted in the guard in runs, in record order (before each dead letter)
+        routed: dict[str, int] = {}  # route topic -> records, for the metric (one inc per topic per unit)
         out: list[OutRecord] = []
         for record, event_id, outcome in zip(unit.records, unit.event_ids, outcomes, strict=True):
             if isinstance(outcome, BaseException):
@@ -245,7 +246,10 @@ class Emitter:
             if response.x_state_truncated:
                 self._metrics.state_truncated.inc()
             out += route(record, response, event_id, decided_at)
+            routed[out[-1].topic] = routed.get(out[-1].topic, 0) + 1  # the route record comes last
         guard.record_ok(answered)
+        for topic, count in routed.items():
+            self._metrics.routed.labels(topic=topic).inc(count)
         return out
 
     def _dead_letter(self, unit: Unit, record: InputRecord, exc: BaseException) -> OutRecord:

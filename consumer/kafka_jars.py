@@ -7,18 +7,23 @@ Kafka's POM leaves out on purpose. Maven resolves the whole runtime closure from
 Cache layout: ``${CLEF_CACHE_DIR:-~/.cache/clef-router}/kafka-<version>/`` holds every jar in one folder
 and a ``COMPLETE`` marker. A fetch downloads into a temporary sibling folder and renames it into place, so
 a half-finished download is never mistaken for a cache hit, and two concurrent fetches cannot corrupt it.
+Maven's own repository lives in that temporary folder too (``-Dmaven.repo.local``), so a fetch writes
+nothing to ``~/.m2`` and nothing outside the cache root stays behind. While Maven runs, a progress line
+(files and megabytes downloaded so far) goes to stderr every few seconds.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
-
-import structlog
+from typing import TextIO
 
 #: Pinned broker version (Maven ``org.apache.kafka:kafka_2.13``); docker-compose.yml uses the same image tag.
 KAFKA_VERSION = "4.4.0"
@@ -30,7 +35,10 @@ LOG4J_VERSION = "2.25.5"
 MAVEN_TIMEOUT_S = 900.0
 
 _MARKER = "COMPLETE"
-_log = structlog.get_logger(__name__)
+#: Seconds between two progress lines on stderr while Maven downloads.
+PROGRESS_EVERY_S = 5.0
+_DOWNLOADED = re.compile(r"Downloaded from \S+: \S+ \((\d+(?:\.\d+)?) (B|kB|MB)")
+_UNIT = {"B": 1, "kB": 1e3, "MB": 1e6}
 
 
 class KafkaFetchError(RuntimeError):
@@ -99,20 +107,16 @@ def ensure_kafka_jars(
     try:
         (work / "pom.xml").write_text(_pom(version, log4j_version), encoding="utf-8")
         out = work / "jars"
-        _log.info("kafka_jars_fetch", version=version, target=str(target))
         cmd = [
-            mvn, "-B", "-q", "dependency:copy-dependencies",
-            "-DincludeScope=runtime", f"-DoutputDirectory={out}",
+            mvn, "-B", "dependency:copy-dependencies",
+            "-DincludeScope=runtime", f"-DoutputDirectory={out}", f"-Dmaven.repo.local={work / 'repository'}",
         ]  # fmt: skip
-        try:
-            proc = subprocess.run(
-                cmd, cwd=work, capture_output=True, text=True, timeout=timeout_s, check=False
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise KafkaFetchError(f"mvn did not finish within {timeout_s:.0f} s") from exc
-        if proc.returncode != 0:
-            tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
-            raise KafkaFetchError(f"mvn failed with exit {proc.returncode}: {' | '.join(tail)}")
+        print(
+            f"fetching the Apache Kafka {version} broker jars (about 45 MB, once) with Maven into {target}",
+            file=sys.stderr,
+            flush=True,
+        )
+        _run_maven(cmd, work, timeout_s, sys.stderr)
         if not (out / f"kafka_{SCALA_VERSION}-{version}.jar").is_file():
             raise KafkaFetchError(f"mvn finished but kafka_{SCALA_VERSION}-{version}.jar is missing")
         (out / _MARKER).write_text(f"kafka {version}\nlog4j {log4j_version}\n", encoding="utf-8")
@@ -126,6 +130,46 @@ def ensure_kafka_jars(
         return target
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_maven(cmd: list[str], cwd: Path, timeout_s: float, progress: TextIO) -> None:
+    """Run Maven (blocking, killed after `timeout_s`), printing a progress line to `progress` every
+    `PROGRESS_EVERY_S` seconds. Raises `KafkaFetchError` when it fails or times out."""
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL
+    )
+    timer = threading.Timer(timeout_s, proc.kill)  # readline below blocks: the bound must be a thread
+    timer.start()
+    tail: list[str] = []
+    files, size, began = 0, 0.0, time.monotonic()
+    last = began
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail = [*tail[-4:], line.strip()]
+            found = _DOWNLOADED.search(line)
+            if found:
+                files += 1
+                size += float(found.group(1)) * _UNIT[found.group(2)]
+            now = time.monotonic()
+            if now - last >= PROGRESS_EVERY_S:
+                last = now
+                print(
+                    f"  ... {files} files, {size / 1e6:.1f} MB downloaded ({now - began:.0f} s)",
+                    file=progress,
+                    flush=True,
+                )
+        code = proc.wait()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if time.monotonic() - began >= timeout_s:
+        raise KafkaFetchError(f"mvn did not finish within {timeout_s:.0f} s")
+    if code != 0:
+        raise KafkaFetchError(f"mvn failed with exit {code}: {' | '.join(tail)}")
+    print(f"  done: {files} files, {size / 1e6:.1f} MB in {time.monotonic() - began:.0f} s", file=progress)
 
 
 def main() -> int:

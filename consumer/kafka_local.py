@@ -374,7 +374,8 @@ class LocalKafka:
         if self._cluster_id is None:
             self._cluster_id = new_cluster_id()
         cmd = [
-            self._java(), "-Xmx256m", f"-Dlog4j2.configurationFile={run / 'log4j2.properties'}",
+            self._java(), "-Xmx256m", "-XX:-UsePerfData",  # no /tmp/hsperfdata_<user> files
+            f"-Dlog4j2.configurationFile={run / 'log4j2.properties'}",
             "-cp", f"{jars}/*", "kafka.tools.StorageTool", "format",
             "-t", self._cluster_id, "-c", str(run / "server.properties"), *self._format_args,
         ]  # fmt: skip
@@ -390,7 +391,7 @@ class LocalKafka:
         run = self.run_dir
         cmd = [
             self._java(), f"-Xms{min(512, self._heap_mb)}m", f"-Xmx{self._heap_mb}m",
-            "-XX:+UseG1GC", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
+            "-XX:+UseG1GC", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true", "-XX:-UsePerfData",
             f"-Dlog4j2.configurationFile={run / 'log4j2.properties'}",
             f"-Dkafka.logs.dir={run / 'logs'}",
             "-cp", f"{jars}/*", "kafka.Kafka", str(run / "server.properties"),

@@ -14,6 +14,7 @@ from consumer.histogram import BulkHistogram
 PREFIX = "clef_router"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+FILL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 TOKEN_BUCKETS = (256, 1024, 4096, 16_384, 65_536, 262_144, 1_048_576)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -48,6 +49,22 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.batch_fill = BulkHistogram(
+            f"{PREFIX}_batch_fill_ratio",
+            "Tokens per engine batch over the token budget it was cut with",
+            buckets=FILL_BUCKETS,
+            registry=r,
+        )
+        self.batch_budget = Gauge(
+            f"{PREFIX}_batch_budget_tokens",
+            "Token budget of the last batch cut (fixed: max_batch_tokens; adaptive: follows the queue)",
+            registry=r,
+        )
+        self.gpu_busy = Counter(
+            f"{PREFIX}_gpu_busy_seconds",
+            "Seconds the GPU thread spent running batches; rate() is the GPU busy share",
+            registry=r,
+        )
         self.engine_seconds = BulkHistogram(
             f"{PREFIX}_engine_seconds", "Engine execute time per batch", buckets=LATENCY_BUCKETS, registry=r
         )
@@ -58,6 +75,12 @@ class Metrics:
             registry=r,
         )
         self.dlq = Counter(f"{PREFIX}_dlq_records", "Dead-lettered records by reason", ["reason"], registry=r)
+        self.routed = Counter(
+            f"{PREFIX}_routed_records",
+            "Answered records by the route topic they went to",
+            ["topic"],
+            registry=r,
+        )
         self.retries = Counter(f"{PREFIX}_retries", "Retries by kind", ["kind"], registry=r)
         self.batch_splits = Counter(
             f"{PREFIX}_batch_splits", "Engine batches split after a failure", registry=r

@@ -13,12 +13,16 @@ Backpressure: at most `kafka.max_in_flight` records between fetch and acknowledg
 more records are taken, and when it stays reached for `PAUSE_AFTER_S` every partition is paused until half
 have drained.
 Rebalance: revoked partitions stop taking records, get up to `revoke_timeout_s` to finish, have their
-watermark committed, and anything still unfinished is dropped unpublished.
+watermark committed, and anything still unfinished is dropped unpublished (the settings check that this
+fits inside the rebalance timeout, so the member is not dropped from the group while it drains).
 Exactly-once mode (`kafka.exactly_once`): each assigned partition gets a transactional producer
 (`consumer.transactions`), started while the partition is paused so no record of it is taken before the
 previous owner is fenced; its emitter publishes outputs and commits offsets in one transaction per run of
-finished units, so the consumer commits nothing itself. SIGTERM (`request_stop`): stop
-fetching, drain within `shutdown_timeout_s`, commit, return.
+finished units, so the consumer commits nothing itself.
+Stop (`request_stop`, e.g. SIGTERM): fetching stops at once (also mid-rebalance); what is in flight
+drains while the member still owns its partitions, then is committed, and the member leaves the group. A
+rebalance during the drain revokes as usual and the member then leaves instead of rejoining; partitions
+assigned while stopping are declined by leaving. Everything returns within `shutdown_timeout_s`.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from consumer.metrics import Metrics
 from consumer.offsets import OffsetTracker
 from consumer.producer import Producer
 from consumer.router import InputRecord
-from consumer.runtime import tune_gc
+from consumer.runtime import bounded, tune_gc
 from consumer.settings import Settings
 from consumer.source import Source
 from consumer.transactions import PartitionTransactions
@@ -57,6 +61,7 @@ RequestCheck = Callable[[SystemOneRequest], None]
 
 PAUSE_AFTER_S = 0.5  # the in-flight bound reached this long -> pause every input partition
 FULL_POLL_S = 0.005  # how often the fetch loop looks at the in-flight count while it is full or paused
+EXIT_MARGIN_S = 1.0  # of settings.SHUTDOWN_RESERVE_S: left for the process to exit after `run` returns
 
 
 def _version() -> str:
@@ -124,6 +129,7 @@ class Pipeline:
         self._positions: dict[TopicPartition, int] = {}
         self._stop = asyncio.Event()
         self._commit_lock = asyncio.Lock()
+        self._revoking = 0  # revoke callbacks in progress (a stop waits for them before leaving)
         self._fatal: BaseException | None = None
         self._last_progress = time.monotonic()
         self._lag = 0
@@ -155,16 +161,19 @@ class Pipeline:
             raise self._fatal
 
     def request_stop(self) -> None:
-        """Ask the pipeline to drain and stop (safe from a signal handler on the loop)."""
+        """Ask the pipeline to drain and stop (safe from a signal handler on the loop). Non-blocking; a
+        fetch waiting for a rebalance to end returns at once."""
         if not self._stop.is_set():
-            log.info("stop_requested")
+            log.info("stop_requested", in_flight=self.in_flight, revoking=self._revoking > 0)
         self._stop.set()
+        self.source.stop_fetching()
 
     def _fail(self, exc: BaseException) -> None:
         if self._fatal is None:
             self._fatal = exc
             log.error("fatal", error=repr(exc)[:300])
         self._stop.set()
+        self.source.stop_fetching()
 
     def _beat(self) -> None:
         self._last_progress = time.monotonic()
@@ -276,6 +285,12 @@ class Pipeline:
     # ---- rebalance ----------------------------------------------------------------------------------------
     async def _on_assigned(self, tps: set[TopicPartition]) -> None:
         self.metrics.rebalances.labels(kind="assigned").inc()
+        if self._stop.is_set():
+            # Stopping: nothing of these is in flight (every earlier partition was revoked first), so
+            # leaving now hands them to the other members at once instead of when the drain ends.
+            log.info("partitions_declined", partitions=len(tps), reason="stopping")
+            await self.source.leave_group()
+            return
         new = [tp for tp in tps if tp not in self._states]
         if self.settings.kafka.exactly_once and new:
             # No record of a partition is taken before its transactional producer has started (which
@@ -297,31 +312,52 @@ class Pipeline:
         log.info("partitions_assigned", partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in tps))
 
     async def _on_revoked(self, tps: set[TopicPartition]) -> None:
+        """aiokafka awaits this before the member rejoins: bounded by `KafkaSettings.revoke_path_s`, which
+        the settings check against the rebalance timeout."""
         self.metrics.rebalances.labels(kind="revoked").inc()
-        states = [self._states[tp] for tp in tps if tp in self._states]
-        for state in states:
-            state.closing = True
-        await self._drain([s.tp for s in states], self.settings.kafka.revoke_timeout_s)
-        await self._commit({s.tp for s in states})
-        abandoned = 0
-        for state in states:
-            abandoned += self.tracker.pending(state.tp)  # unfinished runs (units) of records
-            self.emitter.close(state)
-            self.tracker.forget(state.tp)
-            self._positions.pop(state.tp, None)
-            del self._states[state.tp]
-        if self.settings.kafka.exactly_once:
-            # a transaction still open would commit outputs and offsets after the next owner starts
-            tasks = {s.task for s in states if s.task is not None and not s.task.done()}
-            if tasks:
-                await asyncio.wait(tasks, timeout=self.settings.kafka.revoke_timeout_s)
-        log.info("partitions_revoked", partitions=len(states), abandoned_runs=abandoned)
+        began = time.monotonic()
+        self._revoking += 1
+        try:
+            states = [self._states[tp] for tp in tps if tp in self._states]
+            log.info("partitions_revoking", partitions=len(states), in_flight=self.in_flight)
+            for state in states:
+                state.closing = True
+            await self._drain([s.tp for s in states], self.settings.kafka.revoke_timeout_s)
+            await self._commit({s.tp for s in states})
+            abandoned = 0
+            for state in states:
+                abandoned += self.tracker.pending(state.tp)  # unfinished runs (units) of records
+                self.emitter.close(state)
+                self.tracker.forget(state.tp)
+                self._positions.pop(state.tp, None)
+                del self._states[state.tp]
+            if self.settings.kafka.exactly_once:
+                # a transaction still open would commit outputs and offsets after the next owner starts
+                tasks = {s.task for s in states if s.task is not None and not s.task.done()}
+                if tasks:
+                    await asyncio.wait(tasks, timeout=self.settings.kafka.revoke_timeout_s)
+            log.info(
+                "partitions_revoked",
+                partitions=len(states),
+                abandoned_runs=abandoned,
+                seconds=round(time.monotonic() - began, 3),
+            )
+        finally:
+            self._revoking -= 1
+        if self._stop.is_set():
+            # Everything was revoked (eager rebalancing) and committed: leave rather than rejoin, so this
+            # member, which is shutting down, is handed no partition it would never fetch.
+            await self.source.leave_group()
 
     async def _drain(self, tps: list[TopicPartition] | None, timeout_s: float) -> bool:
-        """Wait until the given partitions (all when None) have nothing pending; False on timeout."""
+        """Wait until the given partitions have nothing pending (all: nothing in flight and no revoke in
+        progress); False on timeout or a fatal error."""
         deadline = time.monotonic() + timeout_s
         while self._fatal is None:
-            pending = sum(self.tracker.pending(tp) for tp in tps) if tps is not None else self.in_flight
+            if tps is not None:
+                pending = sum(self.tracker.pending(tp) for tp in tps)
+            else:
+                pending = self.in_flight + self._revoking
             if pending == 0:
                 return True
             if time.monotonic() >= deadline:
@@ -357,26 +393,44 @@ class Pipeline:
                 self._fail(exc)
 
     async def _shutdown(self, committer: asyncio.Task[None]) -> None:
+        """Drain and commit while the partitions are still owned, then leave the group and close, all
+        within `shutdown_timeout_s` (a revoke in progress is part of the drain). Never raises."""
+        cfg = self.settings.kafka
+        self.source.stop_fetching()
         began = time.monotonic()
-        budget = self.settings.kafka.shutdown_timeout_s
-        drained = self._fatal is None and await self._drain(None, budget)
-        await self.batcher.close(
-            max(0.1, budget - (time.monotonic() - began)) if self._fatal is None else 0.1
-        )
+        deadline = began + cfg.shutdown_timeout_s - EXIT_MARGIN_S
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
+        drained = False
+        if self._fatal is None:
+            drained = await self._drain(None, max(0.0, cfg.shutdown_timeout_s - cfg.close_reserve_s))
         committer.cancel()
-        try:
-            await self._commit()
-        except Exception as exc:
-            log.error("final_commit_failed", error=repr(exc)[:300])
         for state in list(self._states.values()):
-            self.emitter.close(state)
-        await self.emitter.wait_closed(1.0)
-        await self.source.stop()
-        await self.producer.stop()
+            self.emitter.close(state)  # nothing more is published: what is unfinished now is abandoned
+        if not self.source.left:
+            try:
+                await self._commit()  # bounded by commit_timeout_s
+            except Exception as exc:
+                log.warning("final_commit_failed", error=repr(exc)[:300])
+        abandoned = self.in_flight
+        # HTTP requests already in the batcher may still be answered (Kafka results are not published).
+        await self.batcher.close(left() / 3)
+        # Exactly-once: a transaction being committed ends before the group is left, so the next owner
+        # reads its offsets.
+        await self.emitter.wait_closed(min(left() / 3, 2.0))
+        left_in_time = await bounded(self._leave(), left() * 2 / 3, "leave_group")
+        await bounded(self.producer.stop(), left(), "producer_stop")
         self.metrics.model_loaded.set(0)
         log.info(
             "pipeline_stopped",
             drained=drained,
-            in_flight=self.in_flight,
+            abandoned=abandoned,
+            left_group=left_in_time,
             seconds=round(time.monotonic() - began, 3),
         )
+
+    async def _leave(self) -> None:
+        await self.source.leave_group()
+        await self.source.stop()

@@ -1,4 +1,4 @@
-"""Process-wide runtime tuning applied once when the service starts.
+"""Process-wide runtime tuning applied once when the service starts, and bounded steps for shutdown.
 
 The cyclic garbage collector runs a generation-0 pass every 700 net container allocations by default. The
 service allocates a few dozen containers per record (decoded JSON, request and response models, output
@@ -6,11 +6,16 @@ records) and keeps thousands of records in flight, so at tens of thousands of re
 default makes collections a tenth of the CPU time, mostly re-scanning live in-flight records. `tune_gc`
 raises the generation-0 threshold and freezes what start-up left alive (modules, engine, settings), so
 collections scan only new objects. Garbage cycles are still collected, just in larger, rarer passes.
+
+`bounded` runs one shutdown step (leaving the group, closing a client) within the time left, so a stop
+returns within its bound even when a step waits on the broker (e.g. a rebalance in progress).
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
+from collections.abc import Awaitable
 
 from consumer.logging import get_logger
 
@@ -28,3 +33,18 @@ def tune_gc(gen0_threshold: int, *, freeze: bool) -> None:
         _, gen1, gen2 = gc.get_threshold()
         gc.set_threshold(gen0_threshold, gen1, gen2)
     log.info("gc_tuned", gen0_threshold=gc.get_threshold()[0], frozen=gc.get_freeze_count())
+
+
+async def bounded(step: Awaitable[None], timeout_s: float, what: str) -> bool:
+    """Await `step` for at most `timeout_s` seconds; True when it finished. On timeout it is cancelled and
+    a warning names `what` (the caller goes on: shutting down, a late step must not hold the exit). Errors
+    of the step are logged as warnings, not raised."""
+    try:
+        await asyncio.wait_for(step, max(timeout_s, 0.001))
+    except TimeoutError:
+        log.warning("shutdown_step_timed_out", step=what, seconds=round(timeout_s, 3))
+        return False
+    except Exception as exc:
+        log.warning("shutdown_step_failed", step=what, error=repr(exc)[:300])
+        return False
+    return True

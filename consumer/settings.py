@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -24,6 +24,18 @@ from pydantic_settings import (
 from schemas.envelope import DEFAULT_DEPARTMENTS, DefaultSchema
 
 ENV_PREFIX = "CLEF_"
+#: `CLEF_*` names that belong to the project's scripts and tools, not to the service (README, scripts/*.sh,
+#: docker-compose.yml): the unknown-setting check skips them, so exporting them never breaks a command.
+TOOL_VARIABLES = frozenset({"CLEF_CACHE_DIR", "CLEF_VENV", "CLEF_DEBUG", "CLEF_MODEL_DIR"})
+#: Part of `kafka.shutdown_timeout_s` kept, after the drain, for leaving the group, closing the clients and
+#: exiting the process (the final commit has its own `kafka.commit_timeout_s` on top).
+SHUTDOWN_RESERVE_S = 3.0
+#: Between the end of a revoke callback and the broker receiving the member's JoinGroup (round trips and
+#: scheduling), counted against the rebalance timeout.
+REJOIN_MARGIN_S = 1.0
+#: aiokafka's request timeout (its default `request_timeout_ms`, kept): the other members' JoinGroup
+#: requests wait for the slowest member's revoke path and are sent again, logged at ERROR, after it.
+JOIN_REQUEST_TIMEOUT_S = 40.0
 
 
 class _Frozen(BaseModel):
@@ -77,8 +89,97 @@ class KafkaSettings(_Frozen):
     )
     max_in_flight: int = Field(default=2048, ge=1, description="fetched, not yet committed records")
     send_attempts: int = Field(default=5, ge=1, description="tenacity attempts for transient broker errors")
-    revoke_timeout_s: float = Field(default=10.0, gt=0)
-    shutdown_timeout_s: float = Field(default=25.0, gt=0)
+    rebalance_timeout_ms: int | None = Field(
+        default=None,
+        ge=1000,
+        description="how long the broker waits for every member to rejoin in a rebalance (a member still "
+        "in its revoke callback then is dropped from the group); None: max_poll_interval_ms, as the Java "
+        "client",
+    )
+    revoke_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="revoked partitions' drain (and, exactly-once, their last transaction)",
+    )
+    commit_timeout_s: float = Field(default=5.0, gt=0, description="one offset commit, retries included")
+    shutdown_timeout_s: float = Field(
+        default=25.0, gt=0, description="stop request to return, drain included"
+    )
+
+    @property
+    def heartbeat_interval_ms(self) -> int:
+        """Heartbeat period: a member learns of a rebalance at its next heartbeat."""
+        return max(1000, self.session_timeout_ms // 10)
+
+    @property
+    def effective_rebalance_timeout_ms(self) -> int:
+        """`rebalance_timeout_ms`, or `max_poll_interval_ms` when unset."""
+        return (
+            self.rebalance_timeout_ms if self.rebalance_timeout_ms is not None else self.max_poll_interval_ms
+        )
+
+    @property
+    def revoke_path_s(self) -> float:
+        """Upper bound of the revoke callback: the drain, then the commit (at-least-once) or the wait for
+        the last transactions (exactly-once, which commits offsets inside them)."""
+        if self.exactly_once:
+            return 2 * self.revoke_timeout_s
+        return self.revoke_timeout_s + self.commit_timeout_s
+
+    @property
+    def close_reserve_s(self) -> float:
+        """Part of `shutdown_timeout_s` kept after the drain: the final commit (at-least-once), leaving the
+        group, closing clients."""
+        return SHUTDOWN_RESERVE_S + (0.0 if self.exactly_once else self.commit_timeout_s)
+
+    @model_validator(mode="after")
+    def _bounds_fit(self) -> KafkaSettings:
+        """Every bound of the revoke path fits inside the rebalance timeout (or the broker drops the member
+        while it drains, and hands its partitions on: duplicates), and a stop arriving during a revoke
+        still fits inside `shutdown_timeout_s`."""
+        path = self.revoke_path_s
+        if self.exactly_once:
+            parts = f"2 x kafka.revoke_timeout_s ({self.revoke_timeout_s:g} s, drain + last transactions)"
+        else:
+            parts = (
+                f"kafka.revoke_timeout_s ({self.revoke_timeout_s:g} s) + "
+                f"kafka.commit_timeout_s ({self.commit_timeout_s:g} s)"
+            )
+        beat = self.heartbeat_interval_ms / 1000
+        need = path + beat + REJOIN_MARGIN_S
+        have = self.effective_rebalance_timeout_ms / 1000
+        if need > have:
+            source = (
+                "kafka.rebalance_timeout_ms"
+                if self.rebalance_timeout_ms is not None
+                else "kafka.max_poll_interval_ms (the rebalance timeout while rebalance_timeout_ms is unset)"
+            )
+            raise ValueError(
+                f"{source} is {have:g} s, but the revoke path needs {need:g} s: {parts} + one heartbeat "
+                f"({beat:g} s, kafka.session_timeout_ms / 10) + {REJOIN_MARGIN_S:g} s to rejoin; raise it "
+                "or lower those bounds"
+            )
+        if need > JOIN_REQUEST_TIMEOUT_S:
+            raise ValueError(
+                f"the revoke path needs {need:g} s ({parts} + heartbeat + rejoin), but the other members' "
+                f"JoinGroup requests wait for it and time out after {JOIN_REQUEST_TIMEOUT_S:g} s; lower "
+                "those bounds"
+            )
+        if self.max_poll_interval_ms / 1000 < self.shutdown_timeout_s:
+            raise ValueError(
+                f"kafka.max_poll_interval_ms ({self.max_poll_interval_ms / 1000:g} s) is below "
+                f"kafka.shutdown_timeout_s ({self.shutdown_timeout_s:g} s): the drain at shutdown fetches "
+                "nothing, and aiokafka leaves the group after max_poll_interval_ms without a fetch"
+            )
+        reserve = self.close_reserve_s
+        if path + reserve > self.shutdown_timeout_s:
+            commit = "" if self.exactly_once else " + kafka.commit_timeout_s for the final commit"
+            raise ValueError(
+                f"kafka.shutdown_timeout_s is {self.shutdown_timeout_s:g} s, but a stop during a revoke "
+                f"needs {path + reserve:g} s: {parts} + {SHUTDOWN_RESERVE_S:g} s to leave and close{commit}; "
+                "raise it or lower those bounds"
+            )
+        return self
 
 
 class TopicSettings(_Frozen):
@@ -91,6 +192,14 @@ class TopicSettings(_Frozen):
 
 
 class BatchingSettings(_Frozen):
+    mode: Literal["adaptive", "fixed"] = Field(
+        default="adaptive",
+        description="adaptive: batches follow the queue and the measured GPU time (consumer.adaptive); "
+        "fixed: flush on max_batch_records, max_batch_tokens or max_wait_ms",
+    )
+    latency_target_ms: float = Field(
+        default=250.0, gt=0, description="adaptive: a batch runs in half of this unless a backlog built"
+    )
     max_batch_records: int = Field(default=256, ge=1)
     max_batch_tokens: int = Field(default=32_768, ge=1)
     max_wait_ms: float = Field(default=20.0, ge=0)
@@ -102,6 +211,11 @@ class BatchingSettings(_Frozen):
 class EngineSettings(_Frozen):
     model_path: Path | None = None
     device: str = "cuda"
+    device_index: int | None = Field(
+        default=None,
+        ge=0,
+        description="GPU of this process (one service process per GPU): device becomes cuda:N",
+    )
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     model_name: str = "clef-omni"
     max_input_tokens: int = Field(default=64_000, ge=1)
@@ -109,6 +223,16 @@ class EngineSettings(_Frozen):
     confidence_formula: Literal["typesafe", "top"] = "typesafe"
     max_message_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
     single_record_attempts: int = Field(default=2, ge=1, description="tries for a record failing alone")
+
+
+def engine_device(engine: EngineSettings) -> str:
+    """The torch device string of the engine: `device`, or `device:device_index` when an index is set
+    (an index already in `device`, e.g. `cuda:1`, conflicts: `SettingsError`). Pure."""
+    if engine.device_index is None:
+        return engine.device
+    if ":" in engine.device:
+        raise SettingsError(f"engine.device {engine.device!r} already names a device; unset device_index")
+    return f"{engine.device}:{engine.device_index}"
 
 
 class HttpSettings(_Frozen):
@@ -200,9 +324,10 @@ class SettingsError(ValueError):
 
 
 def _check_env_keys(environ: Mapping[str, str]) -> None:
-    """Reject `CLEF_*` variables that name no setting (pydantic-settings ignores them)."""
+    """Reject `CLEF_*` variables that name no setting (pydantic-settings ignores them), except the names in
+    `TOOL_VARIABLES`."""
     for name in environ:
-        if not name.upper().startswith(ENV_PREFIX):
+        if not name.upper().startswith(ENV_PREFIX) or name.upper() in TOOL_VARIABLES:
             continue
         parts = name[len(ENV_PREFIX) :].lower().split("__")
         model: type[BaseModel] = Settings

@@ -6,22 +6,26 @@ weight), and returns one float32 probability per option, in the order of `SpanIn
 then options in `option_table` order). Everything is gathered with index tensors built by `engine.batch`;
 there is no Python loop over records, questions or options in `forward`.
 
-State-dict keys (exactly what `joint_head.safetensors` holds; `R` = routing_layers, `N` = layers):
-    norm.weight, norm.bias                                   LayerNorm(hidden)
-    memory.weight, question.weight, option_question.weight,  bias-free Linear(hidden -> width) each
-    global.weight, option_context.weight, option_lexical.weight
+State-dict keys (exactly what a released `joint_head.safetensors` holds, SPEC section 4; `R` = routing_layers,
+`N` = layers; 22 + 14 R + 18 N tensors):
+    hidden_norm.{weight,bias}                                LayerNorm(hidden)
+    memory_projection.weight, question_projection.weight,    bias-free Linear(hidden -> width) each
+    option_question_projection.weight, global_projection.weight,
+    option_context_projection.weight, option_lexical_projection.weight
     type_embedding.weight                                    Embedding(3, width)
-    routing_layers.{0..R-1}.ln_q.{weight,bias}               LN_q
-    routing_layers.{i}.ln_m.{weight,bias}                    LN_m
-    routing_layers.{i}.mha.{in_proj_weight,in_proj_bias,out_proj.weight,out_proj.bias}
-    routing_layers.{i}.ln_f.{weight,bias}                    LN_f
-    routing_layers.{i}.ffn.0.{weight,bias}, routing_layers.{i}.ffn.2.{weight,bias}   Linear, GELU, Linear
-    option_summary.{weight,bias}                             LN_sum
+    evidence_layers.{0..R-1}.query_norm.{weight,bias}        LN_q
+    evidence_layers.{i}.memory_norm.{weight,bias}            LN_m
+    evidence_layers.{i}.attention.{in_proj_weight,in_proj_bias,out_proj.weight,out_proj.bias}
+    evidence_layers.{i}.feedforward_norm.{weight,bias}       LN_f
+    evidence_layers.{i}.feedforward.{0,3}.{weight,bias}      Linear, GELU, Dropout, Linear
+    option_summary_norm.{weight,bias}                        LN_sum
     layers.{0..N-1}.<torch.nn.TransformerDecoderLayer keys>  self_attn.*, multihead_attn.*, linear1.*,
                                                              linear2.*, norm1.*, norm2.*, norm3.*
-    field.{weight,bias}, option.{weight,bias}                LN_field, LN_opt
-    scorer.0.{weight,bias}, scorer.2.{weight,bias}           Linear(4w, w), GELU, Linear(w, 1)
+    field_norm.{weight,bias}, option_norm.{weight,bias}      LN_field, LN_opt
+    residual_scorer.{0,3}.{weight,bias}                      Linear(4w, w), GELU, Dropout, Linear(w, 1)
     prior_logit_scale, joint_logit_scale, residual_gate      0-d scalars
+The dropouts (p = 0, no parameters) hold place 2 of the two Sequentials, so that their second Linear is `.3`
+as in the release.
 
 Reading of the SPEC formula: the option vector `o` used both in `cos(field, LN_opt(o))` and in the residual
 scorer is the normalised one, `LN_opt(o)`.
@@ -87,23 +91,32 @@ class JointHeadConfig:
         )
 
 
-class RoutingLayer(nn.Module):
+def _two_layer(width_in: int, width_mid: int, width_out: int) -> nn.Sequential:
+    """Linear, GELU (exact), Dropout(0), Linear: the released key numbering `.0` and `.3`."""
+    return nn.Sequential(
+        nn.Linear(width_in, width_mid), nn.GELU(), nn.Dropout(0.0), nn.Linear(width_mid, width_out)
+    )
+
+
+class EvidenceLayer(nn.Module):
     """Pre-norm evidence routing: q += MHA(LN_q(q), LN_m(m), LN_m(m)); q += FFN(LN_f(q))."""
 
     def __init__(self, width: int, heads: int, feedforward: int) -> None:
         super().__init__()
-        self.ln_q = nn.LayerNorm(width)
-        self.ln_m = nn.LayerNorm(width)
-        self.mha = nn.MultiheadAttention(width, heads, dropout=0.0, batch_first=True)
-        self.ln_f = nn.LayerNorm(width)
-        self.ffn = nn.Sequential(nn.Linear(width, feedforward), nn.GELU(), nn.Linear(feedforward, width))
+        self.query_norm = nn.LayerNorm(width)
+        self.memory_norm = nn.LayerNorm(width)
+        self.attention = nn.MultiheadAttention(width, heads, dropout=0.0, batch_first=True)
+        self.feedforward_norm = nn.LayerNorm(width)
+        self.feedforward = _two_layer(width, feedforward, width)
 
     def forward(self, q: torch.Tensor, memory: torch.Tensor, memory_pad: torch.Tensor) -> torch.Tensor:
         """q: (B, O, w) option queries; memory: (B, L, w); memory_pad: (B, L) True = padding."""
-        m = self.ln_m(memory)  # (B, L, w)
-        attn, _ = self.mha(self.ln_q(q), m, m, key_padding_mask=memory_pad, need_weights=False)  # (B, O, w)
+        m = self.memory_norm(memory)  # (B, L, w)
+        attn, _ = self.attention(
+            self.query_norm(q), m, m, key_padding_mask=memory_pad, need_weights=False
+        )  # (B, O, w)
         q = q + attn  # (B, O, w)
-        out: torch.Tensor = q + self.ffn(self.ln_f(q))  # (B, O, w)
+        out: torch.Tensor = q + self.feedforward(self.feedforward_norm(q))  # (B, O, w)
         return out
 
 
@@ -127,18 +140,18 @@ class JointSchemaHead(nn.Module):
         super().__init__()
         self.config = config
         hidden, width = config.hidden_size, config.width
-        self.norm = nn.LayerNorm(hidden)
-        self.memory = nn.Linear(hidden, width, bias=False)
-        self.question = nn.Linear(hidden, width, bias=False)
-        self.option_question = nn.Linear(hidden, width, bias=False)
-        self.add_module("global", nn.Linear(hidden, width, bias=False))  # `global` is a Python keyword
-        self.option_context = nn.Linear(hidden, width, bias=False)
-        self.option_lexical = nn.Linear(hidden, width, bias=False)
+        self.hidden_norm = nn.LayerNorm(hidden)
+        self.memory_projection = nn.Linear(hidden, width, bias=False)
+        self.question_projection = nn.Linear(hidden, width, bias=False)
+        self.option_question_projection = nn.Linear(hidden, width, bias=False)
+        self.global_projection = nn.Linear(hidden, width, bias=False)
+        self.option_context_projection = nn.Linear(hidden, width, bias=False)
+        self.option_lexical_projection = nn.Linear(hidden, width, bias=False)
         self.type_embedding = nn.Embedding(3, width)
-        self.routing_layers = nn.ModuleList(
-            RoutingLayer(width, config.heads, config.feedforward) for _ in range(config.routing_layers)
+        self.evidence_layers = nn.ModuleList(
+            EvidenceLayer(width, config.heads, config.feedforward) for _ in range(config.routing_layers)
         )
-        self.option_summary = nn.LayerNorm(width)
+        self.option_summary_norm = nn.LayerNorm(width)
         self.layers = nn.ModuleList(
             nn.TransformerDecoderLayer(
                 d_model=width,
@@ -151,18 +164,12 @@ class JointSchemaHead(nn.Module):
             )
             for _ in range(config.layers)
         )
-        self.field = nn.LayerNorm(width)
-        self.option = nn.LayerNorm(width)
-        self.scorer = nn.Sequential(nn.Linear(4 * width, width), nn.GELU(), nn.Linear(width, 1))
+        self.field_norm = nn.LayerNorm(width)
+        self.option_norm = nn.LayerNorm(width)
+        self.residual_scorer = _two_layer(4 * width, width, 1)
         self.prior_logit_scale = nn.Parameter(torch.tensor(math.log(10.0)))
         self.joint_logit_scale = nn.Parameter(torch.tensor(math.log(10.0)))
         self.residual_gate = nn.Parameter(torch.tensor(0.0))
-
-    @property
-    def global_(self) -> nn.Linear:
-        module = self._modules["global"]
-        assert isinstance(module, nn.Linear)
-        return module
 
     def forward(self, hidden: torch.Tensor, lexical_table: torch.Tensor, index: SpanIndex) -> torch.Tensor:
         """Per-option probabilities, float32, shape (N,), softmax-normalised within each question.
@@ -173,7 +180,7 @@ class JointSchemaHead(nn.Module):
         """
         dtype = hidden.dtype
         width = self.config.width
-        h = self.norm(hidden)  # (T, H)
+        h = self.hidden_norm(hidden)  # (T, H)
         g = h[index.last_token]  # (B, H)
         q = segment_mean(h, index.question_tokens, index.question_segment, index.num_questions).to(
             dtype
@@ -184,28 +191,36 @@ class JointSchemaHead(nn.Module):
 
         # Memory: (B, L, w), padded per record; padding is masked out of every attention below.
         mem = _to_padded(
-            self.memory(h), index.token_record, index.token_position, index.num_records, index.max_length
+            self.memory_projection(h),
+            index.token_record,
+            index.token_position,
+            index.num_records,
+            index.max_length,
         )  # (B, L, w)
         mem_pad = index.memory_padding  # (B, L) bool, True = padding
 
         opt_q = index.option_question
-        o = self.option_context(c) + self.option_lexical(lex) + self.option_question(q)[opt_q]  # (N, w)
+        o = (
+            self.option_context_projection(c)
+            + self.option_lexical_projection(lex)
+            + self.option_question_projection(q)[opt_q]
+        )  # (N, w)
         o_pad = _to_padded(
             o, index.option_record, index.option_slot, index.num_records, index.max_options
         )  # (B, O, w)
-        for layer in self.routing_layers:
+        for layer in self.evidence_layers:
             o_pad = layer(o_pad, mem, mem_pad)  # (B, O, w)
         o = o_pad[index.option_record, index.option_slot]  # (N, w)
 
-        wq = self.question(q)  # (Q, w)
+        wq = self.question_projection(q)  # (Q, w)
         scores = (o.float() * wq.float()[opt_q]).sum(-1) / math.sqrt(width)  # (N,) float32
         weights = segment_softmax(scores, opt_q, index.num_questions)  # (N,) float32
         summary = torch.zeros(index.num_questions, width, dtype=torch.float32, device=o.device)  # (Q, w)
         summary.index_add_(0, opt_q, weights[:, None] * o.float())  # (Q, w)
         field = (
             wq
-            + self.option_summary(summary.to(dtype))
-            + self.global_(g)[index.question_record]
+            + self.option_summary_norm(summary.to(dtype))
+            + self.global_projection(g)[index.question_record]
             + self.type_embedding(index.question_type)
         )  # (Q, w)
         f_pad = _to_padded(
@@ -215,11 +230,13 @@ class JointSchemaHead(nn.Module):
             f_pad = layer(
                 f_pad, mem, tgt_key_padding_mask=index.question_padding, memory_key_padding_mask=mem_pad
             )  # (B, K, w)
-        f = self.field(f_pad[index.question_record, index.question_slot])[opt_q]  # (N, w)
-        on = self.option(o)  # (N, w)
+        f = self.field_norm(f_pad[index.question_record, index.question_slot])[opt_q]  # (N, w)
+        on = self.option_norm(o)  # (N, w)
 
         joint = F.cosine_similarity(f.float(), on.float(), dim=-1)  # (N,) float32
-        residual = self.scorer(torch.cat([f, on, f * on, (f - on).abs()], dim=-1)).squeeze(-1).float()  # (N,)
+        residual = (
+            self.residual_scorer(torch.cat([f, on, f * on, (f - on).abs()], dim=-1)).squeeze(-1).float()
+        )  # (N,)
         anchor = (q + g[index.question_record])[opt_q]  # (N, H)
         prior = (F.normalize(lex.float(), dim=-1) * F.normalize(anchor.float(), dim=-1)).sum(-1)  # (N,)
         gate = torch.sigmoid(self.residual_gate.float())  # () float32

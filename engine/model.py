@@ -18,6 +18,7 @@ from engine.batch import Layout, ModelBatch, collate
 from engine.fastpath import GraphedDecoder, PackedInputs, PackedTextDecoder, varlen_available
 from engine.head import JointSchemaHead
 from engine.model_media import media_hidden_states, rope_positions
+from engine.thinker import part_paths
 from engine.types import EncodedRequest
 
 _VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
@@ -31,6 +32,8 @@ class ClefOmniModel(nn.Module):
         self.thinker = thinker
         self.head = head
         self.pad_token_id = pad_token_id
+        # Where the text decoder sits depends on the transformers version; found once from the module tree.
+        self._text_path = part_paths(thinker)["model"]
         self._fast: PackedTextDecoder | None = None
         self._graphed: GraphedDecoder | None = None
 
@@ -44,15 +47,20 @@ class ClefOmniModel(nn.Module):
         if self.device.type != "cuda" or not varlen_available():
             return False
         if self._fast is None:  # built once: it holds fused QKV copies of the attention weights
-            self._fast = PackedTextDecoder(self.thinker.model)
+            self._fast = PackedTextDecoder(self.text_model)
         self._graphed = (
             GraphedDecoder(self._fast, graph_buckets, max_graph_records) if graph_buckets else None
         )
         if self._graphed is not None:
-            text_model: Any = self.thinker.model
-            weight: torch.Tensor = text_model.embed_tokens.weight
+            weight: torch.Tensor = self.text_model.embed_tokens.weight
             self._graphed.capture_all(weight.shape[1], weight.dtype, weight.device)
         return True
+
+    @property
+    def text_model(self) -> Any:
+        """The thinker's text decoder (`embed_tokens`, `layers`, `norm`, `rotary_emb`): `thinker.model` under
+        transformers 5.17, `thinker.model.language_model` under 5.24 (see `engine.thinker.part_paths`)."""
+        return self.thinker.get_submodule(self._text_path)
 
     @property
     def fast_path(self) -> bool:
@@ -108,7 +116,7 @@ class ClefOmniModel(nn.Module):
 
     def hidden_states(self, batch: ModelBatch) -> torch.Tensor:
         """(T, hidden) final normalised states of the batch's real tokens, records back to back."""
-        text_model: Any = self.thinker.model
+        text_model = self.text_model
         hidden: torch.Tensor
         if batch.media is not None:  # media never takes the text-only fast path
             hidden = media_hidden_states(self.thinker, batch)  # (rows, cols, H)

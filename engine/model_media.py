@@ -1,9 +1,14 @@
 """The thinker's media path: 3D rope positions per record and media-merged input embeddings.
 
 Uses transformers' Qwen3-Omni thinker methods (`get_rope_index`, `get_image_features`,
-`get_video_features`, `get_audio_features`, `get_placeholder_mask`) and runs its text model with
-`inputs_embeds`, the rope position ids and the deepstack visual embeddings, as the thinker's own
-forward does -- minus the language-model head over every token, which Clef never needs.
+`get_video_features`, `get_audio_features`) and runs its text model with `inputs_embeds`, the rope
+position ids and the deepstack visual embeddings, as the thinker's own forward does -- minus the
+language-model head over every token, which Clef never needs.
+
+Works across transformers 5.x: the text model is `thinker.model` in early 5.x and
+`thinker.model.language_model` later (`text_model` finds it); vision features come back as one tensor
+or as per-item tuples (`_flat` joins either); placeholder masks are computed here from the config's
+token ids rather than through `get_placeholder_mask`, which moved off the thinker.
 
 Batch invariance: vision towers see every image/video of the batch in one call (their attention is
 block-diagonal per item); the audio tower runs once per `MediaBatch.audio_groups` group, so a clip's
@@ -12,6 +17,7 @@ chunk padding is the one it gets alone. Plain PyTorch, inference only; call unde
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -56,6 +62,33 @@ def rope_positions(thinker: Any, record: EncodedRequest) -> torch.Tensor:
     return torch.cat([head, middle, tail.expand(3, -1)], dim=1)  # (3, L)
 
 
+def text_model(thinker: Any) -> Any:
+    """The thinker's decoder-only text model (token embeddings, layers, final norm).
+
+    Raises TypeError when neither known layout (`thinker.model` or `thinker.model.language_model`)
+    holds one, naming what was found, instead of failing later on a missing attribute.
+    """
+    inner = getattr(thinker, "model", None)
+    for candidate in (getattr(inner, "language_model", None), inner):
+        if candidate is not None and hasattr(candidate, "embed_tokens") and hasattr(candidate, "layers"):
+            return candidate
+    raise TypeError(f"cannot find the text model of {type(thinker).__name__} (model: {type(inner).__name__})")
+
+
+def _flat(features: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
+    """One (tokens, H) tensor from a tensor or a sequence of per-item tensors."""
+    return features if isinstance(features, torch.Tensor) else torch.cat(list(features))
+
+
+def _placeholder_masks(thinker: Any, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rows, cols, 1) bool masks of the image, video and audio pad tokens in `ids`."""
+    config = thinker.config
+    image = (ids == int(config.image_token_id))[..., None]
+    video = (ids == int(config.video_token_id))[..., None]
+    audio = (ids == int(config.audio_token_id))[..., None]
+    return image, video, audio
+
+
 def _audio_features(thinker: Any, media: MediaBatch) -> torch.Tensor:
     """(audio tokens, H) audio features, rows in `input_features` order."""
     assert media.input_features is not None
@@ -77,7 +110,7 @@ def _visual(
     """(tokens, H) merged features and the per-deepstack-layer (tokens, H) features of a vision call."""
     get = thinker.get_video_features if video else thinker.get_image_features
     out = get(pixels, grid, return_dict=True)
-    return torch.cat(list(out.pooler_output)), list(out.deepstack_features)
+    return _flat(out.pooler_output), [_flat(layer) for layer in out.deepstack_features]
 
 
 def _merge_deepstack(
@@ -108,10 +141,10 @@ def media_hidden_states(thinker: Any, batch: ModelBatch) -> torch.Tensor:
     """(rows, cols, H) final normalised hidden states of a batch that carries media."""
     media = batch.media
     assert media is not None
-    text_model: Any = thinker.model
-    embeds: torch.Tensor = text_model.embed_tokens(batch.input_ids)  # (rows, cols, H)
-    masks = thinker.get_placeholder_mask(media.placeholder_ids, inputs_embeds=embeds)  # 3 x (rows, cols, 1)
-    image_mask, video_mask, audio_mask = masks
+    text = text_model(thinker)
+    embeds: torch.Tensor = text.embed_tokens(batch.input_ids)  # (rows, cols, H)
+    ids = media.placeholder_ids.to(embeds.device)
+    image_mask, video_mask, audio_mask = _placeholder_masks(thinker, ids)  # 3 x (rows, cols, 1)
     if media.input_features is not None:
         audio = _audio_features(thinker, media).to(embeds.device, embeds.dtype)  # (A_tokens, H)
         _check_count(audio_mask, audio, "audio")
@@ -130,7 +163,7 @@ def media_hidden_states(thinker: Any, batch: ModelBatch) -> torch.Tensor:
         embeds = embeds.masked_scatter(video_mask, video.to(embeds.dtype))
         video_pos = video_mask[..., 0]
     visual_pos, deepstack = _merge_deepstack(image_pos, video_pos, image_deep, video_deep)
-    out = text_model(
+    out = text(
         inputs_embeds=embeds,
         position_ids=batch.position_ids,
         attention_mask=batch.attention_mask,

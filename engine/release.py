@@ -3,6 +3,10 @@
 Only `thinker.*` tensors are read, one at a time with `safe_open` (memory-mapped: the bytes of `talker.*`
 and `code2wav.*` tensors are never touched, and shards holding only those are never opened). Keys and shapes
 are checked against the thinker from the safetensors headers before any tensor data is read.
+
+A release names its tensors as the checkpoint does (`thinker.model.layers.N.*`, `thinker.visual.*`,
+`thinker.audio_tower.*`, ...) whatever transformers is installed; `engine.thinker.checkpoint_names` maps
+them onto the installed module tree (e.g. `thinker.model.language_model.*` under transformers 5.24).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from safetensors.torch import load_file
 
 from engine.head import JointHeadConfig, JointSchemaHead
 from engine.model import ClefOmniModel
-from engine.thinker import build_thinker, expected_tensors
+from engine.thinker import build_thinker, checkpoint_names, expected_tensors
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +94,10 @@ def check_keys(expected: dict[str, tuple[int, ...]], weight_map: dict[str, str],
         raise ReleaseError(f"missing thinker tensors in {INDEX_FILE}: {_names(missing)}")
     unexpected = sorted(k for k in weight_map if k not in expected and not k.startswith(SKIPPED_PREFIXES))
     if unexpected:
-        raise ReleaseError(f"unexpected tensors in {INDEX_FILE}: {_names(unexpected)}")
+        raise ReleaseError(
+            f"unexpected tensors in {INDEX_FILE}: {_names(unexpected)} (a release names thinker tensors "
+            "as the checkpoint does: thinker.model.layers.N.*, thinker.visual.*, thinker.audio_tower.*)"
+        )
     by_shard: dict[str, list[str]] = defaultdict(list)
     for key in expected:
         by_shard[weight_map[key]].append(key)
@@ -119,8 +126,12 @@ def check_keys(expected: dict[str, tuple[int, ...]], weight_map: dict[str, str],
 
 
 def load_thinker_weights(thinker: torch.nn.Module, weight_map: dict[str, str], root: Path) -> None:
-    """Copy every `thinker.*` tensor into `thinker` (cast to its dtype), shard by shard, logging progress."""
+    """Copy every `thinker.*` tensor into `thinker` (cast to its dtype), shard by shard, logging progress.
+
+    `weight_map` must have passed `check_keys`: its thinker names are the checkpoint's, each one mapped here
+    onto the installed module's state-dict key."""
     targets = thinker.state_dict(keep_vars=True)
+    installed = {name: key for key, name in checkpoint_names(thinker).items()}
     by_shard: dict[str, list[str]] = defaultdict(list)
     for key, shard in weight_map.items():
         if key.startswith("thinker."):
@@ -134,7 +145,7 @@ def load_thinker_weights(thinker: torch.nn.Module, weight_map: dict[str, str], r
                 for key in by_shard[shard]:
                     tensor = f.get_tensor(key)
                     nbytes += tensor.numel() * tensor.element_size()
-                    targets[key.removeprefix("thinker.")].copy_(tensor)
+                    targets[installed[key]].copy_(tensor)
             log.info(
                 "loaded shard %d/%d %s: %d thinker tensors, %.1f MB, %.1fs",
                 i,
@@ -174,10 +185,15 @@ def load_head(
         for k, s in want.items()
         if k in state and tuple(state[k].shape) != s
     )
-    if missing or unexpected or shaped:
+    if unexpected:  # first: a head saved under other module names (e.g. our pre-release ones) ends here
         raise ReleaseError(
-            f"joint_head.safetensors: missing [{_names(missing)}], unexpected "
-            f"[{_names(unexpected)}], mis-shaped [{_names(shaped)}]"
+            f"joint_head.safetensors: {len(unexpected)} unexpected keys, first {_names(unexpected[:5])}; "
+            f"a released head uses the SPEC section 4 names (hidden_norm, *_projection, evidence_layers.N.*, "
+            f"layers.N.*, residual_scorer.{{0,3}}, ...); missing [{_names(missing)}]"
+        )
+    if missing or shaped:
+        raise ReleaseError(
+            f"joint_head.safetensors: missing [{_names(missing)}], mis-shaped [{_names(shaped)}]"
         )
     head.load_state_dict(state, strict=True)
     return head.to(dtype=dtype).eval()

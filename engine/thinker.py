@@ -4,6 +4,10 @@ The thinker is constructed directly on the target device and dtype with weight i
 parameters are allocated but not written (no random init of 30B weights), while the non-persistent buffers
 that the modules compute in `__init__` (rotary `inv_freq`, the audio tower's sinusoid table) are correct. A
 meta-device build followed by `to_empty` would leave those buffers as garbage; they are not in the release.
+
+Releases name the thinker's tensors as the checkpoint does, while transformers versions place its modules
+differently (5.24 nests the text decoder and towers under `model`); `checkpoint_names` maps between the two
+from the installed module tree, and `text_model` finds the text decoder.
 """
 
 from __future__ import annotations
@@ -46,6 +50,71 @@ def build_thinker(
     return model.eval()
 
 
+CHECKPOINT_PARTS: tuple[str, ...] = ("model", "visual", "audio_tower", "lm_head")
+"""The thinker's parts as a release names them, under `thinker.`: `model` is the text decoder
+(`embed_tokens`, `layers.N`, `norm`), `visual` the vision tower, `audio_tower` the audio tower, `lm_head`."""
+
+
+def _module_path(thinker: nn.Module, target: nn.Module, what: str) -> str:
+    paths: list[str] = [name for name, module in thinker.named_modules() if module is target]
+    if len(paths) != 1:
+        raise ValueError(f"cannot place the thinker's {what} in its module tree (found at {paths})")
+    return paths[0]
+
+
+def part_paths(thinker: nn.Module) -> dict[str, str]:
+    """Checkpoint part (`CHECKPOINT_PARTS`) -> module path of that part in the installed thinker.
+
+    Found from the module tree, not from the transformers version: the text decoder is the module that owns
+    the input embeddings (`model` in 5.17, `model.language_model` in 5.24), `lm_head` the output embeddings,
+    and each tower the one module of that name (`visual` / `model.visual`). Raises ValueError when a part
+    is missing or ambiguous, so an unknown layout fails before any weight is read.
+    """
+    get_in: Any = getattr(thinker, "get_input_embeddings", None)
+    get_out: Any = getattr(thinker, "get_output_embeddings", None)
+    if get_in is None or get_out is None:
+        raise ValueError(f"{type(thinker).__name__} exposes no input/output embeddings")
+    embed_path = _module_path(thinker, get_in(), "input embeddings")
+    text_path, _, leaf = embed_path.rpartition(".")
+    if leaf != "embed_tokens" or not text_path:
+        raise ValueError(f"the thinker's input embeddings sit at {embed_path!r}, not under a text decoder")
+    paths = {"model": text_path, "lm_head": _module_path(thinker, get_out(), "output embeddings")}
+    for part in ("visual", "audio_tower"):
+        found = [name for name, _ in thinker.named_modules() if name.rpartition(".")[2] == part]
+        if len(found) != 1:
+            raise ValueError(f"cannot place the thinker's {part} in its module tree (found at {found})")
+        paths[part] = found[0]
+    return paths
+
+
+def checkpoint_names(thinker: nn.Module, prefix: str = "thinker.") -> dict[str, str]:
+    """Installed state-dict key -> release (checkpoint) tensor name, for every tensor the thinker needs.
+
+    Each key is renamed by the innermost part (`part_paths`) that holds it, e.g. under transformers 5.24
+    `model.language_model.layers.0.mlp.gate.weight` -> `thinker.model.layers.0.mlp.gate.weight`. Raises
+    ValueError when a tensor lies outside every part or two tensors would get the same name.
+    """
+    parts = sorted(part_paths(thinker).items(), key=lambda kv: len(kv[1]), reverse=True)
+    names: dict[str, str] = {}
+    for key in thinker.state_dict(keep_vars=True):
+        for part, path in parts:
+            if key.startswith(path + "."):
+                names[key] = f"{prefix}{part}{key[len(path) :]}"
+                break
+        else:
+            raise ValueError(f"thinker tensor {key!r} lies outside every checkpoint part {CHECKPOINT_PARTS}")
+    if len(set(names.values())) != len(names):
+        raise ValueError("two thinker tensors map to the same checkpoint name")
+    return names
+
+
+def text_model(thinker: nn.Module) -> Any:
+    """The thinker's text decoder (`embed_tokens`, `layers`, `norm`, `rotary_emb`), whichever module path the
+    installed transformers gives it (see `part_paths`)."""
+    return thinker.get_submodule(part_paths(thinker)["model"])
+
+
 def expected_tensors(thinker: nn.Module, prefix: str = "thinker.") -> dict[str, tuple[int, ...]]:
-    """Release key -> shape for every tensor the thinker needs (parameters and persistent buffers)."""
-    return {prefix + name: tuple(t.shape) for name, t in thinker.state_dict(keep_vars=True).items()}
+    """Release (checkpoint) name -> shape of every tensor the thinker needs (incl. persistent buffers)."""
+    names = checkpoint_names(thinker, prefix)
+    return {names[key]: tuple(t.shape) for key, t in thinker.state_dict(keep_vars=True).items()}

@@ -8,8 +8,11 @@
     tokenizer.json, tokenizer_config.json, chat_template.jinja   byte-level BPE with the Qwen3-Omni specials
     processor_config.json, preprocessor_config.json              Qwen vision processor + Whisper features
 (the tokenizer and processor files are written by `engine.tiny_files`).
-Tensor names are those of transformers' `Qwen3OmniMoeForConditionalGeneration` state dict. Loads on a CPU in
-about a second. See docs/tiny-release.md for the special token ids.
+Tensor names are the checkpoint's under every transformers version: the thinker's as `engine.thinker.
+checkpoint_names` gives them (`thinker.model.layers.N.*`, `thinker.visual.*`, `thinker.audio_tower.*`, ...),
+the talker's and code2wav's as transformers' `Qwen3OmniMoeForConditionalGeneration` names them; the joint
+head's are the SPEC section 4 names. Loads on a CPU in about a second. See docs/tiny-release.md for the
+special token ids.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 from safetensors.torch import save_file
 
 from engine.head import JointHeadConfig, JointSchemaHead
+from engine.thinker import checkpoint_names
 from engine.tiny_files import write_processor_files, write_tokenizer_files
 
 # fmt: off
@@ -191,9 +195,24 @@ def _write_shards(root: Path, tensors: dict[str, torch.Tensor]) -> None:
     (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
 
 
+def release_shapes(config: Any) -> dict[str, torch.Size]:
+    """Release tensor name -> shape for a `Qwen3OmniMoeConfig`: every tensor of the full model (thinker,
+    talker, code2wav), thinker names mapped to the checkpoint's. Built on the meta device (no memory)."""
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    with torch.device("meta"):
+        full = Qwen3OmniMoeForConditionalGeneration(config)
+    thinker_names = checkpoint_names(full.thinker)
+    shapes: dict[str, torch.Size] = {}
+    for key, value in full.state_dict().items():
+        inner = key.removeprefix("thinker.")
+        shapes[thinker_names[inner] if inner != key else key] = value.shape
+    return shapes
+
+
 def write_tiny_release(path: str | Path, seed: int = 0, spec: TinyReleaseSpec | None = None) -> Path:
     """Write the tiny release into `path` (created if needed; existing files overwritten) and return it."""
-    from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
+    from transformers import Qwen3OmniMoeConfig
 
     spec = spec or TinyReleaseSpec()
     root = Path(path)
@@ -218,8 +237,7 @@ def write_tiny_release(path: str | Path, seed: int = 0, spec: TinyReleaseSpec | 
     }
     (root / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
 
-    with torch.device("meta"):
-        shapes = {k: v.shape for k, v in Qwen3OmniMoeForConditionalGeneration(config).state_dict().items()}
+    shapes = release_shapes(config)
     gen = torch.Generator().manual_seed(seed)
     tensors = {n: _random_tensor(n, s, gen).to(torch.bfloat16) for n, s in sorted(shapes.items())}
     _write_shards(root, tensors)

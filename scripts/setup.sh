@@ -5,12 +5,17 @@
 #     (${CLEF_CACHE_DIR:-~/.cache/clef-router}/venv-<hash>; override with CLEF_VENV), reused when present,
 #   - the package installed editable from THIS clone with the dev extra and pinned torch/transformers,
 #   - the Apache Kafka broker jars (Maven Central) in ${CLEF_CACHE_DIR:-~/.cache/clef-router}/kafka-<version>.
+# The first run downloads and installs about 5 GB (torch with its CUDA libraries is most of it) and takes
+# several minutes; later runs reuse everything and take a second or two.
 # Progress goes to stderr; the last line on stdout is the virtualenv path, e.g.
 #   venv="$(scripts/setup.sh | tail -n 1)"
+# and the last line on stderr says how to put `clef-router` on PATH: source <venv>/bin/activate
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
+# shellcheck source=scripts/env.sh
+source "$repo/scripts/env.sh"
 say() { printf '[setup] %s\n' "$*" >&2; }
 
 need_apt=()
@@ -33,7 +38,33 @@ import sys
 sys.exit(0 if sys.version_info >= (3, 11) else 1)
 PY
 
-cache="${CLEF_CACHE_DIR:-$HOME/.cache/clef-router}"
+# with_ticker MESSAGE CMD...: run CMD, saying MESSAGE with the elapsed time and the virtualenv's size every
+# 30 s (pip prints nothing while it unpacks and installs torch's gigabytes); the ticker is stopped by pid
+ticker_pid=""
+trap '[[ -z "$ticker_pid" ]] || kill "$ticker_pid" 2>/dev/null || true' EXIT
+with_ticker() {
+    local message="$1" began=$SECONDS rc=0
+    shift
+    (
+        nap=""
+        trap '[[ -z "$nap" ]] || kill "$nap" 2>/dev/null; exit 0' TERM  # its sleep must not outlive it
+        while :; do
+            sleep 30 &
+            nap=$!
+            wait "$nap"
+            say "$message: $((SECONDS - began)) s, $(du -sh "$venv" 2>/dev/null | cut -f1) so far"
+        done
+    ) &
+    ticker_pid=$!
+    "$@" || rc=$?
+    kill "$ticker_pid" 2>/dev/null || true
+    wait "$ticker_pid" 2>/dev/null || true
+    ticker_pid=""
+    return "$rc"
+}
+
+# ---- the project's virtualenv ---------------------------------------------------------------------------
+cache="$clef_cache"
 key="$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)"
 venv="${CLEF_VENV:-$cache/venv-$key}"
 mkdir -p "$cache"
@@ -46,9 +77,13 @@ if [[ ! -f "$venv/.clef-complete" ]]; then
         say "creating virtualenv $venv"
         python3 -m venv "$venv"
     fi
+    say "upgrading pip"
     timeout 600 "$venv/bin/python" -m pip install -q --upgrade pip >&2
-    say "installing clef-router with its dependencies into $venv (torch is large; pip's cache makes reinstalls quick)"
-    timeout 3000 "$venv/bin/python" -m pip install -q -c constraints.txt -e '.[dev]' >&2
+    say "installing clef-router with its dependencies into $venv"
+    say "first run: about 5 GB to download and install (torch and its CUDA libraries), several minutes;"
+    say "pip lists each package as it goes (its download cache: ${PIP_CACHE_DIR:-~/.cache/pip})"
+    # no -q: pip's per-package lines (Collecting/Downloading/Installing) are the progress
+    with_ticker "still installing" timeout 3000 "$venv/bin/python" -m pip install -c constraints.txt -e '.[dev]' >&2
     touch "$venv/.clef-complete"
 else
     # same dependencies: only make sure the editable install points at this clone
@@ -59,6 +94,9 @@ else
     fi
 fi
 
-say "fetching the Kafka broker jars (cached)"
+# ---- the Apache Kafka broker jars ---------------------------------------------------------------------
+say "Kafka broker jars (fetched once with Maven, about 45 MB):"
 "$venv/bin/python" -m consumer.kafka_jars >&2
+
+say "ready. To use clef-router in this shell:  source $venv/bin/activate"
 echo "$venv"

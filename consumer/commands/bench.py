@@ -1,4 +1,6 @@
-"""`clef-router bench engine`: the engine benchmark on the full-size model (needs the H200)."""
+"""`clef-router bench engine` (the engine benchmark on the full-size model, needs the H200), `bench http`
+(the HTTP API on the stub engine) and `bench load` (latency under load through the service's batcher;
+`--cpu` for a smoke run)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from consumer.commands import Commands, UsageError
 
 
 def register(commands: Commands) -> None:
-    """Add `bench engine` and `bench http`."""
+    """Add `bench engine`, `bench http` and `bench load`."""
     h = commands.bench.add_parser(
         "http",
         help="HTTP API requests/s, p50/p99 latency and the server's own overhead (stub engine)",
@@ -39,11 +41,29 @@ def register(commands: Commands) -> None:
     p.add_argument("--quick", action="store_true", help="fewer requests per workload")
     p.set_defaults(func=_bench_engine)
 
+    p = commands.bench.add_parser(
+        "load",
+        help="Latency vs load through the service's batcher, fixed and adaptive batching (full size on CUDA)",
+        description="Single-request latency, capacity per token budget, then open-loop Poisson arrivals at "
+        "shares of capacity, fixed limits and adaptive side by side (`python3 -m bench.load`). --cpu runs "
+        "the tiny release on CPU.",
+    )
+    from bench.load import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(func=_bench_load)
+
 
 def _bench_engine(args: argparse.Namespace) -> int:
     from bench.engine import main
 
     return main(out_dir=args.out, quick=args.quick)
+
+
+def _bench_load(args: argparse.Namespace) -> int:
+    from bench.load import run
+
+    return run(args)
 
 
 def _bench_http(args: argparse.Namespace) -> int:

@@ -1,7 +1,8 @@
 """``clef-router make-tiny-release`` and ``clef-router decide``: the engine from the command line.
 
 ``decide REQUEST.json --model DIR`` prints the SystemOne response JSON on stdout (exit 0); for an invalid
-request it prints the error body (``{"detail": ...}``, SPEC section 2) on stdout and exits 2.
+request it prints the error body (``{"detail": ...}``, SPEC section 2) on stderr and exits 2 (a file that is
+not JSON, or a missing release directory, fails before the model loads).
 ``decide --batch FILE.jsonl --model DIR`` reads one request per non-blank line, decides them as GPU
 batches and writes one response or error body per line, in input order; it exits 2 when any line was
 invalid (every line is still answered), else 0. Loading progress and logs go to stderr.
@@ -56,6 +57,8 @@ def _make_tiny_release(args: argparse.Namespace) -> int:
     from engine.tiny import write_tiny_release
 
     path = write_tiny_release(args.dir, seed=args.seed)
+    for item in path.rglob("*"):  # safetensors writes 0600; a container's other uid must read the release
+        item.chmod(0o755 if item.is_dir() else 0o644)
     print(str(path))
     return 0
 
@@ -78,6 +81,16 @@ def _decide(args: argparse.Namespace) -> int:
         inputs: list[bytes] = lines
     else:
         inputs = [args.request.read_bytes()]
+        from schemas.parse import parse_request
+        from schemas.systemone import RequestError as _RequestError
+
+        try:  # before the model loads (seconds to minutes): a bad request fails at once
+            parse_request(inputs[0])
+        except _RequestError as error:
+            print(_result_line(error), file=sys.stderr)
+            return 2
+    if not args.model.is_dir():
+        raise UsageError(f"--model {args.model} is not a directory (a Clef-omni release)")
 
     import torch
 
@@ -99,7 +112,8 @@ def _decide(args: argparse.Namespace) -> int:
     engine = Engine.from_release(args.model, config=config)
     decide_inputs: list[Any] = list(inputs)
     results = engine.decide(decide_inputs)
-    out = sys.stdout
+    # one request: an error body goes to stderr (stdout is for answers); --batch keeps input order on stdout
+    out = sys.stderr if args.batch is None and isinstance(results[0], RequestError) else sys.stdout
     for result in results:
         out.write(_result_line(result) + "\n")
     out.flush()

@@ -1,4 +1,4 @@
-"""`clef-router run`, `serve`, `produce`, `tail`, `dlq replay` and `bench pipeline`.
+"""`clef-router run`, `serve` and `bench pipeline` (`produce`, `dlq replay`: `consumer.commands.records`).
 
 `serve` is the HTTP API alone (no Kafka): same settings and engine; SIGTERM or SIGINT stops accepting,
 lets requests in progress finish (up to `http.shutdown_timeout_s`), then exits 0.
@@ -18,13 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from consumer.commands import CommandError, Commands, UsageError
-
-SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "events.jsonl"
+from consumer.commands.client import error_text, load_cli_settings
 
 
 def register(commands: Commands) -> None:
-    """Add `run`, `serve`, `produce`, `tail`, `dlq replay` and `bench pipeline`."""
-    p = commands.add_parser("run", help="Run the Kafka routing service and its HTTP server")
+    """Add `run`, `serve` and `bench pipeline`."""
+    p = commands.add_parser(
+        "run",
+        help="Run the Kafka routing service and its HTTP server (settings: CLEF_* variables, listed below)",
+        formatter_class=_SettingsHelpFormatter,
+    )
     p.add_argument("--config", type=Path, default=None, help="TOML settings file (env CLEF_* overrides it)")
     p.add_argument(
         "--stub-engine", action="store_true", help="answer instantly without a model (demo, bench)"
@@ -38,35 +41,9 @@ def register(commands: Commands) -> None:
     )
     p.set_defaults(func=_serve_http)
 
-    p = commands.add_parser("produce", help="Send the sample alert/fault events to the input topic")
-    p.add_argument("--config", type=Path, default=None)
-    p.add_argument("--bootstrap", default=None, help="override kafka.bootstrap_servers")
-    p.add_argument("--topic", default=None, help="default: the first input topic")
-    p.add_argument("--file", type=Path, default=SAMPLES, help="JSON lines of {key, headers, value}")
-    p.add_argument("--repeat", type=int, default=1, help="send the whole file this many times")
-    p.set_defaults(func=_produce)
-
-    dlq = commands.group("dlq", "Dead-letter topic tools")
-    p = dlq.add_parser("replay", help="Send DLQ records back to their original topic")
-    p.add_argument("--config", type=Path, default=None)
-    p.add_argument("--bootstrap", default=None, help="override kafka.bootstrap_servers")
-    p.add_argument("--reason", action="append", default=[], help="only this reason code (repeatable)")
-    p.add_argument("--limit", type=int, default=None, help="replay at most this many records")
-    p.add_argument("--group", default=None, help="replay consumer group (default: <group_id>.dlq-replay)")
-    p.add_argument("--dry-run", action="store_true", help="count only; send and commit nothing")
-    p.set_defaults(func=_dlq_replay)
-
-    p = commands.add_parser("tail", help="Print routed decisions (department, urgency, outage) from a topic")
-    p.add_argument("--config", type=Path, default=None)
-    p.add_argument("--bootstrap", default=None, help="override kafka.bootstrap_servers")
-    p.add_argument("--topic", default=None, help="default: the decisions topic")
-    p.add_argument("--count", type=int, default=20, help="stop after this many decisions")
-    p.add_argument("--timeout", type=float, default=10.0, help="stop after this many seconds without news")
-    p.set_defaults(func=_tail)
-
     p = commands.bench.add_parser("pipeline", help="Service events/s (stub engine) vs a plain aiokafka loop")
-    p.add_argument("--events", type=int, default=20_000)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--events", type=int, default=20_000, help="events per run (default 20000)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per kind; the median is reported (default 3)")
     p.add_argument("--bootstrap", default=None, help="use this broker instead of starting a local one")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument(
@@ -86,46 +63,101 @@ def register(commands: Commands) -> None:
     p.set_defaults(func=_bench_pipeline)
 
 
-def _settings(args: argparse.Namespace, **overrides: Any) -> Any:
-    from consumer.settings import SettingsError, load_settings
+class _SettingsHelpFormatter(argparse.HelpFormatter):
+    """`run --help`: the usual help, then every `CLEF_*` setting with its default (built only for --help)."""
 
-    if getattr(args, "bootstrap", None):
-        overrides.setdefault("kafka", {})["bootstrap_servers"] = args.bootstrap
-    try:
-        return load_settings(args.config, **overrides)
-    except SettingsError as exc:
-        raise UsageError(str(exc)) from exc
+    def format_help(self) -> str:
+        return super().format_help() + "\n" + settings_help()
+
+
+def settings_help() -> str:
+    """Every setting as its environment variable and default, one per line (from `consumer.settings`)."""
+    from pydantic import BaseModel
+
+    from consumer.settings import ENV_PREFIX, Settings
+
+    lines = ["settings (environment variables; a TOML file given with --config uses the same names):"]
+    for name, field in Settings.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            for sub, sub_field in ann.model_fields.items():
+                default = sub_field.get_default(call_default_factory=True)
+                shown = json.dumps(default, default=str) if not isinstance(default, BaseModel) else "(object)"
+                shown = shown if len(shown) <= 70 else shown[:67] + "..."
+                lines.append(f"  {ENV_PREFIX}{name.upper()}__{sub.upper()}  default {shown}")
+        else:
+            lines.append(f"  {ENV_PREFIX}{name.upper()}  default {json.dumps(field.default, default=str)}")
+    return "\n".join(lines) + "\n"
+
+
+_settings = load_cli_settings
 
 
 def _run(args: argparse.Namespace) -> int:
     from consumer.logging import configure_logging, get_logger
 
     settings = _settings(args)
+    if not args.stub_engine:
+        _check_engine_settings(settings.engine)  # a permanent error is the only line printed
     configure_logging(settings.log_level)
     log = get_logger("consumer.service")
     log.info("settings", settings=settings.masked())
     engine = _load_engine(settings, stub=args.stub_engine)
-    log.info("engine_loaded", stub=args.stub_engine, device=settings.engine.device)
+    log.info(
+        "engine_loaded",
+        stub=args.stub_engine,
+        device=settings.engine.device,
+        device_index=settings.engine.device_index,
+    )
     try:
         asyncio.run(_serve(settings, engine))
     except Exception as exc:
         log.error("service_failed", error=repr(exc)[:300])
-        raise CommandError(f"service stopped: {type(exc).__name__}: {exc}") from exc
+        raise CommandError(f"service stopped: {error_text(exc)}") from exc
     return 0
 
 
+def _check_engine_settings(e: Any) -> None:
+    """Raise `UsageError` (exit 2: a permanent error, restarting cannot help) for a missing release
+    directory and for `cuda` on a machine without CUDA."""
+    if e.model_path is None:
+        raise UsageError("set CLEF_ENGINE__MODEL_PATH (a release directory) or pass --stub-engine")
+    if not e.model_path.is_dir():
+        raise UsageError(
+            f"CLEF_ENGINE__MODEL_PATH={e.model_path} is not a directory "
+            "(a Clef-omni release, or one written by 'clef-router make-tiny-release DIR')"
+        )
+    import torch
+
+    if str(e.device).startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(
+            f"CLEF_ENGINE__DEVICE={e.device} but this machine has no usable CUDA GPU; "
+            "set CLEF_ENGINE__DEVICE=cpu (and CLEF_ENGINE__DTYPE=float32) to run on the CPU"
+        )
+
+
 def _load_engine(settings: Any, *, stub: bool) -> Any:
+    """The engine for `run` (blocking: loads the weights). Raises `UsageError` for a release that cannot
+    be read (see `_check_engine_settings` for the checks made before)."""
     if stub:
         from bench.stub import StubEngine
 
         return StubEngine()
-    if settings.engine.model_path is None:
-        raise UsageError("set CLEF_ENGINE__MODEL_PATH (a release directory) or pass --stub-engine")
+    e = settings.engine
+    from consumer.settings import SettingsError, engine_device
+    from engine.release import ReleaseError
     from engine.runner import Engine, EngineConfig
 
-    e = settings.engine
+    try:
+        device = engine_device(e)
+    except SettingsError as exc:
+        raise UsageError(str(exc)) from exc
+    if e.device_index is not None and device.startswith("cuda"):
+        import torch
+
+        torch.cuda.set_device(e.device_index)  # kernels and CUDA graphs with no explicit device use it
     config = EngineConfig(
-        device=e.device,
+        device=device,
         dtype=e.dtype,
         max_batch_tokens=settings.batching.max_batch_tokens,
         max_batch_records=settings.batching.max_batch_records,
@@ -133,7 +165,10 @@ def _load_engine(settings: Any, *, stub: bool) -> Any:
         truncate_state=e.truncate_state,
         confidence_formula=e.confidence_formula,
     )
-    return Engine.from_release(e.model_path, config=config)
+    try:
+        return Engine.from_release(e.model_path, config=config)
+    except (ReleaseError, FileNotFoundError) as exc:
+        raise UsageError(f"cannot load the release in {e.model_path}: {error_text(exc)}") from exc
 
 
 async def _serve(settings: Any, engine: Any) -> None:
@@ -177,6 +212,8 @@ def _serve_http(args: argparse.Namespace) -> int:
     from consumer.logging import configure_logging, get_logger
 
     settings = _settings(args)
+    if not args.stub_engine:
+        _check_engine_settings(settings.engine)
     configure_logging(settings.log_level)
     log = get_logger("consumer.service")
     log.info("settings", settings=settings.masked())
@@ -215,62 +252,6 @@ async def _serve_http_async(settings: Any, engine: Any) -> None:
     await stopping.wait()
     await server.stop()  # requests in progress finish on the still running batcher
     await service.close(settings.http.shutdown_timeout_s)
-
-
-def _produce(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    topic = args.topic or settings.topics.input[0]
-    try:
-        lines = [json.loads(line) for line in args.file.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read samples from {args.file}: {exc}") from exc
-    sent = asyncio.run(_send_samples(settings, topic, lines * max(1, args.repeat)))
-    print(f"sent {sent} events to {topic} at {settings.kafka.bootstrap_servers}")
-    return 0
-
-
-async def _send_samples(settings: Any, topic: str, items: list[dict[str, Any]]) -> int:
-    from consumer.kafka_access import ensure_topics
-    from consumer.producer import Producer
-    from consumer.router import OutRecord
-
-    await ensure_topics(settings.kafka, [topic])
-    producer = Producer(settings.kafka)
-    await producer.start()
-    try:
-        futures = []
-        for item in items:
-            key = str(item["key"]).encode() if item.get("key") is not None else None
-            headers = tuple((str(k), str(v).encode()) for k, v in (item.get("headers") or {}).items())
-            value = json.dumps(item["value"]).encode()
-            futures.append(await producer.send(OutRecord(topic, key, value, headers)))
-        await asyncio.gather(*futures)
-        return len(futures)
-    finally:
-        await producer.stop()
-
-
-def _dlq_replay(args: argparse.Namespace) -> int:
-    from consumer.dlq import reason_filter, replay
-
-    settings = _settings(args)
-    try:
-        reasons = reason_filter(args.reason)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
-    group = args.group or f"{settings.kafka.group_id}.dlq-replay"
-    counts = asyncio.run(
-        replay(
-            settings.kafka,
-            settings.topics.dlq,
-            group_id=group,
-            reasons=reasons,
-            limit=args.limit,
-            dry_run=args.dry_run,
-        )
-    )
-    print(json.dumps({"dlq_topic": settings.topics.dlq, "dry_run": args.dry_run, **counts}))
-    return 0
 
 
 def _bench_pipeline(args: argparse.Namespace) -> int:
@@ -316,57 +297,3 @@ def _parse_sets(items: list[str]) -> dict[str, dict[str, Any]]:
     except SettingsError as exc:
         raise UsageError(str(exc)) from exc
     return overrides
-
-
-def _tail(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    topic = args.topic or settings.topics.decisions
-    shown = asyncio.run(_tail_decisions(settings, topic, args.count, args.timeout))
-    print(f"{shown} decisions from {topic}", file=sys.stderr)
-    return 0
-
-
-async def _tail_decisions(settings: Any, topic: str, count: int, timeout_s: float) -> int:
-    """Print one line per decision record (from the beginning) until `count` or `timeout_s` without news."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    from consumer.dlq import topic_partitions
-    from consumer.kafka_config import client_options
-
-    consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False)
-    await consumer.start()
-    shown = 0
-    try:
-        parts = [TopicPartition(topic, p) for p in await topic_partitions(settings.kafka, topic)]
-        if not parts:
-            raise CommandError(f"topic {topic} does not exist")
-        consumer.assign(parts)
-        await consumer.seek_to_beginning(*parts)
-        idle_since = asyncio.get_running_loop().time()
-        while shown < count and asyncio.get_running_loop().time() - idle_since < timeout_s:
-            batch = await consumer.getmany(timeout_ms=500, max_records=count - shown)
-            for records in batch.values():
-                for rec in records:
-                    shown += 1
-                    idle_since = asyncio.get_running_loop().time()
-                    print(_decision_line(rec.key, rec.value), flush=True)
-    finally:
-        await consumer.stop()
-    return shown
-
-
-def _decision_line(key: bytes | None, value: bytes | None) -> str:
-    try:
-        d = json.loads(value or b"")
-        r = d.get("route", {})
-        conf = r.get("department_confidence")
-        urgency = r.get("urgency")
-        outage = r.get("outage_probability")
-        return (
-            f"{(key or b'-').decode(errors='replace'):>10}  {d.get('event_id', '?'):<28} "
-            f"department={r.get('department')} ({conf if conf is None else round(conf, 2)})  "
-            f"urgency={r.get('urgency_label')} ({urgency if urgency is None else round(urgency, 2)})  "
-            f"outage={r.get('outage')} ({outage})"
-        )
-    except (ValueError, AttributeError):
-        return f"{key!r}: <not a decision record>"

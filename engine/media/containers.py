@@ -98,16 +98,17 @@ def check_complete(decoded: float, declared: float | None, kind: str) -> None:
 
 
 class AudioCollector:
-    """Resample decoded audio frames to mono float32 at 16 kHz, refusing past `cap_seconds`.
+    """Resample decoded audio frames to packed float32 mono at 16 kHz, refusing past `cap_seconds`.
 
-    Channels are resampled as they are and then averaged (mono = mean of channels, as librosa-style
-    loaders do; FFmpeg's own downmix would scale stereo by sqrt(2)). Feed frames with `add`, then call
-    `finish`. The cap is enforced on samples actually produced, so a header that understates the
-    duration is caught while decoding, not after.
+    One FFmpeg resampler does rate, format and channel layout at once (SPEC section 6), so stereo
+    becomes FFmpeg's downmix (L+R)/sqrt(2), not the channel mean; samples are neither normalised nor
+    clipped. Feed frames with `add`, then call `finish` (which flushes the resampler). The cap is
+    enforced on samples actually produced, so a header that understates the duration is caught while
+    decoding, not after.
     """
 
     def __init__(self, cap_seconds: float, kind: str) -> None:
-        self._resampler = av.AudioResampler(format="fltp", rate=SAMPLE_RATE)
+        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
         self._chunks: list[FloatArray] = []
         self._samples = 0
         self._max_samples = int((cap_seconds + _SLACK_SECONDS) * SAMPLE_RATE)
@@ -117,8 +118,7 @@ class AudioCollector:
     def add(self, frame: av.AudioFrame | None) -> None:
         """Resample one frame (None flushes the resampler); raise media_too_long past the cap."""
         for out in self._resampler.resample(frame):
-            planes = np.asarray(out.to_ndarray(), dtype=np.float32)  # (channels, samples)
-            chunk = planes.mean(axis=0, dtype=np.float32) if planes.shape[0] > 1 else planes.reshape(-1)
+            chunk = np.asarray(out.to_ndarray(), dtype=np.float32).reshape(-1)  # packed mono: (1, samples)
             self._samples += chunk.shape[0]
             if self._samples > self._max_samples:
                 raise too_long(f"{self._kind} runs past the {self._cap:g} s limit")

@@ -1,4 +1,7 @@
-"""Image items -> RGB PIL images scaled to the SPEC pixel window, with bomb checks before decoding.
+"""Image items -> RGB PIL images at their own size, with bomb checks before decoding.
+
+Images are converted to RGB (alpha dropped, no EXIF rotation) and NOT resized here: the vision
+processing (`engine.media.vision`) alone resizes into the pixel window (SPEC section 6).
 
 The declared dimensions (read from the header by `Image.open`, which decodes no pixels) are checked
 against `limits.image_pixels` before `load()`; Pillow's own bomb guard (2x its global limit) is mapped
@@ -8,7 +11,6 @@ to the same reason. CPU only, blocking; thread-safe (no global Pillow setting is
 from __future__ import annotations
 
 import io
-import math
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -18,24 +20,6 @@ from engine.media.limits import MediaLimits
 
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
 """Pillow decoders tried on image bytes; anything else is media_undecodable."""
-
-
-def scaled_size(width: int, height: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """(width, height) with the aspect ratio kept and width*height within [min_pixels, max_pixels]."""
-    pixels = width * height
-    if pixels > max_pixels:
-        scale = math.sqrt(max_pixels / pixels)
-        new_w, new_h = max(1, math.floor(width * scale)), max(1, math.floor(height * scale))
-        while new_w * new_h > max_pixels:
-            if new_w >= new_h:
-                new_w -= 1
-            else:
-                new_h -= 1
-        return new_w, new_h
-    if pixels < min_pixels:
-        scale = math.sqrt(min_pixels / pixels)
-        return math.ceil(width * scale), math.ceil(height * scale)
-    return width, height
 
 
 def check_dimensions(width: int, height: int, max_pixels: int, max_aspect: float, kind: str) -> None:
@@ -48,13 +32,9 @@ def check_dimensions(width: int, height: int, max_pixels: int, max_aspect: float
         raise undecodable(f"{kind} aspect ratio is above {max_aspect:g}:1")
 
 
-def finish_image(image: Image.Image, limits: MediaLimits) -> Image.Image:
-    """RGB conversion and scaling into [limits.image_min_pixels, limits.image_max_pixels]."""
-    rgb = image if image.mode == "RGB" else image.convert("RGB")
-    size = scaled_size(rgb.width, rgb.height, limits.image_min_pixels, limits.image_max_pixels)
-    if size != rgb.size:
-        rgb = rgb.resize(size, Image.Resampling.BICUBIC)
-    return rgb
+def finish_image(image: Image.Image) -> Image.Image:
+    """Pillow's RGB conversion (alpha channels are dropped, not composited); nothing else."""
+    return image if image.mode == "RGB" else image.convert("RGB")
 
 
 def image_from_object(item: object, limits: MediaLimits) -> Image.Image:
@@ -62,18 +42,18 @@ def image_from_object(item: object, limits: MediaLimits) -> Image.Image:
     if isinstance(item, Image.Image):
         check_dimensions(item.width, item.height, limits.image_pixels, limits.max_aspect_ratio, "image")
         try:
-            return finish_image(item, limits)
+            return finish_image(item)
         except (OSError, ValueError) as exc:
             raise undecodable("image cannot be converted to RGB") from exc
     array = np.asarray(item)
     if array.ndim != 3 or array.shape[2] != 3 or array.dtype != np.uint8:
         raise bad_source("image arrays must be (H, W, 3) uint8 RGB")
     check_dimensions(array.shape[1], array.shape[0], limits.image_pixels, limits.max_aspect_ratio, "image")
-    return finish_image(Image.fromarray(np.ascontiguousarray(array), mode="RGB"), limits)
+    return Image.fromarray(np.ascontiguousarray(array))
 
 
 def decode_image(data: bytes, limits: MediaLimits) -> Image.Image:
-    """Decode image bytes to an RGB image within the SPEC pixel window (first frame of animations).
+    """Decode image bytes to an RGB image at its own size (first frame of animations).
 
     Raises `MediaError`: media_bomb (declared pixels above `limits.image_pixels`, before any pixel is
     decoded), media_undecodable (unknown format, wrong magic, truncated or corrupt data, extreme aspect).
@@ -90,7 +70,7 @@ def decode_image(data: bytes, limits: MediaLimits) -> Image.Image:
         try:
             image.seek(0)
             image.load()
-            result = finish_image(image, limits)
+            result = finish_image(image)
         except (OSError, ValueError, SyntaxError, EOFError) as exc:
             raise undecodable("image data is corrupt or truncated") from exc
         # Closing `image` invalidates its pixels, so never hand out the object itself.

@@ -14,7 +14,7 @@ MIB = 1024 * 1024
 SAMPLE_RATE = 16_000
 """Audio is always handed to the model as mono float32 at this rate."""
 VIDEO_FPS = 2.0
-"""Videos are sampled at one frame per 0.5 s of timestamps."""
+"""Videos are sampled at (at most) one frame per 0.5 s of timestamps."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,14 +23,13 @@ class MediaLimits:
 
     Byte caps apply to the encoded bytes of one item after base64 decoding or download; `total_bytes`
     to all items of one request together. Pixel caps on declared dimensions guard against
-    decompression bombs. Output sizes (`image_min_pixels`..`image_max_pixels`, `video_frame_pixels`)
-    are what the processor receives.
+    decompression bombs. `video_frame_pixels` is the pixel cap of the decoded video frames handed to
+    the vision processing (SPEC section 6: 262,144); the vision pixel windows are the model's, in
+    `engine.media.vision`.
     """
 
     image_bytes: int = 4 * MIB
     image_pixels: int = 16_000_000
-    image_min_pixels: int = 65_536
-    image_max_pixels: int = 1_048_576
     audio_bytes: int = 8 * MIB
     audio_seconds: float = 300.0
     video_bytes: int = 16 * MIB
@@ -45,8 +44,6 @@ class MediaLimits:
     max_videos: int = 2
 
     def __post_init__(self) -> None:
-        if self.image_min_pixels > self.image_max_pixels:
-            raise ValueError("image_min_pixels must not exceed image_max_pixels")
         for name in ("image_bytes", "audio_bytes", "video_bytes", "total_bytes", "video_frame_pixels"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
@@ -55,6 +52,13 @@ class MediaLimits:
     def video_max_frames(self) -> int:
         """Most source frames a video may decode to (duration cap x highest plausible frame rate)."""
         return int(self.video_seconds * self.video_max_source_fps) + 1
+
+    @property
+    def video_max_kept_frames(self) -> int:
+        """Most frames a video may keep at 2 fps. Frames are kept by absolute stream time, so a stream
+        that starts late keeps a burst of frames until its clock catches up; 16 frames of slack allow
+        a start up to several seconds late (MPEG-TS starts at 1.4 s) without unbounded memory."""
+        return int(self.video_seconds * VIDEO_FPS) + 16
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,13 +1,14 @@
-"""Video items -> frames sampled at 2 fps of timestamps, plus the soundtrack (SPEC section 6).
+"""Video items -> frames kept at (at most) 2 fps of timestamps, plus the soundtrack (SPEC section 6).
 
-One demux pass reads the first video stream and the first audio stream. For every grid time
-t_k = k * 0.5 s (relative to the stream start) the frame on screen at t_k is kept: the last frame whose
-timestamp is <= t_k. Whatever the source rate (24, 30, 60 fps or variable), the output is one frame per
-0.5 s, so frame index / 2 is its time. Packets whose display interval [pts, pts + duration) holds no grid
-time are decoded only when other frames reference them (FFmpeg `skip_frame=NONREF`), and only kept
-frames are converted to RGB and downscaled (never up) to at most `limits.video_frame_pixels` with even
-sides. Odd frame counts are padded by repeating the last frame. Caps on declared size, frame count and
-duration are checked before decoding and again while decoding (headers can lie).
+One demux pass reads the first video stream and the first audio stream. Video frames come from the
+decoder in presentation order; a frame is kept when it has a timestamp and its absolute stream time is
+at least (frames kept so far) x 0.5 s (minus 1e-6). Frames are never repeated: a 1 fps clip keeps every
+frame, a 30 fps clip one frame per 0.5 s. Non-reference frames stamped before the next mark could never
+be kept, so FFmpeg drops them undecoded (`skip_frame`); the kept frames are those of decoding them all.
+Each kept frame is converted to RGB24 and scaled by min(1, sqrt(`limits.video_frame_pixels` / (w x h)))
+to even sides (2 x round(side x scale / 2), half to even, at least 2) in one PyAV call (bilinear). An
+odd count gets the last frame once more. Caps on declared size, frame count and duration are checked
+before decoding and again while decoding (headers can lie); kept frames are capped as well.
 CPU only, blocking; thread-safe.
 """
 
@@ -15,12 +16,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import av
 import numpy as np
 import numpy.typing as npt
-from PIL import Image
 
 from engine.media.containers import (
     DECODE_ERRORS,
@@ -43,8 +42,8 @@ FrameArray = npt.NDArray[np.uint8]
 
 @dataclass(frozen=True, slots=True, eq=False)
 class DecodedVideo:
-    """`frames` (T, H, W, 3) uint8 RGB with T even, sampled at `fps` (2.0); `timestamps[i]` is the source
-    time (s, from the stream start) of frame i; `audio` the mono 16 kHz soundtrack or None."""
+    """`frames` (T, H, W, 3) uint8 RGB with T even, taken as sampled at `fps` (2.0); `timestamps[i]` is
+    the absolute stream time (s) of frame i; `audio` the mono 16 kHz soundtrack or None."""
 
     frames: FrameArray
     timestamps: tuple[float, ...]
@@ -57,16 +56,18 @@ class DecodedVideo:
 
 
 def frame_size(width: int, height: int, max_pixels: int) -> tuple[int, int]:
-    """Even (width, height) with the aspect ratio kept, at most `max_pixels`, never larger than the source."""
+    """(width, height) of a kept frame: scaled by min(1, sqrt(max_pixels / (w x h))), each side
+    2 x round(side x scale / 2) (half to even), at least 2. May exceed `max_pixels` slightly
+    (640x480 -> 592x444 for 262,144)."""
     scale = min(1.0, math.sqrt(max_pixels / (width * height)))
-    new_w = max(2, math.floor(width * scale) // 2 * 2)
-    new_h = max(2, math.floor(height * scale) // 2 * 2)
-    while new_w * new_h > max_pixels:
-        if new_w >= new_h:
-            new_w -= 2
-        else:
-            new_h -= 2
-    return new_w, new_h
+    return max(2, 2 * round(width * scale / 2)), max(2, 2 * round(height * scale / 2))
+
+
+def _to_rgb(frame: av.VideoFrame, max_pixels: int) -> FrameArray:
+    """One decoded frame -> (h, w, 3) uint8 RGB at `frame_size`, converted and resized in one call."""
+    width, height = frame_size(frame.width, frame.height, max_pixels)
+    out = frame.reformat(width=width, height=height, format="rgb24", interpolation="BILINEAR")
+    return np.ascontiguousarray(out.to_ndarray(), dtype=np.uint8)
 
 
 def pad_even(frames: list[FrameArray], times: list[float]) -> None:
@@ -77,7 +78,8 @@ def pad_even(frames: list[FrameArray], times: list[float]) -> None:
 
 
 def video_from_array(item: object, limits: MediaLimits) -> DecodedVideo:
-    """Validate a Python-API video: (T, H, W, 3) uint8 RGB frames taken as already sampled at 2 fps."""
+    """Validate a Python-API video: (T, H, W, 3) uint8 RGB frames taken as already sampled at 2 fps,
+    sized like decoded frames (`frame_size`, bilinear) and padded to an even count."""
     array = np.asarray(item)
     if array.ndim != 4 or array.shape[3] != 3 or array.dtype != np.uint8 or array.shape[0] == 0:
         raise bad_source("video arrays must be (T, H, W, 3) uint8 RGB frames")
@@ -85,75 +87,62 @@ def video_from_array(item: object, limits: MediaLimits) -> DecodedVideo:
     if count / VIDEO_FPS > limits.video_seconds:
         raise too_long(f"video is longer than {limits.video_seconds:g} s")
     check_dimensions(width, height, limits.video_pixels, limits.max_aspect_ratio, "video")
-    size = frame_size(width, height, limits.video_frame_pixels)
-    frames: list[FrameArray] = []
-    for frame in array:
-        if size != (width, height):
-            frame = np.asarray(Image.fromarray(frame, mode="RGB").resize(size, Image.Resampling.BICUBIC))
-        frames.append(np.ascontiguousarray(frame))
+    rgb = (av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24") for frame in array)
+    frames = [_to_rgb(frame, limits.video_frame_pixels) for frame in rgb]
     times = [k * STEP for k in range(count)]
     pad_even(frames, times)
     return DecodedVideo(frames=np.stack(frames), timestamps=tuple(times), audio=None)
 
 
 class _Sampler:
-    """Keeps the frame on screen at each grid time k * STEP; converts each kept frame to RGB once."""
+    """Keeps each frame whose time reaches the next 0.5 s mark (SPEC section 6) and converts it once."""
 
-    def __init__(self, base: float, size: tuple[int, int], limits: MediaLimits) -> None:
+    def __init__(self, base: float, limits: MediaLimits) -> None:
         self.base = base
-        self.size = size
         self.cap = limits.video_seconds
         self.max_frames = limits.video_max_frames
+        self.max_kept = limits.video_max_kept_frames
+        self.max_pixels = limits.video_frame_pixels
         self.decoded = 0
+        self.packets = 0
         self.end = 0.0
         self.frames: list[FrameArray] = []
         self.times: list[float] = []
-        self._prev: av.VideoFrame | None = None
-        self._prev_time = 0.0
-        self._prev_rgb: FrameArray | None = None
 
-    def _emit_prev(self) -> None:
-        if self._prev_rgb is None:
-            assert self._prev is not None
-            width, height = self.size
-            out = self._prev.reformat(width=width, height=height, format="rgb24", interpolation="BILINEAR")
-            self._prev_rgb = np.ascontiguousarray(out.to_ndarray(), dtype=np.uint8)
-        self.frames.append(self._prev_rgb)
-        self.times.append(self._prev_time)
-
-    def _close_grid_before(self, time: float) -> None:
-        # Every grid time strictly before `time` shows the previous frame.
-        while len(self.frames) * STEP + _EPS < time:
-            self._emit_prev()
+    def cannot_keep(self, pts: int | None, time_base: float) -> bool:
+        """Count one demuxed packet (raising past the frame cap: skipped frames count too) and tell whether
+        a frame stamped `pts` lies before the next mark, so it will never be kept."""
+        self.packets += 1
+        if self.packets > self.max_frames:
+            raise bomb(f"video has more than {self.max_frames} frames")
+        return pts is not None and time_base > 0 and pts * time_base < len(self.frames) * STEP - _EPS
 
     def add(self, frame: av.VideoFrame, fallback_duration: float, time_base: float) -> None:
-        """Take the next decoded frame (presentation order); raise past the frame-count or time cap."""
+        """Take the next decoded frame (presentation order); raise past the frame-count or time caps."""
         self.decoded += 1
         if self.decoded > self.max_frames:
             raise bomb(f"video has more than {self.max_frames} frames")
-        duration = frame.duration * time_base if frame.duration and time_base > 0 else fallback_duration
-        if frame.time is not None:
-            time = float(frame.time) - self.base
-        else:
-            time = self._prev_time + fallback_duration if self._prev is not None else 0.0
-        if time > self.cap + STEP:
-            raise too_long(f"video runs past the {self.cap:g} s limit")
-        if self._prev is not None:  # a late first frame also stands for the grid times before it
-            self._close_grid_before(time)
-        self._prev, self._prev_time, self._prev_rgb = frame, time, None
-        self.end = max(self.end, time + duration)
-
-    def finish(self) -> None:
-        """Fill the grid up to the end of the last frame (within the cap)."""
-        if self._prev is None:
+        if frame.time is None:  # no timestamp: never kept
             return
-        self._close_grid_before(min(self.end, self.cap))
-        if not self.frames:
-            self._emit_prev()
+        time = float(frame.time)
+        if time - self.base > self.cap + STEP:
+            raise too_long(f"video runs past the {self.cap:g} s limit")
+        duration = frame.duration * time_base if frame.duration and time_base > 0 else fallback_duration
+        self.end = max(self.end, time - self.base + duration)
+        if time < len(self.frames) * STEP - _EPS:
+            return
+        if len(self.frames) >= self.max_kept:
+            raise bomb(f"video gives more than {self.max_kept} frames at {VIDEO_FPS:g} fps")
+        rgb = _to_rgb(frame, self.max_pixels)
+        if self.frames and rgb.shape != self.frames[0].shape:
+            raise undecodable("video frame size changes within the stream")
+        self.frames.append(rgb)
+        self.times.append(time)
 
 
 def decode_video(data: bytes, limits: MediaLimits) -> DecodedVideo:
-    """Decode the first video stream of `data` at 2 fps, and its first audio stream if any.
+    """Decode the first video stream of `data` (frames kept at most every 0.5 s), and its first audio
+    stream if any.
 
     Raises `MediaError`: media_bomb (declared frame size above `limits.video_pixels` or frame count above
     `limits.video_max_frames`, before decoding; too many decoded frames), media_too_long (declared or
@@ -179,7 +168,7 @@ def decode_video(data: bytes, limits: MediaLimits) -> DecodedVideo:
         time_base = float(stream.time_base) if stream.time_base is not None else 0.0
         base = stream.start_time * time_base if stream.start_time is not None else 0.0
         fallback = 1.0 / float(stream.average_rate) if stream.average_rate else 1.0 / 25
-        sampler = _Sampler(base, frame_size(context.width, context.height, limits.video_frame_pixels), limits)
+        sampler = _Sampler(base, limits)
         try:
             for packet in container.demux([stream] if sound is None else [stream, sound]):
                 if packet.stream is not stream:
@@ -187,11 +176,12 @@ def decode_video(data: bytes, limits: MediaLimits) -> DecodedVideo:
                         if collector is not None and isinstance(audio_frame, av.AudioFrame):
                             collector.add(audio_frame)
                     continue
-                context.skip_frame = "DEFAULT" if _needed(packet, time_base, base) else "NONREF"
+                # A non-reference frame that shows before the next 0.5 s mark can never be kept (the mark
+                # only moves later), so FFmpeg may drop it undecoded; every other frame is decoded.
+                context.skip_frame = "NONREF" if sampler.cannot_keep(packet.pts, time_base) else "DEFAULT"
                 for video_frame in context.decode(packet):
                     if isinstance(video_frame, av.VideoFrame):
                         sampler.add(video_frame, fallback, time_base)
-            sampler.finish()
             audio = collector.finish() if collector is not None else None
         except DECODE_ERRORS as exc:
             raise undecodable("video data is corrupt") from exc
@@ -202,15 +192,3 @@ def decode_video(data: bytes, limits: MediaLimits) -> DecodedVideo:
     pad_even(frames, times)
     soundtrack = audio if audio is not None and audio.shape[0] > 0 else None
     return DecodedVideo(frames=np.stack(frames), timestamps=tuple(times), audio=soundtrack)
-
-
-def _needed(packet: av.Packet[Any], time_base: float, base: float) -> bool:
-    """False only when the packet's display interval [pts, pts + duration) provably holds no grid time."""
-    if packet.pts is None or not packet.duration or time_base <= 0:
-        return True
-    start = packet.pts * time_base - base
-    end = start + packet.duration * time_base
-    if start < 0:
-        return True
-    first_k = math.ceil(start / STEP - _EPS)
-    return first_k * STEP < end - _EPS

@@ -186,7 +186,8 @@ async def _topic_partitions(bootstrap: str, names: list[str]) -> dict[str, int]:
 def test_kafka_local_command(kafka_broker: LocalKafka, tmp_path: Path, sig: int, keep_dir: bool) -> None:
     # kafka_broker: the jars are already in the cache, so start-up here is seconds
     env = dict(os.environ, TMPDIR=str(tmp_path))
-    cmd = [sys.executable, "-m", "consumer.cli", "kafka-local", "--topics", "a.in,b.out", "--partitions", "2"]
+    cmd = [sys.executable, "-m", "consumer.cli", "kafka-local", "--port", "0", "--topics", "a.in,b.out"]
+    cmd += ["--partitions", "2"]
     data_dir = tmp_path / "kept"
     if keep_dir:
         cmd += ["--data-dir", str(data_dir)]

@@ -6,6 +6,7 @@ import argparse
 import sys
 import types
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
@@ -83,7 +84,7 @@ def _install_fake_commands(monkeypatch: pytest.MonkeyPatch) -> None:
         (["bench", "other"], 2, "bad --thing"),
         (["no-such-command"], 2, "invalid choice"),
         (["bench"], 2, "required"),
-        (["kafka-local", "--port", "0"], 2, "--port must be between"),
+        (["kafka-local", "--port", "70000"], 2, "--port must be between"),
     ],
 )
 def test_errors_are_one_line(
@@ -179,3 +180,123 @@ def test_default_logging_follows_the_current_stderr(monkeypatch: pytest.MonkeyPa
         assert "second_line" in second.getvalue()
     finally:
         structlog.reset_defaults()
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("clef-router ")
+
+
+def _parsers(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, (*path, name))
+
+
+def test_every_option_has_help_text() -> None:
+    missing = [
+        f"{' '.join(path) or 'clef-router'} {action.dest}"
+        for path, parser in _parsers(cli.build_parser())
+        for action in parser._actions
+        if not isinstance(action, argparse._SubParsersAction) and not (action.help or "").strip()
+    ]
+    assert missing == []
+
+
+def test_run_help_lists_the_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "CLEF_KAFKA__BOOTSTRAP_SERVERS" in out
+    assert "CLEF_ENGINE__DEVICE" in out
+
+
+def test_group_command_errors_name_the_whole_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["dlq", "replay", "--reason", "nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("clef-router dlq replay: error:")
+    assert "bad_json" in err
+    assert "schema_violation" in err
+    assert err.count("\n") == 1
+
+
+def test_run_with_a_missing_release_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CLEF_ENGINE__MODEL_PATH", str(tmp_path / "nothing-here"))
+    assert cli.main(["run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "nothing-here is not a directory" in err
+
+
+def test_run_on_cuda_without_a_gpu_says_to_use_the_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("CLEF_ENGINE__MODEL_PATH", str(tmp_path))
+    monkeypatch.setenv("CLEF_ENGINE__DEVICE", "cuda")
+    assert cli.main(["run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "set CLEF_ENGINE__DEVICE=cpu" in err
+
+
+def test_kafka_errors_name_their_type_once(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aiokafka.errors import KafkaConnectionError
+
+    def register(commands: Commands) -> None:
+        def fail(args: argparse.Namespace) -> int:
+            raise KafkaConnectionError("Unable to bootstrap from x")
+
+        commands.add_parser("kfail", help="fails like aiokafka").set_defaults(func=fail)
+
+    fake = types.ModuleType("consumer.commands._kafkafail")
+    fake.register = register  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("_kafkafail",))
+    assert cli.main(["kfail"]) == 1
+    err = capsys.readouterr().err
+    assert err == "clef-router kfail: error: KafkaConnectionError: Unable to bootstrap from x\n"
+
+
+def test_torchvision_notice_is_silenced(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    cli._configure_default_logging()
+    log = logging.getLogger("engine.release")
+    with caplog.at_level(logging.WARNING, logger="engine.release"):
+        log.warning(
+            "processor not loaded from /x: Qwen2VLVideoProcessor requires the Torchvision library but"
+        )
+        log.warning("another warning")
+    assert [r.getMessage() for r in caplog.records] == ["another warning"]
+
+
+def test_kafka_local_refuses_a_taken_port_at_once(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        assert cli.main(["kafka-local", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"port {port} on 127.0.0.1 is in use" in err
+    assert "--port 0" in err
+
+
+def test_kafka_local_defaults_to_the_clients_default_port() -> None:
+    from consumer.settings import KafkaSettings
+
+    parser = cli.build_parser()
+    args = parser.parse_args(["kafka-local"])
+    assert KafkaSettings().bootstrap_servers == f"127.0.0.1:{args.port}"

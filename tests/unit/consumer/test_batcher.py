@@ -57,8 +57,9 @@ def items(*names: str) -> list[Item]:
     return [Item(name) for name in names]
 
 
-def settings(**kw: float) -> BatchingSettings:
-    base: dict[str, float] = {
+def settings(**kw: float | str) -> BatchingSettings:
+    base: dict[str, float | str] = {
+        "mode": "fixed",
         "max_batch_records": 4,
         "max_batch_tokens": 1000,
         "max_wait_ms": 50,

@@ -127,11 +127,12 @@ class Harness:
         self.tracker: OffsetTracker[str] = OffsetTracker()
         self.fatal: list[BaseException] = []
         self.idle = 0
+        self.metrics = Metrics()
         self.emitter = Emitter(
             self.settings,
             self.producer,  # type: ignore[arg-type]
             self.tracker,
-            Metrics(),
+            self.metrics,
             EngineInfo(),
             on_fatal=self.fatal.append,
             on_progress=lambda: None,
@@ -162,6 +163,10 @@ async def test_emitter_publishes_units_in_offset_order_and_commits_after_every_a
     await settle()
     topics = [r.topic for rnd in h.producer.rounds for r in rnd]
     assert topics == ["decisions", "route.network", "decisions", "route.network", "alerts.dlq"]
+    routed = h.metrics.registry.get_sample_value(
+        "clef_router_routed_records_total", {"topic": "route.network"}
+    )
+    assert routed == 2  # the dashboard's review share divides these per route topic
     assert h.emitter.in_flight == 3
     assert h.tracker.committable() == {"p0": 0}
     h.producer.ack()

@@ -105,3 +105,28 @@ def test_sub_configs_are_frozen() -> None:
         s.kafka.group_id = "other"  # type: ignore[misc]
     with pytest.raises(ValidationError):
         Settings(kafka={"max_in_flight": 0})
+
+
+def test_device_index_picks_one_gpu_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    from consumer.settings import engine_device
+
+    assert engine_device(load_settings().engine) == "cuda"
+    monkeypatch.setenv("CLEF_ENGINE__DEVICE_INDEX", "3")
+    assert engine_device(load_settings().engine) == "cuda:3"
+    monkeypatch.setenv("CLEF_ENGINE__DEVICE", "cuda:1")
+    with pytest.raises(SettingsError, match="already names a device"):
+        engine_device(load_settings().engine)
+    monkeypatch.setenv("CLEF_ENGINE__DEVICE_INDEX", "-1")
+    with pytest.raises(SettingsError):
+        load_settings()
+
+
+@pytest.mark.parametrize("name", ["CLEF_CACHE_DIR", "CLEF_VENV", "CLEF_DEBUG", "CLEF_MODEL_DIR"])
+def test_script_variables_are_not_settings_errors(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README tells users to export these for the scripts; the service must start with them set."""
+    monkeypatch.setenv(name, "/somewhere")
+    monkeypatch.setenv("CLEF_LOG_LEVL", "debug")  # a typo next to them is still caught
+    with pytest.raises(SettingsError, match="CLEF_LOG_LEVL"):
+        load_settings()
+    monkeypatch.delenv("CLEF_LOG_LEVL")
+    assert load_settings().log_level == "info"

@@ -20,40 +20,39 @@ LN = ("weight", "bias")
 
 
 def documented_keys(routing_layers: int, layers: int) -> list[str]:
-    keys = [f"norm.{p}" for p in LN]
+    """The SPEC section 4 key table, written out independently of the module code."""
+    keys = [f"hidden_norm.{p}" for p in LN]
     keys += [
-        f"{m}.weight"
-        for m in (
-            "memory",
-            "question",
-            "option_question",
-            "global",
-            "option_context",
-            "option_lexical",
-            "type_embedding",
-        )
+        f"{m}_projection.weight"
+        for m in ("memory", "question", "option_question", "global", "option_context", "option_lexical")
     ]
+    keys.append("type_embedding.weight")
     for i in range(routing_layers):
-        r = f"routing_layers.{i}"
-        keys += [f"{r}.ln_q.{p}" for p in LN] + [f"{r}.ln_m.{p}" for p in LN] + [f"{r}.mha.{p}" for p in MHA]
-        keys += [f"{r}.ln_f.{p}" for p in LN] + [f"{r}.ffn.{j}.{p}" for j in (0, 2) for p in LN]
-    keys += [f"option_summary.{p}" for p in LN]
+        r = f"evidence_layers.{i}"
+        keys += [f"{r}.{n}.{p}" for n in ("query_norm", "memory_norm", "feedforward_norm") for p in LN]
+        keys += [f"{r}.attention.{p}" for p in MHA] + [f"{r}.feedforward.{j}.{p}" for j in (0, 3) for p in LN]
+    keys += [f"option_summary_norm.{p}" for p in LN]
     for i in range(layers):
         d = f"layers.{i}"
         keys += [f"{d}.self_attn.{p}" for p in MHA] + [f"{d}.multihead_attn.{p}" for p in MHA]
         keys += [f"{d}.{m}.{p}" for m in ("linear1", "linear2", "norm1", "norm2", "norm3") for p in LN]
-    keys += [f"field.{p}" for p in LN] + [f"option.{p}" for p in LN]
-    keys += [f"scorer.{j}.{p}" for j in (0, 2) for p in LN]
+    keys += [f"field_norm.{p}" for p in LN] + [f"option_norm.{p}" for p in LN]
+    keys += [f"residual_scorer.{j}.{p}" for j in (0, 3) for p in LN]
     return [*keys, "prior_logit_scale", "joint_logit_scale", "residual_gate"]
 
 
 def test_head_state_dict_keys_as_documented() -> None:
     config = JointHeadConfig(hidden_size=64, width=32, routing_layers=2, layers=3, heads=4, feedforward=64)
-    assert sorted(head_state_dict_keys(config)) == sorted(documented_keys(2, 3))
+    keys = head_state_dict_keys(config)
+    assert sorted(keys) == sorted(documented_keys(2, 3))
+    assert len(keys) == 22 + 14 * 2 + 18 * 3  # SPEC section 4's count
     head = JointSchemaHead(config)
     assert head.prior_logit_scale.shape == torch.Size([])
     assert head.type_embedding.weight.shape == (3, 32)
-    assert head.scorer[0].weight.shape == (32, 128)
+    assert head.residual_scorer[0].weight.shape == (32, 128)
+    assert head.residual_scorer[3].weight.shape == (1, 32)
+    assert head.evidence_layers[0].feedforward[3].weight.shape == (32, 64)
+    assert head.global_projection.weight.shape == (32, 64)
 
 
 def _max_diff(a: list[list[np.ndarray]], b: list[list[np.ndarray]]) -> float:

@@ -51,9 +51,11 @@ def test_decide_invalid_request_prints_error_body_and_exits_2(
 ) -> None:
     path = tmp_path / "bad.json"
     path.write_text(content, encoding="utf-8")
-    code, out = run(["decide", str(path), "--model", str(tiny_release), "--device", "cpu"], capsys)
+    code = main(["decide", str(path), "--model", str(tiny_release), "--device", "cpu"])
     assert code == 2
-    detail: Any = json.loads(out)["detail"]
+    captured = capsys.readouterr()
+    assert captured.out == ""  # the error body goes to stderr, before the model is loaded
+    detail: Any = json.loads(captured.err)["detail"]
     if shape is dict:
         assert isinstance(detail, dict)
         assert detail["error_type"] == "bad_json"

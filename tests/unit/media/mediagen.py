@@ -115,7 +115,7 @@ def _encode_audio(
 
 def video_bytes(
     *,
-    fps: int = 30,
+    fps: int | Fraction = 30,
     seconds: float = 2.0,
     width: int = 96,
     height: int = 64,
@@ -141,7 +141,7 @@ def video_bytes(
         audio = _add_audio(container, audio_codec, rate) if sound else None
         if times is not None:
             stream.codec_context.time_base = Fraction(1, 1000)
-        stamps = list(times) if times is not None else [i / fps for i in range(round(seconds * fps))]
+        stamps = list(times) if times is not None else [float(i / fps) for i in range(round(seconds * fps))]
         scene = _scene(width, height) if content == "motion" else None
         for i, stamp in enumerate(stamps):
             if scene is not None:  # a textured scene panning diagonally, built straight in YUV 4:2:0
@@ -158,7 +158,7 @@ def video_bytes(
         for packet in stream.encode(None):
             container.mux(packet)
         if audio is not None:
-            duration = stamps[-1] + (1 / fps) if stamps else seconds
+            duration = stamps[-1] + float(1 / fps) if stamps else seconds
             _encode_audio(container, audio, duration, rate)
     return buffer.getvalue()
 

@@ -78,6 +78,29 @@ def test_ten_hour_video_header_is_refused_cheaply() -> None:
     assert time.process_time() - started < 0.2
 
 
+def test_video_declared_frame_size_is_refused_before_decoding() -> None:
+    clip = video_bytes(seconds=1.0, width=320, height=240)
+    assert refused(Req(videos=[b64(clip)]), limits=MediaLimits(video_pixels=50_000)).reason == "media_bomb"
+
+
+def test_video_frame_counts_are_capped_declared_and_decoded() -> None:
+    limits = MediaLimits(video_seconds=2.0, video_max_source_fps=5.0)  # at most 11 source frames
+    declared = video_bytes(fps=30, seconds=1.0)  # mp4 declares its 30 frames
+    assert refused(Req(videos=[b64(declared)]), limits=limits).reason == "media_bomb"
+    undeclared = streamed_webm(1.5, fps=30)  # no frame count in the header: caught while decoding
+    assert refused(Req(videos=[b64(undeclared)]), limits=limits).reason == "media_bomb"
+
+
+def test_late_starting_stream_keeps_a_bounded_burst_of_frames() -> None:
+    # Frames are kept by absolute time, so a stream starting at 100 s keeps every frame until its
+    # clock catches up; the kept-frame cap (video_seconds x 2 + 16) bounds that memory.
+    clip = video_bytes(times=[100 + i / 30 for i in range(60)])
+    assert decode_request_media(Req(videos=[b64(clip)])).videos[0].frames.shape[0] == 60
+    error = refused(Req(videos=[b64(clip)]), limits=MediaLimits(video_seconds=10.0))
+    assert error.reason == "media_bomb"
+    assert "36 frames" in str(error)
+
+
 def test_long_audio_header_is_refused_before_decoding() -> None:
     real = wav_header_only(301.0, rate=8000, body=301 * 8000)  # 2.4 MB of real 8 kHz samples
     started = time.process_time()

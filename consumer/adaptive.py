@@ -1,0 +1,170 @@
+"""Adaptive batch sizing: the GPU cost model and the pure rule that decides when to cut the next batch.
+
+The fixed rule (`batcher.plan_next` with `max_wait_ms`) waits for a batch to fill or for its deadline, so
+under light load every record pays the wait and under a backlog the budget may be smaller than the GPU's
+best. The adaptive rule (`plan_adaptive`) instead follows the queue and the measured GPU time:
+
+- While the GPU has nothing to do, the records that are ready go at once (no wait: at light load a batch is
+  one or a few records, and a record's latency is close to the engine's single-request latency).
+- While the GPU is busy, the next batch is cut just before the GPU frees up (its predicted end minus the
+  time staging takes), so everything that arrived meanwhile rides in it: the batch grows with the load.
+- Its token budget is what the GPU runs in half the latency target (a record then waits for at most one
+  batch and runs in the next), so a burst is served in slices that each meet the target; once the oldest
+  waiting record has waited more than half the target, the target is lost for the queue anyway and the
+  budget opens to `max_batch_tokens`, where the GPU is most efficient, until the backlog is gone.
+
+`CostModel` predicts a batch's GPU seconds as `overhead + per_token * tokens`, a least-squares fit over
+the last batches the GPU ran. Everything here is pure and single-threaded (the batcher calls it on the
+event loop).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class CostLike(Protocol):
+    """What the adaptive rule needs from a cost model (`CostModel`; tests inject fixed ones)."""
+
+    def observe(self, tokens: int, seconds: float) -> None: ...
+
+    def predict(self, tokens: int) -> float | None: ...
+
+    def tokens_within(self, seconds: float) -> int | None: ...
+
+
+class CostModel:
+    """GPU seconds of a batch as `overhead + per_token * tokens`, fit over the last `window` batches.
+
+    `predict` and `tokens_within` return None until two batches were observed. A fit whose slope is not
+    positive (noise, all batches of one size) falls back to the mean time per token with no overhead.
+    """
+
+    def __init__(self, window: int = 64) -> None:
+        self._points: deque[tuple[int, float]] = deque(maxlen=window)
+        self.overhead = 0.0
+        self.per_token = 0.0
+
+    @property
+    def ready(self) -> bool:
+        """True once the model has a fit."""
+        return self.per_token > 0.0
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """Add one batch the GPU ran (`tokens` in it, `seconds` of GPU time) and refit."""
+        if tokens <= 0 or seconds <= 0.0:
+            return
+        self._points.append((tokens, seconds))
+        if len(self._points) < 2:
+            return
+        n = len(self._points)
+        mean_t = sum(t for t, _ in self._points) / n
+        mean_s = sum(s for _, s in self._points) / n
+        var = sum((t - mean_t) ** 2 for t, _ in self._points)
+        cov = sum((t - mean_t) * (s - mean_s) for t, s in self._points)
+        slope = cov / var if var > 0 else 0.0
+        overhead = mean_s - slope * mean_t
+        if slope <= 0.0 or overhead < 0.0:
+            slope, overhead = mean_s / mean_t, 0.0
+        self.per_token, self.overhead = slope, overhead
+
+    def predict(self, tokens: int) -> float | None:
+        """Predicted GPU seconds of a batch of `tokens`, or None before the first fit."""
+        if not self.ready:
+            return None
+        return self.overhead + self.per_token * tokens
+
+    def tokens_within(self, seconds: float) -> int | None:
+        """The most tokens predicted to run within `seconds` (at least 1), or None before the first fit."""
+        if not self.ready:
+            return None
+        return max(1, int((seconds - self.overhead) / self.per_token + 1e-6))  # 1e-6: float noise
+
+
+def plan_next(tokens: Sequence[int], max_records: int, max_tokens: int) -> tuple[int, bool]:
+    """How many leading records form the next batch, and whether that batch is full already.
+
+    Full means a limit is reached: `max_records` records, the token budget exactly used, or the next
+    record not fitting. The first record always fits (alone if larger than the budget). Pure; the one
+    packing rule of both modes.
+    """
+    count = 0
+    used = 0
+    for size in tokens:
+        if count == max_records:
+            return count, True
+        if count > 0 and used + size > max_tokens:
+            return count, True
+        count += 1
+        used += size
+        if used >= max_tokens:
+            return count, True
+    return count, count >= max_records
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveView:
+    """What the batcher knows when it plans: all durations in seconds.
+
+    `head_age`: how long the oldest ready record has waited. `gpu_free_in`: predicted time until the GPU
+    has run every batch already cut (0 when idle). `lead`: how long staging a batch takes, so a batch cut
+    `lead` before the GPU frees up is on the device in time.
+    """
+
+    head_age: float
+    gpu_free_in: float
+    lead: float
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveDecision:
+    """Cut the first `count` ready records now (`wait` == 0), or wait up to `wait` seconds and plan again
+    (earlier when a record becomes ready or a batch leaves the GPU). `budget` is the token budget used."""
+
+    count: int
+    wait: float
+    budget: int
+
+
+def adaptive_budget(cost: CostLike, *, max_tokens: int, latency_target: float, head_age: float) -> int:
+    """The token budget of the next batch: what the GPU runs in half of `latency_target`, or
+    `max_tokens` once the oldest record has waited more than half the target (or before the cost model
+    has a fit). Never above `max_tokens`."""
+    half = latency_target / 2.0
+    if head_age > half:
+        return max_tokens
+    within = cost.tokens_within(half)
+    if within is None:
+        return max_tokens
+    return max(1, min(max_tokens, within))
+
+
+def plan_adaptive(
+    tokens: Sequence[int],
+    view: AdaptiveView,
+    cost: CostLike,
+    *,
+    max_records: int,
+    max_tokens: int,
+    latency_target: float,
+    fallback_wait: float,
+) -> AdaptiveDecision:
+    """Decide the next batch from the ready records' token counts (in arrival order). Pure.
+
+    Cut now when the budget is full or the GPU frees up within `view.lead`; otherwise wait until `lead`
+    before the GPU's predicted end (`fallback_wait` when the cost model cannot predict it yet).
+    """
+    budget = adaptive_budget(
+        cost, max_tokens=max_tokens, latency_target=latency_target, head_age=view.head_age
+    )
+    count, full = plan_next(tokens, max_records, budget)
+    if count == 0:
+        return AdaptiveDecision(0, fallback_wait, budget)
+    if full or view.gpu_free_in <= view.lead:
+        return AdaptiveDecision(count, 0.0, budget)
+    if cost.predict(1) is None:
+        return AdaptiveDecision(count, fallback_wait, budget)
+    return AdaptiveDecision(count, view.gpu_free_in - view.lead, budget)
