@@ -216,9 +216,9 @@ def main(
     """
     import statistics
 
+    from consumer.kafka_access import service_topics
     from consumer.kafka_local import LocalKafka
     from consumer.settings import load_settings
-    from consumer.source import service_topics
 
     unknown = set(kinds) - set(KINDS)
     if unknown or not kinds:
@@ -338,7 +338,7 @@ def _create_topics(bootstrap: str, names: list[str], broker: Any) -> None:
     if broker is not None:
         broker.create_topics(names, partitions=3)
         return
+    from consumer.kafka_access import ensure_topics
     from consumer.settings import KafkaSettings
-    from consumer.source import ensure_topics
 
     asyncio.run(ensure_topics(KafkaSettings(bootstrap_servers=bootstrap, topic_partitions=3), names))

@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 from aiokafka.admin import AIOKafkaAdminClient
 
+from consumer.kafka_config import client_options
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
 from consumer.settings import KafkaSettings
-from consumer.source import client_options
 
 log = get_logger("consumer.broker_watch")
 

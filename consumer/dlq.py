@@ -104,7 +104,7 @@ async def topic_partitions(kafka: KafkaSettings, topic: str) -> list[int]:
     """Partition ids of `topic` ([] when it does not exist), from the cluster metadata."""
     from aiokafka.admin import AIOKafkaAdminClient
 
-    from consumer.source import client_options
+    from consumer.kafka_config import client_options
 
     admin = AIOKafkaAdminClient(**client_options(kafka))
     await admin.start()
@@ -132,8 +132,8 @@ async def replay(
     """
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
+    from consumer.kafka_config import client_options
     from consumer.producer import Producer
-    from consumer.source import client_options
 
     consumer = AIOKafkaConsumer(
         **client_options(kafka), group_id=group_id, enable_auto_commit=False, auto_offset_reset="earliest"

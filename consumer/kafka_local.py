@@ -31,8 +31,9 @@ import subprocess
 import tempfile
 import time
 import weakref
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -54,6 +55,21 @@ class BrokerError(RuntimeError):
 
 class PortInUseError(BrokerError):
     """The JVM exited because one of its listener ports was taken."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExtraListener:
+    """A listener besides PLAINTEXT and CONTROLLER (secured brokers, fault proxies in the tests).
+
+    ``name``: listener name (upper case); ``protocol``: its security protocol (SSL, SASL_SSL, ...);
+    ``port``: where the broker binds it on 127.0.0.1; ``advertised_port``: the port clients are told to
+    use (a proxy's, for fault tests; default ``port``).
+    """
+
+    name: str
+    protocol: str
+    port: int
+    advertised_port: int | None = None
 
 
 def free_port() -> int:
@@ -98,7 +114,16 @@ class LocalKafka:
         ready_timeout_s: float = 60.0,
         stop_timeout_s: float = 30.0,
         start_attempts: int = 3,
+        extra_listeners: Sequence[ExtraListener] = (),
+        extra_properties: Mapping[str, str] | None = None,
+        format_args: Sequence[str] = (),
     ) -> None:
+        """``extra_listeners``, ``extra_properties`` (server.properties entries, overriding ours) and
+        ``format_args`` (added to ``kafka-storage format``, e.g. ``--add-scram``) are hooks for test
+        brokers with TLS, SASL or ACLs; the PLAINTEXT listener stays (readiness probe, admin)."""
+        self._extra_listeners = tuple(extra_listeners)
+        self._extra_properties = dict(extra_properties or {})
+        self._format_args = list(format_args)
         self._fixed_port = port
         self._keep_data = data_dir is not None
         self._data_dir_arg = Path(data_dir).resolve() if data_dir is not None else None
@@ -277,15 +302,25 @@ class LocalKafka:
         run = self.run_dir
         (run / "logs").mkdir(parents=True, exist_ok=True)
         (run / "data").mkdir(parents=True, exist_ok=True)
+        extra = self._extra_listeners
+        listeners = [f"PLAINTEXT://{HOST}:{self._port}", f"CONTROLLER://{HOST}:{self._controller_port}"]
+        listeners += [f"{x.name}://{HOST}:{x.port}" for x in extra]
+        advertised = [f"PLAINTEXT://{HOST}:{self._port}"]
+        advertised += [f"{x.name}://{HOST}:{x.advertised_port or x.port}" for x in extra]
+        protocols = [
+            "PLAINTEXT:PLAINTEXT",
+            "CONTROLLER:PLAINTEXT",
+            *(f"{x.name}:{x.protocol}" for x in extra),
+        ]
         props = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@{HOST}:{self._controller_port}",
-            "listeners": f"PLAINTEXT://{HOST}:{self._port},CONTROLLER://{HOST}:{self._controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{HOST}:{self._port}",
+            "listeners": ",".join(listeners),
+            "advertised.listeners": ",".join(advertised),
             "inter.broker.listener.name": "PLAINTEXT",
             "controller.listener.names": "CONTROLLER",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": ",".join(protocols),
             "log.dirs": str(run / "data"),
             "num.partitions": "1",
             "default.replication.factor": "1",
@@ -302,6 +337,7 @@ class LocalKafka:
             "num.network.threads": "2",
             "num.io.threads": "2",
             "log.flush.interval.messages": "9223372036854775807",
+            **self._extra_properties,
         }
         text = "".join(f"{k}={v}\n" for k, v in props.items())
         (run / "server.properties").write_text(text, encoding="utf-8")
@@ -341,7 +377,7 @@ class LocalKafka:
             self._java(), "-Xmx256m", "-XX:-UsePerfData",  # no /tmp/hsperfdata_<user> files
             f"-Dlog4j2.configurationFile={run / 'log4j2.properties'}",
             "-cp", f"{jars}/*", "kafka.tools.StorageTool", "format",
-            "-t", self._cluster_id, "-c", str(run / "server.properties"),
+            "-t", self._cluster_id, "-c", str(run / "server.properties"), *self._format_args,
         ]  # fmt: skip
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)

@@ -41,6 +41,7 @@ from aiokafka import TopicPartition
 from consumer.batcher import Batcher, EngineLike, staged_calls
 from consumer.decode import decode_value, header_event_id
 from consumer.emitter import Emitter, PartitionState, Unit
+from consumer.kafka_access import preflight
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
 from consumer.offsets import OffsetTracker
@@ -48,7 +49,7 @@ from consumer.producer import Producer
 from consumer.router import InputRecord
 from consumer.runtime import bounded, tune_gc
 from consumer.settings import Settings
-from consumer.source import Source, ensure_topics, service_topics
+from consumer.source import Source
 from consumer.transactions import PartitionTransactions
 from schemas.parse import RequestLimits, parse_request
 from schemas.routing import EngineInfo
@@ -141,10 +142,7 @@ class Pipeline:
 
         Raises the fatal error (e.g. `DlqGuardTrippedError`, exhausted transient retries) after shutdown.
         """
-        r = self.settings.routing
-        await ensure_topics(
-            self.settings.kafka, service_topics(self.settings.topics, r.department_map.values())
-        )
+        await preflight(self.settings)  # credentials, topics, ACLs: fail here with one clear line
         await self.batcher.start()
         await self.producer.start()
         await self.source.start()

@@ -19,11 +19,11 @@ from typing import Any, Generic, Protocol, TypeVar
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 
+from consumer.kafka_config import client_options
 from consumer.logging import get_logger
 from consumer.retry import transient_retry
 from consumer.router import OutRecord
 from consumer.settings import KafkaSettings
-from consumer.source import client_options
 
 log = get_logger("consumer.producer")
 

@@ -42,14 +42,37 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class KafkaSecuritySettings(_Frozen):
+    """How every Kafka client connects (`kafka.security`, env `CLEF_KAFKA__SECURITY__*`).
+
+    A secret can be given inline (`SecretStr`, masked in logs) or as a `*_file` path read at start (one
+    value, surrounding whitespace stripped), not both. `consumer.kafka_config` turns this into client
+    options and checks that what the protocol needs is there.
+    """
+
+    protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    sasl_password_file: Path | None = None
+    oauth_token_provider: str | None = Field(
+        default=None,
+        description="OAUTHBEARER: 'module:attribute' naming a callable that returns an "
+        "aiokafka AbstractTokenProvider (called once per client)",
+    )
+    ssl_cafile: Path | None = Field(default=None, description="PEM CA bundle (default: system CAs)")
+    ssl_certfile: Path | None = Field(default=None, description="PEM client certificate (mTLS)")
+    ssl_keyfile: Path | None = Field(default=None, description="PEM private key of ssl_certfile")
+    ssl_key_password: SecretStr | None = None
+    ssl_key_password_file: Path | None = None
+    ssl_check_hostname: bool = Field(default=True, description="verify the broker name in its certificate")
+
+
 class KafkaSettings(_Frozen):
     bootstrap_servers: str = "127.0.0.1:9092"
     group_id: str = "clef-router"
     client_id: str = "clef-router"
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
+    security: KafkaSecuritySettings = KafkaSecuritySettings()
     create_topics: bool = True
     topic_partitions: int = Field(default=3, ge=1)
     replication_factor: int = Field(default=1, ge=1)

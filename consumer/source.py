@@ -1,5 +1,4 @@
-"""Kafka input: client options, topic checks at start, and the aiokafka consumer group (manual commits,
-pause/resume, rebalance hook).
+"""Kafka input: the aiokafka consumer group (manual commits, pause/resume, rebalance hook).
 
 `Source.fetch` is the only call that waits for the broker on the hot path; it never waits for GPU work.
 Partitions are paused (`pause_all`) when the pipeline's in-flight bound is reached and resumed when it has
@@ -23,70 +22,15 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
+from consumer.kafka_config import client_options
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
 from consumer.retry import transient_retry
-from consumer.settings import KafkaSettings, TopicSettings
+from consumer.settings import KafkaSettings
 
 log = get_logger("consumer.source")
-
-
-def client_options(settings: KafkaSettings) -> dict[str, Any]:
-    """Connection options shared by consumer, producer and admin clients (secrets unwrapped here only)."""
-    opts: dict[str, Any] = {
-        "bootstrap_servers": settings.bootstrap_servers,
-        "client_id": settings.client_id,
-        "security_protocol": settings.security_protocol,
-    }
-    if settings.sasl_mechanism is not None:
-        opts["sasl_mechanism"] = settings.sasl_mechanism
-        opts["sasl_plain_username"] = settings.sasl_username
-        if settings.sasl_password is not None:
-            opts["sasl_plain_password"] = settings.sasl_password.get_secret_value()
-    if settings.security_protocol in ("SSL", "SASL_SSL"):
-        from aiokafka.helpers import create_ssl_context
-
-        opts["ssl_context"] = create_ssl_context()
-    return opts
-
-
-class MissingTopicsError(RuntimeError):
-    """Configured topics are missing and `create_topics` is off."""
-
-
-def service_topics(topics: TopicSettings, department_suffixes: Iterable[str]) -> list[str]:
-    """Every topic the service reads or writes (inputs, decisions, all route topics, DLQ), deduplicated."""
-    names = [*topics.input, topics.decisions, topics.review, topics.unrouted, topics.dlq]
-    names += [topics.route_prefix + suffix for suffix in department_suffixes]
-    return list(dict.fromkeys(names))
-
-
-async def ensure_topics(settings: KafkaSettings, names: list[str]) -> list[str]:
-    """Check `names` exist; create the missing ones when `create_topics` is on. Returns those created.
-
-    Raises `MissingTopicsError` when some are missing and creation is off, or creation failed.
-    """
-    admin = AIOKafkaAdminClient(**client_options(settings), request_timeout_ms=15_000)
-    await admin.start()
-    try:
-        existing = set(await admin.list_topics())
-        missing = [name for name in names if name not in existing]
-        if not missing:
-            return []
-        if not settings.create_topics:
-            raise MissingTopicsError(f"missing topics (create_topics is off): {', '.join(missing)}")
-        new = [NewTopic(name, settings.topic_partitions, settings.replication_factor) for name in missing]
-        response = await admin.create_topics(new, timeout_ms=15_000)
-        for entry in response.topic_errors:
-            if entry[1] not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS (a concurrent creator won)
-                raise MissingTopicsError(f"creating topic {entry[0]!r} failed with error code {entry[1]}")
-        log.info("topics_created", topics=missing, partitions=settings.topic_partitions)
-        return missing
-    finally:
-        await admin.close()
 
 
 PartitionsCallback = Callable[[set[TopicPartition]], Awaitable[None]]

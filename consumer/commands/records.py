@@ -90,9 +90,9 @@ def _produce(args: argparse.Namespace) -> int:
 
 
 async def _send_samples(settings: Any, topic: str, items: list[dict[str, Any]]) -> int:
+    from consumer.kafka_access import ensure_topics
     from consumer.producer import Producer
     from consumer.router import OutRecord
-    from consumer.source import ensure_topics
 
     await ensure_topics(settings.kafka, [topic])
     producer = Producer(settings.kafka)

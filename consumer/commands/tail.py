@@ -75,7 +75,7 @@ async def _read(
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     from consumer.dlq import topic_partitions
-    from consumer.source import client_options
+    from consumer.kafka_config import client_options
 
     consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False)
     loop = asyncio.get_running_loop()

@@ -45,3 +45,27 @@ def test_pom_pins_broker_and_logging() -> None:
     assert "<artifactId>kafka_2.13</artifactId><version>4.4.0</version>" in pom
     for artifact in ("log4j-api", "log4j-core", "log4j-slf4j-impl"):
         assert f"<artifactId>{artifact}</artifactId><version>2.25.5</version>" in pom
+
+
+def test_extra_listeners_properties_and_format_args_reach_the_config(tmp_path: Path) -> None:
+    from consumer.kafka_local import ExtraListener, LocalKafka
+
+    broker = LocalKafka(
+        extra_listeners=[ExtraListener("PROXIED", "PLAINTEXT", 4001, advertised_port=5001)],
+        extra_properties={"super.users": "User:ANONYMOUS", "num.io.threads": "3"},
+        format_args=["--add-scram", "SCRAM-SHA-256=[name=a,password=b]"],
+    )
+    broker._run_dir, broker._port, broker._controller_port = tmp_path, 4000, 4002
+    broker._write_config()
+    props = dict(
+        line.split("=", 1) for line in (tmp_path / "server.properties").read_text().splitlines() if line
+    )
+    assert (
+        props["listeners"]
+        == "PLAINTEXT://127.0.0.1:4000,CONTROLLER://127.0.0.1:4002,PROXIED://127.0.0.1:4001"
+    )
+    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:4000,PROXIED://127.0.0.1:5001"
+    assert props["listener.security.protocol.map"].endswith(",PROXIED:PLAINTEXT")
+    assert props["super.users"] == "User:ANONYMOUS"
+    assert props["num.io.threads"] == "3"  # extra properties override the defaults
+    assert broker._format_args[-1] == "SCRAM-SHA-256=[name=a,password=b]"

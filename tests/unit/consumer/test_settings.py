@@ -88,15 +88,15 @@ def test_missing_config_file(tmp_path: Path) -> None:
 
 
 def test_secrets_are_masked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CLEF_KAFKA__SASL_PASSWORD", "hunter2")
+    monkeypatch.setenv("CLEF_KAFKA__SECURITY__SASL_PASSWORD", "hunter2")
     monkeypatch.setenv("CLEF_HTTP__API_KEYS", '["k-secret"]')
     s = load_settings()
     dumped = repr(s.masked())
     assert "hunter2" not in dumped
     assert "k-secret" not in dumped
-    assert s.masked()["kafka"]["sasl_password"] == "**********"
-    assert s.kafka.sasl_password is not None
-    assert s.kafka.sasl_password.get_secret_value() == "hunter2"
+    assert s.masked()["kafka"]["security"]["sasl_password"] == "**********"
+    assert s.kafka.security.sasl_password is not None
+    assert s.kafka.security.sasl_password.get_secret_value() == "hunter2"
 
 
 def test_sub_configs_are_frozen() -> None:
