@@ -31,16 +31,16 @@ import asyncio
 import contextlib
 import functools
 import importlib.metadata
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 from aiokafka import TopicPartition
 
-from consumer.batcher import Batcher, EngineLike, staged_calls
+from consumer.batcher import Batcher, EngineLike
 from consumer.decode import decode_value, header_event_id
 from consumer.emitter import Emitter, PartitionState, Unit
+from consumer.engine_batcher import engine_batcher
 from consumer.kafka_access import preflight
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
@@ -76,12 +76,6 @@ def default_engine_info(settings: Settings) -> EngineInfo:
     return EngineInfo(name="clef-router", version=_version(), model=settings.engine.model_name)
 
 
-def _empty_cuda_cache() -> None:
-    torch: Any = sys.modules.get("torch")  # only when the engine already imported it
-    if torch is not None and torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 class Pipeline:
     """Kafka -> engine -> Kafka, plus `answer` for HTTP on the same batcher. Event loop only."""
 
@@ -97,14 +91,7 @@ class Pipeline:
         self.metrics = metrics or Metrics()
         self._engine = engine
         self._limits = RequestLimits(max_value_bytes=settings.engine.max_message_bytes)
-        self.batcher: Batcher[Any, SystemOneResponse] = Batcher(
-            engine.execute,
-            settings.batching,
-            metrics=self.metrics,
-            single_attempts=settings.engine.single_record_attempts,
-            on_oom=_empty_cuda_cache,
-            stages=staged_calls(engine),
-        )
+        self.batcher: Batcher[Any, SystemOneResponse] = engine_batcher(settings, engine, self.metrics)
         self.tracker: OffsetTracker[TopicPartition] = OffsetTracker()
         self.producer = Producer(settings.kafka)
         self.source = Source(

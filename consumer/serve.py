@@ -10,12 +10,12 @@
 from __future__ import annotations
 
 import functools
-import sys
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from consumer.batcher import Batcher, EngineLike, staged_calls
+from consumer.batcher import Batcher, EngineLike
+from consumer.engine_batcher import engine_batcher
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
 from consumer.settings import Settings
@@ -28,13 +28,6 @@ RequestCheck = Callable[[SystemOneRequest], None]
 log = get_logger("consumer.serve")
 
 
-def _empty_cuda_cache() -> None:
-    # Called by the batcher after a CUDA OOM; torch is looked up only if the engine imported it.
-    torch: Any = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 class HttpService:
     """The engine behind a batcher of its own, answering request bodies. Event loop only."""
 
@@ -45,14 +38,7 @@ class HttpService:
         self.metrics = metrics or Metrics()
         self._engine = engine
         self._limits = RequestLimits(max_value_bytes=settings.engine.max_message_bytes)
-        self.batcher: Batcher[Any, SystemOneResponse] = Batcher(
-            engine.execute,
-            settings.batching,
-            metrics=self.metrics,
-            single_attempts=settings.engine.single_record_attempts,
-            on_oom=_empty_cuda_cache,
-            stages=staged_calls(engine),
-        )
+        self.batcher: Batcher[Any, SystemOneResponse] = engine_batcher(settings, engine, self.metrics)
         self._started = False
         self._stopping = False
         self._in_flight = 0
