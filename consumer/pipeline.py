@@ -121,6 +121,7 @@ class Pipeline:
         self._last_progress = time.monotonic()
         self._lag = 0
         self.started = False
+        self.started_event = asyncio.Event()  # set with `started`: the preflight passed and clients are up
         self.first_fetch_at: float | None = None  # perf_counter() of the first non-empty fetch (benchmarks)
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
@@ -135,6 +136,7 @@ class Pipeline:
         await self.source.start()
         tune_gc(self.settings.gc_gen0_threshold, freeze=self.settings.gc_freeze)
         self.started = True
+        self.started_event.set()
         self.metrics.model_loaded.set(1)
         log.info(
             "pipeline_started", inputs=list(self.settings.topics.input), group=self.settings.kafka.group_id

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
 import sys
@@ -198,10 +199,18 @@ async def _serve(settings: Any, engine: Any) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
-    await watch.start()
+    async def watch_once_started() -> None:
+        # after the preflight: a bad password or certificate is then one line, not also the watch's retries
+        await pipeline.started_event.wait()
+        await watch.start()
+
+    watcher = asyncio.create_task(watch_once_started(), name="clef-broker-watch-start")
     try:
         await pipeline.run()
     finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
         await watch.stop()
         if server is not None:
             await server.stop()

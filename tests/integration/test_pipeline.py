@@ -272,7 +272,8 @@ POISON: list[tuple[bytes | None, DlqReason]] = [
         DlqReason.schema_violation,
     ),
     (b'{"state": null, "questions": {"q": {"type": "noul"}}}', DlqReason.schema_violation),
-    (b'{"state": "x", "questions": {"bad id!": {"type": "noul"}}}', DlqReason.schema_violation),
+    # an empty question id (any non-empty string is an id since SPEC 2 was fixed; "bad id!" is valid now)
+    (b'{"state": "x", "questions": {"": {"type": "noul"}}}', DlqReason.schema_violation),
     (b'{"blob": "' + b"x" * 6000 + b'"}', DlqReason.value_too_large),
     (b"", DlqReason.empty_value),
 ]
