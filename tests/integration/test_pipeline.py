@@ -148,8 +148,15 @@ async def _read_all(
         parts = [TopicPartition(t, p) for t in topics for p in await topic_partitions(kafka, t)]
         consumer.assign(parts)
         await consumer.seek_to_beginning(*parts)
-        ends = await consumer.end_offsets(parts)
         deadline = time.monotonic() + timeout_s
+        ends = await consumer.end_offsets(parts)
+        if isolation_level == "read_committed":
+            # EndTxn is answered once the commit is decided; the markers reach the partitions just after,
+            # and until then the last stable offset (what end_offsets gives here) lags the high watermark
+            high = await _high_watermarks(bootstrap, parts)
+            while ends != high and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+                ends = await consumer.end_offsets(parts)
         todo = {tp for tp in parts if ends[tp] > 0}
         while todo and time.monotonic() < deadline:
             batch = await consumer.getmany(timeout_ms=200)
@@ -172,6 +179,16 @@ async def _committed(bootstrap: str, group: str) -> dict[TopicPartition, int]:
         return {}
     finally:
         await admin.close()
+
+
+async def _high_watermarks(bootstrap: str, parts: list[TopicPartition]) -> dict[TopicPartition, int]:
+    """End offsets as a read_uncommitted reader sees them (transaction markers included)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        return dict(await consumer.end_offsets(parts))
+    finally:
+        await consumer.stop()
 
 
 async def _run_until_committed(pipeline: Pipeline, total: int, timeout_s: float) -> None:
