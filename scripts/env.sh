@@ -13,6 +13,7 @@ export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$clef_cache/triton}"
 if [[ -n "${CLEF_CACHE_DIR:-}" ]]; then
     export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$clef_cache/pip}"
     export XDG_CACHE_HOME="${XDG_CACHE_HOME:-$clef_cache/xdg}"
+    export MPLCONFIGDIR="${MPLCONFIGDIR:-$clef_cache/matplotlib}"  # else ~/.config/matplotlib (bench tests)
 fi
 
 # stop_pids NAME=PID...: SIGTERM each process (newest first), wait up to 40 s for each, then SIGKILL.

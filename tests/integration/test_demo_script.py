@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slow
 
 
 def _env(tmp_path: Path, mark: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CLEF_")}
+    # no service settings, but the cache folder stays where the caller put it (the jars are there)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLEF_") or k == "CLEF_CACHE_DIR"}
     env.update(
         DEMO_TEST_MARK=mark,
         CLEF_VENV=sys.prefix,  # this venv (complete after scripts/setup.sh): the set-up step is instant
