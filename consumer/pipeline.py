@@ -32,7 +32,6 @@ import contextlib
 import functools
 import importlib.metadata
 import time
-from collections.abc import Callable
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -40,7 +39,7 @@ from aiokafka import TopicPartition
 from consumer.batcher import Batcher, EngineLike
 from consumer.decode import decode_value, header_event_id
 from consumer.emitter import Emitter, PartitionState, Unit
-from consumer.engine_batcher import engine_batcher
+from consumer.engine_batcher import RequestCheck, answer_body, engine_batcher
 from consumer.kafka_access import preflight
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
@@ -51,13 +50,12 @@ from consumer.runtime import bounded, tune_gc
 from consumer.settings import Settings
 from consumer.source import Source
 from consumer.transactions import PartitionTransactions
-from schemas.parse import RequestLimits, parse_request
+from schemas.parse import RequestLimits
 from schemas.routing import EngineInfo
-from schemas.systemone import SystemOneRequest, SystemOneResponse
+from schemas.systemone import SystemOneResponse
 
 log = get_logger("consumer.pipeline")
 
-RequestCheck = Callable[[SystemOneRequest], None]
 
 PAUSE_AFTER_S = 0.5  # the in-flight bound reached this long -> pause every input partition
 FULL_POLL_S = 0.005  # how often the fetch loop looks at the in-flight count while it is full or paused
@@ -259,17 +257,7 @@ class Pipeline:
         engine does; what it raises is re-raised here.
         Raises `RequestError` (client error), `EngineError` (engine failed on it alone).
         """
-        prepare = functools.partial(self._prepare_body, check=check)
-        (outcome,) = await self.batcher.submit(prepare, [body])
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return outcome
-
-    def _prepare_body(self, body: bytes, check: RequestCheck | None) -> Any:
-        request = parse_request(body, self._limits)
-        if check is not None:
-            check(request)
-        return self._engine.prepare(request)
+        return await answer_body(self.batcher, self._engine, self._limits, body, check)
 
     # ---- rebalance ----------------------------------------------------------------------------------------
     async def _on_assigned(self, tps: set[TopicPartition]) -> None:

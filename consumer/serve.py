@@ -9,21 +9,16 @@
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from consumer.batcher import Batcher, EngineLike
-from consumer.engine_batcher import engine_batcher
+from consumer.engine_batcher import RequestCheck, answer_body, engine_batcher
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
 from consumer.settings import Settings
-from schemas.parse import RequestLimits, parse_request
-from schemas.request import SystemOneRequest
+from schemas.parse import RequestLimits
 from schemas.response import SystemOneResponse
-
-RequestCheck = Callable[[SystemOneRequest], None]
 
 log = get_logger("consumer.serve")
 
@@ -66,21 +61,10 @@ class HttpService:
         (the engine failed on it alone), `RuntimeError` (the batcher is closing)."""
         self._in_flight += 1
         try:
-            prepare = functools.partial(self._prepare, check=check)
-            (outcome,) = await self.batcher.submit(prepare, [body])
+            return await answer_body(self.batcher, self._engine, self._limits, body, check)
         finally:
             self._in_flight -= 1
             self._last_progress = time.monotonic()
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return outcome
-
-    def _prepare(self, body: bytes, check: RequestCheck | None) -> Any:
-        """Parse, check and prepare one body (prepare thread pool)."""
-        request = parse_request(body, self._limits)
-        if check is not None:
-            check(request)
-        return self._engine.prepare(request)
 
     def ready(self) -> bool:
         return self._started and not self._stopping
