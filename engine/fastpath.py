@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from engine import fp8 as fp8_mode
 from engine import kernels
 
 
@@ -91,6 +92,8 @@ class PackedTextDecoder:
         self.top_k: int = getattr(cfg, "num_experts_per_tok", 0)
         self.norm_topk: bool = bool(getattr(cfg, "norm_topk_prob", True))
         self._qkv: list[torch.Tensor] = []
+        self._fp8: list[fp8_mode.Fp8Experts | None] = []  # per layer, filled by `use_fp8_experts`
+        self._fp8_on = False
         for layer in text_model.layers:
             att = layer.self_attn
             w = torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight], dim=0)
@@ -116,11 +119,33 @@ class PackedTextDecoder:
             out = _causal_attention_per_record(q, k, v, p.cu_seqlens)
         return att.o_proj(out.reshape(t, hq * d))  # type: ignore[no-any-return]
 
-    def _moe(self, mlp: Any, x: torch.Tensor) -> torch.Tensor:
+    def use_fp8_experts(self, on: bool = True) -> int:
+        """Run the experts in FP8 (`on`) or bf16 from the next forward on (see `engine.fp8`).
+
+        The first call with `on` quantises every MoE layer's experts to e4m3 (blocking, a few seconds at
+        full size); the copies are kept, so switching back and forth is free. The bf16 weights stay, for
+        the transformers path (media batches). CUDA graphs captured before a switch replay the old mode:
+        recapture them (`ClefOmniModel.enable_fast_path` does). Returns the bytes the FP8 copies take.
+        """
+        self._fp8_on = on
+        if on and not self._fp8:
+            with torch.inference_mode():
+                self._fp8 = [
+                    fp8_mode.quantize_experts(layer.mlp.experts.gate_up_proj, layer.mlp.experts.down_proj)
+                    if hasattr(layer.mlp, "experts")
+                    else None
+                    for layer in self.text_model.layers
+                ]
+        return sum(q.nbytes for q in self._fp8 if q is not None)
+
+    def _moe(self, i: int, mlp: Any, x: torch.Tensor) -> torch.Tensor:
         experts = mlp.experts
         num_experts = experts.gate_up_proj.shape[0]
         k = self.top_k
-        top_w, top_i = kernels.route_topk(F.linear(x, mlp.gate.weight), k, self.norm_topk)  # (T, k) each
+        # A router bias is honoured when the module has one (the release's has none; benches set one to
+        # skew expert load).
+        logits = F.linear(x, mlp.gate.weight, getattr(mlp.gate, "bias", None))  # (T, E)
+        top_w, top_i = kernels.route_topk(logits, k, self.norm_topk)  # (T, k) each
         flat = top_i.reshape(-1)  # (T k,)
         # Sorting 1-byte keys takes one radix pass instead of eight for int64 expert ids.
         keys = flat.to(torch.uint8) if num_experts <= 256 else flat.to(torch.int32)
@@ -131,6 +156,20 @@ class PackedTextDecoder:
         offs = torch.cumsum(counts, dim=0, dtype=torch.int32)  # (E,)
         inv = torch.empty_like(order)
         inv[order] = torch.arange(order.numel(), device=order.device)  # (S,) sorted slot of each pair
+        q8 = self._fp8[i] if self._fp8_on else None
+        if q8 is not None:
+            xq, x_scale = fp8_mode.quantize_rows(x)  # (T, hidden) e4m3, (T,)
+            src = order // k  # (S,) token of each sorted pair
+            h8 = fp8_mode.grouped_mm(
+                fp8_mode.gather_rows(xq, src),
+                x_scale.index_select(0, src),
+                q8.gate_up,
+                q8.gate_up_scale,
+                offs,
+            )  # (S, 2I) bf16
+            aq, a_scale = fp8_mode.swiglu_quantized(h8, top_w.reshape(-1)[order])  # (S, I) e4m3, (S,)
+            y8 = fp8_mode.grouped_mm(aq, a_scale, q8.down, q8.down_scale, offs)  # (S, hidden) bf16
+            return kernels.combine(y8, inv, k)  # (T, hidden)
         xs = x.index_select(0, order // k)  # (S, hidden)
         h = _grouped_mm(xs, experts.gate_up_proj.transpose(-2, -1), offs)  # (S, 2I)
         a = kernels.swiglu_weighted(h, top_w.reshape(-1)[order])  # (S, I)
@@ -151,7 +190,7 @@ class PackedTextDecoder:
             att = self._attention(i, layer, h, cos, sin, p)
             x, h = kernels.add_rms_norm(x, att, layer.post_attention_layernorm.weight, self.eps)
             mlp = layer.mlp
-            delta = self._moe(mlp, h) if hasattr(mlp, "experts") else mlp(h)
+            delta = self._moe(i, mlp, h) if hasattr(mlp, "experts") else mlp(h)
             if p.visual_mask is not None and i < len(p.deepstack_embeds):
                 x = x + delta
                 x = x.clone()

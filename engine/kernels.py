@@ -26,6 +26,8 @@ try:  # Triton ships with CUDA builds of torch; CPU-only installs fall back to P
         _combine_kernel,
         _qk_norm_rope_kernel,
         _route_topk_kernel,
+        _row_quant_fp8_kernel,
+        _swiglu_fp8_kernel,
         _swiglu_kernel,
     )
 
@@ -187,3 +189,38 @@ def route_topk(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Ten
             num_warps=4,
         )
     return top_w, top_i
+
+
+def row_quant_fp8(x: torch.Tensor, fp8: torch.dtype, fp8_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton per-row e4m3 quantisation of a CUDA (R, K) tensor: (R, K) `fp8`, (R,) float32 scales.
+    `engine.fp8.quantize_rows` is the public entry with the CPU twin."""
+    r, n = x.shape
+    q = torch.empty(r, n, dtype=fp8, device=x.device)
+    s = torch.empty(r, dtype=torch.float32, device=x.device)
+    if r:
+        _row_quant_fp8_kernel[(r,)](
+            x.contiguous(), q, s, n=n, block=triton.next_power_of_2(n), fp8_max=fp8_max, num_warps=4
+        )
+    return q, s
+
+
+def swiglu_fp8(
+    h: torch.Tensor, w: torch.Tensor, fp8: torch.dtype, fp8_max: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton silu(gate) * up * w with per-row e4m3 quantisation of the result (see `engine.fp8`)."""
+    s_rows, two_i = h.shape
+    inter = two_i // 2
+    q = torch.empty(s_rows, inter, dtype=fp8, device=h.device)
+    s = torch.empty(s_rows, dtype=torch.float32, device=h.device)
+    if s_rows:
+        _swiglu_fp8_kernel[(s_rows,)](
+            h,
+            w.contiguous(),
+            q,
+            s,
+            inter=inter,
+            block=triton.next_power_of_2(inter),
+            fp8_max=fp8_max,
+            num_warps=4,
+        )
+    return q, s

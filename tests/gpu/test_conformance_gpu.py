@@ -78,3 +78,35 @@ def test_conformance_bf16_fast_path() -> None:
         Path(report).write_text(json.dumps(as_json(outcomes), indent=1) + "\n", encoding="utf-8")
     failing = {o.name: o.problems for o in outcomes if o.problems}
     assert not failing, json.dumps(failing, indent=1, ensure_ascii=False)[:4000]
+
+
+FP8_TOLERANCE = 5e-2
+"""Per raw probability against the float32 reference with FP8 experts (opt-in mode, `engine.fp8`)."""
+
+
+def test_conformance_fp8_experts_drift() -> None:
+    """FP8 experts on the fixture: text cases (fast path) within `FP8_TOLERANCE` of the reference; prints
+    the drift per case, and against bf16 on the same engine, for BENCHMARKS.md."""
+    engine = Engine.from_release(RELEASE, device="cuda", dtype="bfloat16")
+    text_cases = [c for c in load_cases() if not c.media and not c.refused]
+    bf16 = {
+        c.name: run_case(engine, c, tolerance=BF16_TOLERANCE, rounded_tolerance=BF16_TOLERANCE)
+        for c in text_cases
+    }
+    assert engine.model.enable_fast_path(graph_buckets=(512, 1024), fp8_experts=True)
+    fp8 = {
+        c.name: run_case(engine, c, tolerance=FP8_TOLERANCE, rounded_tolerance=FP8_TOLERANCE)
+        for c in text_cases
+    }
+    print()
+    print(
+        format_table(fp8.values(), f"conformance, FP8 experts ({torch.cuda.get_device_name()}), text cases")
+    )
+    worst = max(o.max_dp for o in fp8.values() if not math.isnan(o.max_dp))
+    worst_bf16 = max(o.max_dp for o in bf16.values() if not math.isnan(o.max_dp))
+    print(
+        f"FP8 experts vs reference: max |dp| {worst:.2e}; bf16 on the same engine {worst_bf16:.2e}; "
+        f"{len(fp8)} cases"
+    )
+    failing = {o.name: o.problems for o in fp8.values() if o.problems}
+    assert not failing, json.dumps(failing, indent=1, ensure_ascii=False)[:4000]

@@ -1,0 +1,268 @@
+"""Expert-side benchmarks on the H200: skewed routing, and the opt-in FP8 expert mode against bf16.
+
+`python3 -m bench.experts --out DIR` builds the full-size engine (random bf16 weights, fast path, CUDA
+graphs up to 4,096 tokens) and measures, in one process:
+
+1. Skew. Random router weights spread tokens almost evenly over the 128 experts, the best case for the
+   grouped GEMMs. Each MoE layer gets one "hot" expert whose router logit is raised by a per-layer bias,
+   calibrated (bisection on a 8,192-token batch) so that the hot expert receives `skew` x the average
+   expert load (skew 1 = no bias). Per skew: streaming 512-token requests at budget 65,536 (tok/s), one
+   800-token request (CUDA graph, p50/p99 ms), and the load actually reached (hot / average, and the
+   busiest expert / average, means over layers).
+2. FP8 experts (`engine.fp8`), on the same weights at skew 1: the same two figures, the device memory
+   the FP8 copies take, and the answer drift against bf16 (max and p99 |dp| over every option
+   probability of `--drift` requests of the load mix, each decided in batches at budget 32,768).
+
+Prints JSON lines and writes `experts.jsonl` to `--out`. Not a test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+HOT_STRIDE = 37  # hot expert of layer l: (l * 37) % E, so layers differ
+
+
+def emit(rows: list[str], **row: Any) -> None:
+    line = json.dumps(row)
+    print(line, flush=True)
+    rows.append(line)
+
+
+def router_biases(engine: Any) -> list[torch.Tensor]:
+    """Give every MoE router a zero bias (in place, on the device) and return them, layer order."""
+    out = []
+    for layer in engine.model.text_model.layers:
+        gate = layer.mlp.gate
+        e = gate.weight.shape[0]
+        gate.bias = nn.Parameter(torch.zeros(e, dtype=gate.weight.dtype, device=gate.weight.device))
+        out.append(gate.bias.data)
+    return out
+
+
+@contextmanager
+def recorded_routes() -> Iterator[list[torch.Tensor]]:
+    """Record the expert ids every `kernels.route_topk` call chooses (eager forwards only)."""
+    from engine import kernels
+
+    original = kernels.route_topk
+    seen: list[torch.Tensor] = []
+
+    def wrapper(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        w, i = original(logits, k, normalize)
+        seen.append(i.detach().clone())
+        return w, i
+
+    kernels.route_topk = wrapper
+    try:
+        yield seen
+    finally:
+        kernels.route_topk = original
+
+
+def loads(engine: Any, batch: Any, experts: int, k: int) -> tuple[list[float], list[float]]:
+    """Per layer: hot expert load / average, busiest expert load / average, for one eager forward."""
+    model = engine.model
+    with torch.inference_mode(), recorded_routes() as seen:
+        model.hidden_states(batch)
+    hot, busiest = [], []
+    for layer, ids in enumerate(seen):
+        counts = torch.bincount(ids.reshape(-1).long(), minlength=experts).float()
+        avg = ids.numel() / experts
+        hot.append(float(counts[(layer * HOT_STRIDE) % experts]) / avg)
+        busiest.append(float(counts.max()) / avg)
+    del k
+    return hot, busiest
+
+
+def calibrate(
+    engine: Any, biases: list[torch.Tensor], batch: Any, skew: float, steps: int = 14
+) -> list[float]:
+    """Set each layer's hot-expert bias so that its load is `skew` x average (bisection per layer)."""
+    experts = biases[0].numel()
+    for b in biases:
+        b.zero_()
+    if skew <= 1.0:
+        return loads(engine, batch, experts, 8)[0]
+    lo = [0.0] * len(biases)
+    hi = [8.0] * len(biases)
+    hot: list[float] = []
+    for _ in range(steps):
+        for layer, b in enumerate(biases):
+            b[(layer * HOT_STRIDE) % experts] = (lo[layer] + hi[layer]) / 2
+        hot, _ = loads(engine, batch, experts, 8)
+        for layer, ratio in enumerate(hot):
+            mid = (lo[layer] + hi[layer]) / 2
+            if ratio < skew:
+                lo[layer] = mid
+            else:
+                hi[layer] = mid
+    return hot
+
+
+def latency_ms(fn: Callable[[], object], reps: int) -> dict[str, float]:
+    from bench.engine import cuda_ms
+
+    for _ in range(5):
+        fn()
+    ms = sorted(cuda_ms(fn) for _ in range(reps))
+    return {"ms_p50": round(statistics.median(ms), 2), "ms_p99": round(ms[-1], 2), "ms_min": round(ms[0], 2)}
+
+
+def measure(engine: Any, reqs512: Sequence[Any], one: Any) -> dict[str, float]:
+    from bench.engine import stream
+
+    stream(engine, reqs512[:128], 65536, 256)  # warm this mode's kernels
+    r = stream(engine, reqs512, 65536, 256)
+    lat = latency_ms(lambda: engine.decide([one]), 20)
+    return {
+        "tok_s": round(r["tok_s"]),
+        "steady_tok_s": round(r["steady_tok_s"]),
+        "batch_ms_p50": round(r["batch_ms_p50"], 1),
+        **{f"one800_{k}": v for k, v in lat.items()},
+    }
+
+
+def probabilities(engine: Any, prepared: Sequence[Any], budget: int) -> list[float]:
+    """Every option probability of `prepared`, decided in batches of at most `budget` tokens."""
+    flat: list[float] = []
+    batch: list[Any] = []
+    size = 0
+
+    def flush() -> None:
+        result = engine.run(engine.stage(batch))
+        for per_question in result.probabilities:
+            for qid in sorted(per_question):
+                flat.extend(float(v) for v in per_question[qid])
+
+    for p in prepared:
+        if batch and size + p.num_tokens > budget:
+            flush()
+            batch, size = [], 0
+        batch.append(p)
+        size += p.num_tokens
+    if batch:
+        flush()
+    return flat
+
+
+def profile_one(engine: Any, request: Any, path: Path) -> None:
+    """Kernel time of five decisions of one request (CUDA graph replay), by kernel, to `path`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        engine.decide([request])
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            engine.decide([request])
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=90)
+    path.write_text(table)
+    print(table[:5000], flush=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    p.add_argument("--requests", type=int, default=512, help="512-token requests per stream")
+    p.add_argument("--drift", type=int, default=256, help="requests of the load mix for the FP8 drift")
+    p.add_argument("--skews", default="1,4,8")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[str] = []
+
+    import transformers
+
+    from bench.load import make_pool
+    from bench.workload import build_engine, make_request
+    from engine.fastpath import default_buckets
+    from engine.runner import EngineConfig
+
+    config = EngineConfig(
+        device="cuda", dtype="bfloat16", max_batch_tokens=65536, max_batch_records=256, graph_buckets=()
+    )
+    t0 = time.perf_counter()
+    engine = build_engine(config)
+    biases = router_biases(engine)  # before the graphs are captured: they read these tensors in place
+    buckets = default_buckets(4096)
+    engine.model.enable_fast_path(graph_buckets=buckets)
+    emit(
+        rows,
+        kind="info",
+        date=time.strftime("%Y-%m-%d"),
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        gpu=torch.cuda.get_device_name(),
+        build_s=round(time.perf_counter() - t0, 1),
+        weights_gb=round(torch.cuda.memory_allocated() / 1e9, 1),
+    )
+    rng = random.Random(0)
+    reqs512 = [make_request(rng, engine, 512) for _ in range(args.requests)]
+    one = make_request(rng, engine, 800)
+    probe = [engine.prepare(r).encoded for r in reqs512[:16]]
+    with torch.inference_mode():
+        calib_batch = engine.model.collate(probe).to(engine.model.device)
+
+    for skew in (float(s) for s in args.skews.split(",")):
+        t = time.perf_counter()
+        hot = calibrate(engine, biases, calib_batch, skew)
+        _, busiest = loads(engine, calib_batch, biases[0].numel(), 8)
+        emit(
+            rows,
+            kind="skew",
+            skew=skew,
+            hot_over_avg_mean=round(statistics.mean(hot), 2),
+            hot_over_avg_min=round(min(hot), 2),
+            hot_over_avg_max=round(max(hot), 2),
+            busiest_over_avg_mean=round(statistics.mean(busiest), 2),
+            calibrate_s=round(time.perf_counter() - t, 1),
+            **measure(engine, reqs512, one),
+        )
+    for b in biases:
+        b.zero_()
+
+    pool = [engine.prepare(r) for r in make_pool(engine, random.Random(5), args.drift)]
+    bf16 = probabilities(engine, pool, 32768)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    t = time.perf_counter()
+    engine.model.enable_fast_path(graph_buckets=buckets, fp8_experts=True)
+    torch.cuda.synchronize()
+    setup_s = time.perf_counter() - t
+    fp8_bytes = torch.cuda.memory_allocated() - before
+    q = probabilities(engine, pool, 32768)
+    dp = sorted(abs(a - b) for a, b in zip(bf16, q, strict=True))
+    emit(
+        rows,
+        kind="fp8",
+        quantize_and_capture_s=round(setup_s, 1),
+        fp8_copies_gb=round(fp8_bytes / 1e9, 2),
+        peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 1),
+        drift_probabilities=len(dp),
+        drift_max_abs_dp=round(dp[-1], 5),
+        drift_p99_abs_dp=round(dp[int(0.99 * (len(dp) - 1))], 5),
+        drift_p50_abs_dp=round(dp[len(dp) // 2], 6),
+        **measure(engine, reqs512, one),
+    )
+    engine.model.enable_fast_path(graph_buckets=buckets)
+    emit(rows, kind="bf16_again", **measure(engine, reqs512, one))
+    profile_one(engine, one, out / "profile_800.txt")
+    (out / "experts.jsonl").write_text("\n".join(rows) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

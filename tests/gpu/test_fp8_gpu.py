@@ -1,0 +1,86 @@
+"""GPU: the opt-in FP8 expert mode (`engine.fp8`): kernels against their float32 twins, batch invariance."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine import fp8
+from engine.batch import collate
+from engine.release import load_release_model
+from engine.tiny import write_tiny_release
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_engine_gpu import _record
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def test_fp8_kernels_match_their_float32_twins_cuda() -> None:
+    """Row quantisation, the fused SwiGLU quantisation and the FP8 grouped GEMM on CUDA agree with the
+    float32 arithmetic of their CPU twins (uneven groups, an empty group)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    e, hidden, inter = 8, 256, 128
+    sizes = [5, 0, 70, 1, 33, 128, 9, 17]
+    s = sum(sizes)
+    offs = torch.tensor(sizes, device="cuda").cumsum(0).to(torch.int32)
+    x = torch.randn(s, hidden, device="cuda", generator=gen).to(torch.bfloat16)
+    w = (torch.randn(e, 2 * inter, hidden, device="cuda", generator=gen) * 0.05).to(torch.bfloat16)
+    q, qs = fp8.quantize_rows(x)
+    q_cpu, qs_cpu = fp8.quantize_rows(x.cpu())
+    assert torch.allclose(qs.cpu(), qs_cpu, rtol=1e-6)
+    assert (q.cpu().float() - q_cpu.float()).abs().max().item() <= 32.0  # one e4m3 step near 448 at most
+    wq, ws = fp8.quantize_weight(w)
+    out = fp8.grouped_mm(q, qs, wq, ws, offs).float()  # (S, 2I)
+    ref = fp8.grouped_mm(q.cpu(), qs.cpu(), wq.cpu(), ws.cpu(), offs.cpu()).float()
+    exact = torch.cat(
+        [
+            x[a:b].float().cpu() @ w[i].float().cpu().T
+            for i, (a, b) in enumerate(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True))
+        ]
+    )
+    rel_kernel = ((out.cpu() - ref).norm() / ref.norm()).item()
+    rel_quant = ((ref - exact).norm() / exact.norm()).item()
+    print(f"fp8 grouped GEMM: rel err vs its twin {rel_kernel:.2e}; twin vs bf16 inputs {rel_quant:.2e}")
+    assert rel_kernel <= 1e-2
+    assert rel_quant <= 6e-2
+    h = torch.randn(s, 2 * inter, device="cuda", generator=gen).to(torch.bfloat16)
+    rw = torch.rand(s, device="cuda", generator=gen)
+    a, a_s = fp8.swiglu_quantized(h, rw)
+    a_cpu, a_s_cpu = fp8.swiglu_quantized(h.cpu(), rw.cpu())
+    assert torch.allclose(a_s.cpu(), a_s_cpu, rtol=1e-4)
+    deq = a.float().cpu() * a_s.cpu()[:, None]
+    deq_cpu = a_cpu.float() * a_s_cpu[:, None]
+    assert ((deq - deq_cpu).norm() / deq_cpu.norm()).item() <= 2e-2
+
+
+def test_fp8_experts_batch_invariance_cuda(tmp_path: Path) -> None:
+    """With FP8 experts every scale is per row or channel, so records stay independent within 2e-3, and
+    answers stay near bf16's."""
+    model = load_release_model(
+        write_tiny_release(tmp_path / "tiny"), device="cuda", dtype=torch.bfloat16
+    ).model
+    rng = random.Random(11)
+    records = [_record(rng, n, q) for n, q in ((30, 1), (700, 3), (220, 2), (1500, 4), (64, 1), (400, 3))]
+    assert model.enable_fast_path()
+    bf16 = model.forward_batch(collate(records, layout="packed", device="cuda"))
+    assert model.enable_fast_path(graph_buckets=(512, 4096), fp8_experts=True)
+    alone = [model.forward_batch(collate([r], layout="packed", device="cuda"))[0] for r in records]
+    together = model.forward_batch(collate(records, layout="packed", device="cuda"))
+    worst_batch = drift = 0.0
+    for rec in zip(alone, together, bf16, strict=True):
+        for a, b, r in zip(*rec, strict=True):
+            assert abs(float(b.sum()) - 1.0) <= 1e-4
+            worst_batch = max(worst_batch, float(np.abs(a - b).max()))
+            drift = max(drift, float(np.abs(b - r).max()))
+    print(f"fp8 experts: max |dp| alone vs batch = {worst_batch:.2e}; vs bf16 = {drift:.2e}")
+    assert worst_batch <= 2e-3
+    assert drift <= 5e-2

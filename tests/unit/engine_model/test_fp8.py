@@ -1,0 +1,61 @@
+"""The FP8 expert mode's arithmetic on CPU (`engine.fp8`; the CUDA kernels are checked in tests/gpu)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from engine import fp8
+from engine.fastpath import PackedInputs, PackedTextDecoder
+from engine.release import load_release_model
+from engine.tiny import write_tiny_release
+
+
+def test_row_quantisation_keeps_each_row_within_one_e4m3_step() -> None:
+    x = torch.randn(64, 96, generator=torch.Generator().manual_seed(0)) * torch.logspace(-3, 2, 64)[:, None]
+    q, scale = fp8.quantize_rows(x)
+    assert q.dtype == fp8.FP8
+    assert scale.shape == (64,)
+    back = q.float() * scale[:, None]
+    # e4m3 keeps 3 mantissa bits: relative error at most 2^-4 of the value, plus the smallest subnormal step
+    assert ((back - x).abs() <= x.abs() / 16 + scale[:, None] * 2.0**-9).all()
+    assert torch.allclose(q.float().abs().amax(dim=1), torch.full((64,), fp8.FP8_MAX))
+
+
+def test_grouped_mm_twin_matches_float_matmul_per_group() -> None:
+    gen = torch.Generator().manual_seed(1)
+    sizes = [3, 0, 7, 5]
+    a = torch.randn(sum(sizes), 32, generator=gen)
+    w = torch.randn(4, 16, 32, generator=gen)
+    offs = torch.tensor(sizes).cumsum(0).to(torch.int32)
+    aq, a_s = fp8.quantize_rows(a)
+    wq, w_s = fp8.quantize_weight(w)
+    out = fp8.grouped_mm(aq, a_s, wq, w_s, offs).float()
+    exact = torch.cat(
+        [a[s:e] @ w[g].T for g, (s, e) in enumerate(zip([0, 3, 3, 10], [3, 3, 10, 15], strict=True))]
+    )
+    assert out.shape == (15, 16)
+    assert ((out - exact).norm() / exact.norm()).item() < 0.08
+
+
+def test_fast_path_decoder_in_fp8_stays_near_full_precision_and_switches_back(tmp_path: Path) -> None:
+    model = load_release_model(write_tiny_release(tmp_path / "tiny"), device="cpu", dtype=torch.float32).model
+    text_model = model.text_model
+    decoder = PackedTextDecoder(text_model)
+    ids = torch.randint(0, 800, (50,), generator=torch.Generator().manual_seed(2))
+    packed = PackedInputs(
+        text_model.embed_tokens(ids),
+        torch.arange(50)[None].expand(3, -1),
+        torch.tensor([0, 20, 50]).int(),
+        30,
+    )
+    with torch.inference_mode():
+        full = decoder(packed)
+        assert decoder.use_fp8_experts(True) > 0
+        quantised = decoder(packed)
+        decoder.use_fp8_experts(False)
+        again = decoder(packed)
+    assert torch.equal(full, again)
+    drift = (full - quantised).abs().max().item()
+    assert 0.0 < drift < 0.05 * full.abs().max().item()
