@@ -54,7 +54,7 @@ def parts(engine: Any, prepared: Any) -> tuple[float, float]:
     """(decoder ms, head ms) for one record, each timed with synchronisation."""
     model = engine.model
     with torch.inference_mode():
-        batch = model.collate([prepared.encoded]).to(model.device)
+        batch = model.collate([prepared.encoded])
         box: dict[str, torch.Tensor] = {}
         dec = timed(lambda: box.__setitem__("h", model.hidden_states(batch)))
         head = timed(lambda: model.head(box["h"], model.lexical_table(), batch.index))

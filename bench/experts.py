@@ -3,10 +3,12 @@
 `python3 -m bench.experts --out DIR` builds the full-size engine (random bf16 weights, fast path, CUDA
 graphs up to 4,096 tokens) and measures, in one process:
 
-1. Skew. Random router weights spread tokens almost evenly over the 128 experts, the best case for the
-   grouped GEMMs. Each MoE layer gets one "hot" expert whose router logit is raised by a per-layer bias,
-   calibrated (bisection on a 8,192-token batch) so that the hot expert receives `skew` x the average
-   expert load (skew 1 = no bias). Per skew: streaming 512-token requests at budget 65,536 (tok/s), one
+1. Skew. Random router weights do not spread tokens evenly: the hidden states share a common direction,
+   so in most layers one expert is picked by nearly every token (the first row, "random router"). Each
+   router gets a bias: first one that levels every expert's mean logit over a 8,192-token batch (skew 1:
+   near-uniform load, the best case for grouped GEMMs), then, on top, a raise of one "hot" expert per
+   layer, calibrated by bisection so that it receives `skew` x the average expert load. Per skew:
+   streaming 512-token requests at budget 65,536 (tok/s), one
    800-token request (CUDA graph, p50/p99 ms), and the load actually reached (hot / average, and the
    busiest expert / average, means over layers).
 2. FP8 experts (`engine.fp8`), on the same weights at skew 1: the same two figures, the device memory
@@ -53,16 +55,17 @@ def router_biases(engine: Any) -> list[torch.Tensor]:
 
 
 @contextmanager
-def recorded_routes() -> Iterator[list[torch.Tensor]]:
-    """Record the expert ids every `kernels.route_topk` call chooses (eager forwards only)."""
+def recorded_routes() -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Record, per `kernels.route_topk` call (eager forwards only), the mean router logit of every expert
+    (E,) and the expert ids chosen (T, k)."""
     from engine import kernels
 
     original = kernels.route_topk
-    seen: list[torch.Tensor] = []
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def wrapper(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
         w, i = original(logits, k, normalize)
-        seen.append(i.detach().clone())
+        seen.append((logits.float().mean(dim=0), i.detach().clone()))
         return w, i
 
     kernels.route_topk = wrapper
@@ -72,37 +75,53 @@ def recorded_routes() -> Iterator[list[torch.Tensor]]:
         kernels.route_topk = original
 
 
-def loads(engine: Any, batch: Any, experts: int, k: int) -> tuple[list[float], list[float]]:
-    """Per layer: hot expert load / average, busiest expert load / average, for one eager forward."""
-    model = engine.model
+def routes(engine: Any, batch: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(mean logit per expert, chosen ids) of every MoE layer for one eager forward of `batch`."""
     with torch.inference_mode(), recorded_routes() as seen:
-        model.hidden_states(batch)
+        engine.model.hidden_states(batch)
+    return list(seen)
+
+
+def loads(engine: Any, batch: Any, experts: int) -> tuple[list[float], list[float]]:
+    """Per layer: hot expert load / average, busiest expert load / average, for one eager forward."""
     hot, busiest = [], []
-    for layer, ids in enumerate(seen):
+    for layer, (_, ids) in enumerate(routes(engine, batch)):
         counts = torch.bincount(ids.reshape(-1).long(), minlength=experts).float()
         avg = ids.numel() / experts
         hot.append(float(counts[(layer * HOT_STRIDE) % experts]) / avg)
         busiest.append(float(counts.max()) / avg)
-    del k
     return hot, busiest
+
+
+def level(engine: Any, biases: list[torch.Tensor], batch: Any, passes: int = 4) -> None:
+    """Bias every router so that each expert's mean logit over `batch` is equal (near-uniform load).
+
+    Random router weights are far from uniform: the hidden states share a common direction, so in most
+    layers one expert is chosen by nearly every token. Layers feed each other, hence a few passes."""
+    for b in biases:
+        b.zero_()
+    for _ in range(passes):
+        for b, (mean, _) in zip(biases, routes(engine, batch), strict=True):
+            b -= (mean - mean.mean()).to(b.dtype)
 
 
 def calibrate(
     engine: Any, biases: list[torch.Tensor], batch: Any, skew: float, steps: int = 14
 ) -> list[float]:
-    """Set each layer's hot-expert bias so that its load is `skew` x average (bisection per layer)."""
+    """Level the routers, then raise each layer's hot-expert bias so that its load is `skew` x average
+    (bisection per layer on top of the levelling bias)."""
     experts = biases[0].numel()
-    for b in biases:
-        b.zero_()
+    level(engine, biases, batch)
     if skew <= 1.0:
-        return loads(engine, batch, experts, 8)[0]
+        return loads(engine, batch, experts)[0]
+    base = [float(b[(layer * HOT_STRIDE) % experts]) for layer, b in enumerate(biases)]
     lo = [0.0] * len(biases)
     hi = [8.0] * len(biases)
     hot: list[float] = []
     for _ in range(steps):
         for layer, b in enumerate(biases):
-            b[(layer * HOT_STRIDE) % experts] = (lo[layer] + hi[layer]) / 2
-        hot, _ = loads(engine, batch, experts, 8)
+            b[(layer * HOT_STRIDE) % experts] = base[layer] + (lo[layer] + hi[layer]) / 2
+        hot, _ = loads(engine, batch, experts)
         for layer, ratio in enumerate(hot):
             mid = (lo[layer] + hi[layer]) / 2
             if ratio < skew:
@@ -214,12 +233,20 @@ def main() -> int:
     one = make_request(rng, engine, 800)
     probe = [engine.prepare(r).encoded for r in reqs512[:16]]
     with torch.inference_mode():
-        calib_batch = engine.model.collate(probe).to(engine.model.device)
+        calib_batch = engine.model.collate(probe)
 
+    _, raw_busiest = loads(engine, calib_batch, biases[0].numel())
+    emit(
+        rows,
+        kind="skew",
+        skew="random router (no levelling)",
+        busiest_over_avg_mean=round(statistics.mean(raw_busiest), 2),
+        **measure(engine, reqs512, one),
+    )
     for skew in (float(s) for s in args.skews.split(",")):
         t = time.perf_counter()
         hot = calibrate(engine, biases, calib_batch, skew)
-        _, busiest = loads(engine, calib_batch, biases[0].numel(), 8)
+        _, busiest = loads(engine, calib_batch, biases[0].numel())
         emit(
             rows,
             kind="skew",

@@ -229,13 +229,24 @@ SEQLEN_CAPS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 """Longest-record caps a graph is captured for: FlashAttention sizes its grid by the max record length."""
 
 
+GRAPH_BUCKETS = (512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096)
+"""Token counts graphs are captured for. A replay computes the whole bucket, so the steps bound the padding
+(at most 127 tokens below 1,024, 255 below 2,048, 511 above): one 800-token request replays 896 tokens,
+not 1,024."""
+
+
 def default_buckets(max_tokens: int) -> tuple[int, ...]:
     """Token counts graphs are captured for: the small batches where kernel launches dominate.
 
     Larger batches run eagerly: their GPU time (hundreds of ms) hides the launches, and capturing a
     graph per large size would cost seconds each and memory for every size a token budget produces.
     """
-    return tuple(b for b in (512, 1024, 2048, 4096) if b <= max(512, max_tokens))
+    return tuple(b for b in GRAPH_BUCKETS if b <= max(512, max_tokens))
+
+
+def caps_for(bucket: int) -> tuple[int, ...]:
+    """The longest-record caps a bucket's graphs are captured for (`SEQLEN_CAPS`, clamped to the bucket)."""
+    return tuple(sorted({min(cap, bucket) for cap in SEQLEN_CAPS if cap < 2 * bucket}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,8 +288,8 @@ class GraphedDecoder:
             1,
         )
         for bucket in self.buckets:
-            for cap in SEQLEN_CAPS:
-                if cap <= bucket and (bucket, cap) not in self._graphs:
+            for cap in caps_for(bucket):
+                if (bucket, cap) not in self._graphs:
                     self._graphs[(bucket, cap)] = self._build(bucket, cap, like)
         return len(self._graphs)
 
