@@ -275,6 +275,7 @@ def main() -> int:
     emit(
         rows,
         kind="fp8",
+        routing="random router",
         quantize_and_capture_s=round(setup_s, 1),
         fp8_copies_gb=round(fp8_bytes / 1e9, 2),
         peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 1),
@@ -284,8 +285,11 @@ def main() -> int:
         drift_p50_abs_dp=round(dp[len(dp) // 2], 6),
         **measure(engine, reqs512, one),
     )
+    level(engine, biases, calib_batch)  # FP8 again, with near-uniform routing (every expert read)
+    emit(rows, kind="fp8", routing="levelled", **measure(engine, reqs512, one))
+    profile_one(engine, one, out / "profile_800_fp8_levelled.txt")
     engine.model.enable_fast_path(graph_buckets=buckets)
-    emit(rows, kind="bf16_again", **measure(engine, reqs512, one))
+    emit(rows, kind="bf16_again", routing="levelled", **measure(engine, reqs512, one))
     profile_one(engine, one, out / "profile_800.txt")
     (out / "experts.jsonl").write_text("\n".join(rows) + "\n")
     return 0
