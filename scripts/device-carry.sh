@@ -11,8 +11,10 @@
 #   .carry/SIZES.txt             what was built and how big it is
 #
 # Usage: scripts/device-carry.sh            (needs java 17 with jmods, jlink, unzip, zip, xz, the venv's pip)
-#        scripts/device-carry.sh --check    (also start the broker from the carried JRE and jars, produce and
-#                                            consume through it, and grep its log for missing classes)
+#        scripts/device-carry.sh --check    (then unpack what was built and run bench.e2e with the stub
+#                                            engine through it: broker from the carried JRE and jars, the
+#                                            service, producer, tail and lag sampler; it reports broker log
+#                                            lines naming a missing class)
 # Re-running rebuilds .carry/ from scratch. Nothing is written outside .carry/ and a temporary folder.
 set -euo pipefail
 
@@ -26,11 +28,12 @@ jdk="${CLEF_CARRY_JDK:-$(dirname "$(dirname "$(readlink -f "$(command -v jlink)"
 [[ -d "$jdk/jmods" ]] || { echo "device-carry: no jmods under $jdk (install openjdk-17-jmods)" >&2; exit 1; }
 python="${CLEF_PYTHON:-python3}"
 
-# Modules of the broker's jars (jdeps over the jar folder) that a single-node PLAINTEXT broker loads:
-# java.desktop (java.beans for commons-beanutils, log4j's optional bits), java.rmi, java.scripting and
-# java.compiler are left out; `--check` proves the broker starts and serves without them.
-modules="java.base,java.logging,java.management,java.naming,java.security.jgss,java.security.sasl"
-modules+=",java.sql,java.xml,jdk.unsupported,jdk.management,jdk.crypto.ec"
+# Modules of the broker's jars (jdeps over the jar folder) that a single-node PLAINTEXT broker loads.
+# java.desktop stays: the storage format step fails without java.beans (NoClassDefFoundError:
+# java/beans/PropertyChangeEvent). java.rmi, java.scripting and java.compiler (log4j-core's optional JMX
+# remote, script and compiler bits) are left out; `--check` runs the broker and the service through them.
+modules="java.base,java.desktop,java.logging,java.management,java.naming,java.security.jgss"
+modules+=",java.security.sasl,java.sql,java.xml,jdk.unsupported,jdk.management,jdk.crypto.ec"
 # Wheels: what the service path imports (consumer.pipeline, consumer.kafka_local, engine.runner, bench.*)
 # and the device image does not have (.library/device/KINDS.md, "Python packages already there"), at the
 # versions of the project venv; typing_extensions rides along because pydantic-core needs a recent one.
