@@ -24,9 +24,9 @@ check=0
 [[ "${1:-}" == "--check" ]] && check=1
 
 # JDK whose jmods jlink reads: the one `javac`/`java` on PATH belongs to (Java 17, which the broker supports)
-jdk="${CLEF_CARRY_JDK:-$(dirname "$(dirname "$(readlink -f "$(command -v jlink)")")")}"
+jdk="${CARRY_JDK:-$(dirname "$(dirname "$(readlink -f "$(command -v jlink)")")")}"
 [[ -d "$jdk/jmods" ]] || { echo "device-carry: no jmods under $jdk (install openjdk-17-jmods)" >&2; exit 1; }
-python="${CLEF_PYTHON:-python3}"
+python="${CARRY_PYTHON:-python3}"
 
 # Modules of the broker's jars (jdeps over the jar folder) that a single-node PLAINTEXT broker loads.
 # java.desktop stays: the storage format step fails without java.beans (NoClassDefFoundError:
@@ -36,9 +36,10 @@ modules="java.base,java.desktop,java.logging,java.management,java.naming,java.se
 modules+=",java.security.sasl,java.sql,java.xml,jdk.unsupported,jdk.management,jdk.crypto.ec"
 # Wheels: what the service path imports (consumer.pipeline, consumer.kafka_local, engine.runner, bench.*)
 # and the device image does not have (.library/device/KINDS.md, "Python packages already there"), at the
-# versions of the project venv; typing_extensions rides along because pydantic-core needs a recent one.
+# versions of the project venv (aiokafka 0.14 imports async_timeout on every Python); typing_extensions
+# rides along because pydantic-core needs a recent one.
 # PyAV (35.8 MB) does not fit: bench.e2e puts a placeholder in its place (its events carry no media).
-wheels=(aiokafka pydantic pydantic_core pydantic-settings python-dotenv typing-inspection annotated-types
+wheels=(aiokafka async-timeout pydantic pydantic_core pydantic-settings python-dotenv typing-inspection annotated-types
         structlog tenacity typing_extensions)
 
 carry="$repo/.carry"
