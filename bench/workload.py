@@ -75,8 +75,11 @@ DEPARTMENTS = (
 )
 
 
-def build_engine(config: EngineConfig) -> Engine:
-    """Full-size thinker + joint head, random bf16 weights on CUDA, tiny-release tokenizer."""
+def build_engine(config: EngineConfig, num_layers: int | None = None) -> Engine:
+    """Full-size thinker + joint head, random bf16 weights on CUDA, tiny-release tokenizer.
+
+    `num_layers` (None: the full 48) builds fewer decoder layers, every other shape unchanged, for quick
+    probes of the code path; figures from such a build are not full-size figures."""
     from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeThinkerConfig
 
@@ -99,7 +102,7 @@ def build_engine(config: EngineConfig) -> Engine:
         )
     }
     thinker_config = Qwen3OmniMoeThinkerConfig(
-        text_config=dict(TEXT_CONFIG),
+        text_config={**TEXT_CONFIG, **({} if num_layers is None else {"num_hidden_layers": num_layers})},
         vision_config={"out_hidden_size": TEXT_CONFIG["hidden_size"]},
         audio_config={"output_dim": TEXT_CONFIG["hidden_size"]},
         **media_ids,
