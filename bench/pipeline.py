@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from bench.stub import StubEngine, sample_event
+from devtools.stub import StubEngine, sample_event
 
 if TYPE_CHECKING:
     from consumer.settings import Settings
@@ -120,7 +120,8 @@ def service_outputs(settings: Settings, engine: StubEngine, count: int) -> Outpu
     """
     from consumer.decode import decode_value
     from consumer.pipeline import default_engine_info
-    from consumer.router import InputRecord, Router
+    from consumer.records import InputRecord
+    from consumer.router import Router
     from schemas.parse import RequestLimits
     from schemas.routing import datetime_json, engine_json
 
@@ -157,7 +158,7 @@ async def service_run(bootstrap: str, topic: str, count: int, settings_overrides
     )
     pipeline = Pipeline(settings, StubEngine())
     task = asyncio.create_task(pipeline.run())
-    while sum(pipeline.tracker.committed().values()) < count:
+    while sum(pipeline.committed().values()) < count:
         if task.done():
             await task
             raise RuntimeError("pipeline stopped early")
@@ -217,8 +218,8 @@ def main(
     import statistics
 
     from consumer.kafka_access import service_topics
-    from consumer.kafka_local import LocalKafka
     from consumer.settings import load_settings
+    from devtools.kafka_local import LocalKafka
 
     unknown = set(kinds) - set(KINDS)
     if unknown or not kinds:

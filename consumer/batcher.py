@@ -16,10 +16,11 @@ Each submission gets one future that resolves to one outcome per item, in order:
 prepare call's own exception (e.g. `RequestError`), or an `EngineError` when the record failed even alone
 (see `retry`). One future per run of records, not per record: the service submits a fetched run at a time.
 
-With `stages` (an engine's `stage`/`run`/`respond`, see `engine.runner.Engine`), only `run` occupies the
-GPU thread: a batch is staged (collated, copied to the device) in the prepare pool while the previous
+With `stages` (an engine's `stage`/`run`/`respond`, see `engine.types.ServingEngine`), only `run` occupies
+the GPU thread: a batch is staged (collated, copied to the device) in the prepare pool while the previous
 batch is still on the GPU, and answered there after its run, while the next batch runs. A batch whose
-staged run fails in any way is run again through `execute` with splitting (`retry.run_split`).
+staged run fails in any way is run again through `execute` with splitting (`engine.split.run_split`, the
+engine's one splitting rule; the engine's `out_of_memory` tells an OOM apart and frees the cache).
 """
 
 from __future__ import annotations
@@ -31,46 +32,25 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 from consumer.adaptive import AdaptiveView, CostLike, CostModel, plan_adaptive, plan_next
 from consumer.clock import Clock, SystemClock
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
-from consumer.retry import BatchResult, EngineError, SplitStats, run_split
 from consumer.settings import BatchingSettings
+from engine.split import BatchResult, EngineError, SplitStats, never_out_of_memory, run_split
+from engine.types import PreparedLike
 from schemas.errors import DlqReason
 
-if TYPE_CHECKING:
-    from schemas.systemone import SystemOneRequest, SystemOneResponse
-
-__all__ = ["Batcher", "EngineLike", "PreparedLike", "StagedCalls", "plan_next", "staged_calls"]
+__all__ = ["Batcher", "StagedCalls", "plan_next"]
 
 log = get_logger("consumer.batcher")
-
-
-class PreparedLike(Protocol):
-    """What the batcher needs from a prepared record: its token count."""
-
-    @property
-    def num_tokens(self) -> int: ...
 
 
 PreparedT = TypeVar("PreparedT", bound=PreparedLike)
 ResponseT = TypeVar("ResponseT")
 ItemT = TypeVar("ItemT")
-
-
-class EngineLike(Protocol[PreparedT]):
-    """The two engine calls the service uses (`engine.runner.Engine` satisfies it; tests use fakes).
-
-    `prepare` is CPU only and thread-safe and raises `RequestError` for a permanent problem; `execute` runs
-    in the one GPU thread and may raise `torch.OutOfMemoryError`.
-    """
-
-    def prepare(self, request: SystemOneRequest) -> PreparedT: ...
-
-    def execute(self, batch: Sequence[PreparedT]) -> list[SystemOneResponse]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,14 +61,6 @@ class StagedCalls(Generic[PreparedT, ResponseT]):
     stage: Callable[[Sequence[PreparedT]], Any]
     run: Callable[[Any], Any]
     respond: Callable[[Any], list[ResponseT]]
-
-
-def staged_calls(engine: object) -> StagedCalls[Any, Any] | None:
-    """`StagedCalls` of an engine that offers `stage`, `run` and `respond`; None for one that does not."""
-    stage, run, respond = (getattr(engine, name, None) for name in ("stage", "run", "respond"))
-    if callable(stage) and callable(run) and callable(respond):
-        return StagedCalls(stage, run, respond)
-    return None
 
 
 class _Submission(Generic[ResponseT]):
@@ -125,7 +97,7 @@ class Batcher(Generic[PreparedT, ResponseT]):
         clock: Clock | None = None,
         metrics: Metrics | None = None,
         single_attempts: int = 2,
-        on_oom: Callable[[], None] | None = None,
+        out_of_memory: Callable[[BaseException], bool] = never_out_of_memory,
         stages: StagedCalls[PreparedT, ResponseT] | None = None,
         cost: CostLike | None = None,
     ) -> None:
@@ -135,7 +107,7 @@ class Batcher(Generic[PreparedT, ResponseT]):
         self._clock = clock or SystemClock()
         self._metrics = metrics
         self._single_attempts = single_attempts
-        self._on_oom = on_oom
+        self._out_of_memory = out_of_memory
         self._ready: deque[_Job[PreparedT, ResponseT]] = deque()
         self._wakeup = asyncio.Event()
         self._gpu_slots = asyncio.Semaphore(settings.max_pending_batches)
@@ -144,7 +116,6 @@ class Batcher(Generic[PreparedT, ResponseT]):
         self._tasks: set[asyncio.Future[Any]] = set()
         self._collector: asyncio.Task[None] | None = None
         self._closing = False
-        self.batches = 0
         # Adaptive mode's view of the GPU (written on the loop only): the cost model, the tokens of every
         # batch cut and not yet off the GPU (FIFO: one GPU thread), when the GPU last started on the first
         # of them, and how long staging takes (exponential average).
@@ -305,7 +276,6 @@ class Batcher(Generic[PreparedT, ResponseT]):
             for _, sub, index in batch:
                 sub.settle(index, EngineError(DlqReason.engine_failed, exc, 1))
             raise
-        self.batches += 1
         failures = 0
         counts: dict[_Submission[ResponseT], int] = {}  # records of each submission in this batch
         for (_, sub, index), outcome in zip(batch, result.outcomes, strict=True):
@@ -380,7 +350,11 @@ class Batcher(Generic[PreparedT, ResponseT]):
         returns the result and the engine time in seconds."""
         t0 = time.perf_counter()
         result = run_split(
-            self._execute, batch, single_attempts=self._single_attempts, on_oom=self._on_oom, failed=failed
+            self._execute,
+            batch,
+            single_attempts=self._single_attempts,
+            out_of_memory=self._out_of_memory,
+            failed=failed,
         )
         return result, time.perf_counter() - t0
 

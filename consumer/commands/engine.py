@@ -137,19 +137,23 @@ def _run_engine(
         raise UsageError(f"--model {args.model} is not a directory (a Clef-omni release)")
     import torch
 
-    from engine.runner import DTypeName, Engine, EngineConfig
+    from consumer.engine_config import engine_config
+    from consumer.settings import BatchingSettings, EngineSettings
+    from engine.runner import Engine
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available")
-    dtype: DTypeName = args.dtype or ("bfloat16" if device == "cuda" else "float32")
-    config = EngineConfig(
+    settings = EngineSettings(
+        model_path=args.model,
         device=device,
-        dtype=dtype,
-        max_batch_tokens=args.max_batch_tokens,
-        max_batch_records=args.max_batch_records,
+        dtype=args.dtype or ("bfloat16" if device == "cuda" else "float32"),
         truncate_state=args.truncate_state,
         confidence_formula=args.confidence_formula,
     )
+    batching = BatchingSettings(
+        max_batch_tokens=args.max_batch_tokens, max_batch_records=args.max_batch_records
+    )
+    config = engine_config(settings, batching)
     engine = Engine.from_release(args.model, config=config)
     return engine.decide(requests)

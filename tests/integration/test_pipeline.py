@@ -27,10 +27,10 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from consumer.dlq import replay, topic_partitions
-from consumer.kafka_local import LocalKafka
 from consumer.pipeline import Pipeline
 from consumer.router import route_topic
 from consumer.settings import KafkaSettings, Settings, load_settings
+from devtools.kafka_local import LocalKafka
 from schemas.dead_letter import parse_dlq_headers
 from schemas.errors import DlqReason
 from schemas.routing import RoutedDecision
@@ -478,7 +478,7 @@ async def test_sigterm_mid_stream_and_restart_loses_nothing(
 async def test_exactly_once_mode_publishes_each_output_once_in_transactions(
     kafka_broker: LocalKafka, new_topic: Any
 ) -> None:
-    from bench.stub import StubEngine
+    from devtools.stub import StubEngine
 
     good, bad = 600, len(POISON)
     topic = new_topic("in", partitions=PARTITIONS)

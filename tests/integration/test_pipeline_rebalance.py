@@ -21,11 +21,11 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
-from bench.stub import StubEngine, sample_event
 from consumer.dlq import topic_partitions
-from consumer.kafka_local import LocalKafka
 from consumer.pipeline import Pipeline
 from consumer.settings import Settings, load_settings
+from devtools.kafka_local import LocalKafka
+from devtools.stub import StubEngine, sample_event
 
 pytestmark = pytest.mark.kafka
 

@@ -71,7 +71,7 @@ def _install_fake_commands(monkeypatch: pytest.MonkeyPatch) -> None:
     more.register = register_more  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, fake.__name__, fake)
     monkeypatch.setitem(sys.modules, more.__name__, more)
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("kafka", "_fake", "_not_written_yet", "_more"))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("kafka", "_fake", "_more"))
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from consumer import kafka_jars
-from consumer.kafka_local import HOST, free_port, new_cluster_id
+from devtools import kafka_jars
+from devtools.kafka_local import HOST, free_port, new_cluster_id
 
 
 def test_cluster_id_is_kraft_format() -> None:
@@ -48,7 +48,7 @@ def test_pom_pins_broker_and_logging() -> None:
 
 
 def test_extra_listeners_properties_and_format_args_reach_the_config(tmp_path: Path) -> None:
-    from consumer.kafka_local import ExtraListener, LocalKafka
+    from devtools.kafka_local import ExtraListener, LocalKafka
 
     broker = LocalKafka(
         extra_listeners=[ExtraListener("PROXIED", "PLAINTEXT", 4001, advertised_port=5001)],

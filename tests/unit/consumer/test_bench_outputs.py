@@ -7,11 +7,12 @@ from datetime import UTC, datetime
 from typing import NamedTuple
 
 from bench.pipeline import echo_outputs, service_outputs
-from bench.stub import StubEngine, sample_event
 from consumer.decode import decode_value
 from consumer.pipeline import default_engine_info
-from consumer.router import InputRecord, Router
+from consumer.records import InputRecord
+from consumer.router import Router
 from consumer.settings import load_settings
+from devtools.stub import StubEngine, sample_event
 from schemas.parse import RequestLimits
 from schemas.routing import RoutedDecision, engine_json
 

@@ -1,7 +1,7 @@
 """A real single-node Apache Kafka broker (KRaft, broker + controller in one JVM) on loopback.
 
 Used by the pytest fixtures and by ``clef-router kafka-local``. The broker runs from the jars that
-``consumer.kafka_jars`` fetches; nothing here mocks Kafka.
+``devtools.kafka_jars`` fetches; nothing here mocks Kafka.
 
 Lifecycle (all methods blocking and bounded; call them from a worker thread inside an event loop, e.g.
 ``await asyncio.to_thread(broker.restart)``):
@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from consumer.kafka_jars import KAFKA_VERSION, ensure_kafka_jars
+from devtools.kafka_jars import KAFKA_VERSION, ensure_kafka_jars
 
 HOST = "127.0.0.1"
 _log = structlog.get_logger(__name__)

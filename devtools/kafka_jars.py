@@ -173,7 +173,7 @@ def _run_maven(cmd: list[str], cwd: Path, timeout_s: float, progress: TextIO) ->
 
 
 def main() -> int:
-    """``python -m consumer.kafka_jars``: fetch the pinned jars and print their folder."""
+    """``python -m devtools.kafka_jars``: fetch the pinned jars and print their folder."""
     try:
         print(ensure_kafka_jars())
     except KafkaFetchError as exc:

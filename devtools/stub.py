@@ -1,6 +1,6 @@
 """`StubEngine`, an engine that answers instantly, and `sample_event`, a realistic alert event.
 
-Used by the pipeline benchmark (`bench.pipeline`), `clef-router run --stub-engine` and the tests that
+Used by the pipeline benchmark (`bench.pipeline`), `clef-router run/serve --stub-engine` and the tests that
 exercise the Kafka side without a model.
 """
 
@@ -26,7 +26,8 @@ class StubPrepared:
 
 
 class StubEngine:
-    """An `EngineLike` that answers instantly: deterministic, state-dependent probabilities.
+    """An `engine.types.ServingEngine` that answers instantly: deterministic, state-dependent probabilities.
+    Its staged calls do all the work in `run` (`stage` and `respond` hand the batch through).
 
     Responses are cached per (questions object, variant), so the cost per record is a dictionary lookup
     for events of the default schema (whose questions object is shared).
@@ -42,6 +43,18 @@ class StubEngine:
 
     def execute(self, batch: Sequence[StubPrepared]) -> list[SystemOneResponse]:
         return [self._answer(p) for p in batch]
+
+    def stage(self, batch: Sequence[StubPrepared]) -> Sequence[StubPrepared]:
+        return batch
+
+    def run(self, staged: Sequence[StubPrepared]) -> list[SystemOneResponse]:
+        return self.execute(staged)
+
+    def respond(self, ran: list[SystemOneResponse]) -> list[SystemOneResponse]:
+        return ran
+
+    def out_of_memory(self, exc: BaseException) -> bool:
+        return False
 
     def _answer(self, p: StubPrepared) -> SystemOneResponse:
         variant = zlib.crc32(pydantic_core.to_json(p.request.state)) % self.VARIANTS
