@@ -11,7 +11,7 @@ this module needs no torch. The one splitting rule for every caller: the service
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from schemas.errors import DlqReason
@@ -37,12 +37,11 @@ def never_out_of_memory(exc: BaseException) -> bool:
 
 @dataclass(slots=True)
 class SplitStats:
-    """What `run_split` did: engine calls, splits, and OOMs seen."""
+    """What `run_split` did: engine calls, splits and OOMs seen (the batcher's metrics and log line)."""
 
     calls: int = 0
     splits: int = 0
     ooms: int = 0
-    errors: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +86,6 @@ def run_split(
         oom = out_of_memory(exc)
         if oom:
             stats.ooms += 1
-        stats.errors.append(type(exc).__name__)
         if len(part) > 1:
             stats.splits += 1
             mid = len(part) // 2

@@ -26,7 +26,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from consumer.dlq import replay, topic_partitions
+from consumer.dlq_replay import replay
+from consumer.kafka_access import topic_partitions
 from consumer.pipeline import Pipeline
 from consumer.router import route_topic
 from consumer.settings import KafkaSettings, Settings, load_settings
@@ -195,10 +196,10 @@ async def _run_until_committed(pipeline: Pipeline, total: int, timeout_s: float)
     task = asyncio.create_task(pipeline.run())
     deadline = time.monotonic() + timeout_s
     try:
-        while sum(pipeline.tracker.committed().values()) < total:
+        while sum(pipeline.committed().values()) < total:
             assert not task.done(), f"pipeline stopped early: {task.exception() if task.done() else ''}"
             assert time.monotonic() < deadline, (
-                f"only {sum(pipeline.tracker.committed().values())}/{total} committed"
+                f"only {sum(pipeline.committed().values())}/{total} committed"
             )
             await asyncio.sleep(0.1)
     finally:

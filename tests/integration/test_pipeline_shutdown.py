@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 from structlog.testing import capture_logs
 
-from consumer.dlq import topic_partitions
+from consumer.kafka_access import topic_partitions
 from consumer.pipeline import Pipeline
 from consumer.settings import KafkaSettings, load_settings
 from devtools.kafka_local import LocalKafka

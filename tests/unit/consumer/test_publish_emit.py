@@ -323,3 +323,25 @@ async def test_exactly_once_failed_transaction_is_fatal() -> None:
     assert h.tracker.committed() == {}
     h.emitter.close(state)
     await h.emitter.wait_closed(1.0)
+
+
+async def test_a_full_emitter_says_so_and_wakes_its_waiter_when_acknowledgements_free_room() -> None:
+    h = Harness()
+    h.emitter.capacity = 3
+    state = await h.open("p0")
+    _, fut = h.unit(state, 0, 3)
+    assert h.emitter.room == 0
+    assert not await h.emitter.wait_room(2, 0.02), "still full after the timeout"
+    waiter = asyncio.create_task(h.emitter.wait_room(1, None))
+    fut.set_result([_answer("a"), _answer("b"), _answer("c")])
+    await settle()
+    assert not waiter.done(), "published, not yet acknowledged: still in flight"
+    h.producer.ack()
+    assert await asyncio.wait_for(waiter, 1.0)
+    assert h.emitter.room == 3
+    blocked = asyncio.create_task(h.emitter.wait_room(-1, None))
+    await asyncio.sleep(0)
+    h.emitter.interrupt()  # a stop ends the wait at once
+    assert not await asyncio.wait_for(blocked, 1.0)
+    h.emitter.close(state)
+    await h.emitter.wait_closed(1.0)

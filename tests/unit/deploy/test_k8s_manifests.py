@@ -15,7 +15,7 @@ import yaml
 
 from consumer.settings import Settings
 
-K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
+K8S = Path(__file__).resolve().parents[3] / "deploy" / "k8s"
 KUBERNETES_VERSION = "1.37.0"
 
 

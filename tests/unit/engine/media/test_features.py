@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from mediagen import Req, audio_bytes, b64, png_bytes, video_bytes
 from transformers import AutoTokenizer
 from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import Qwen3OmniMoeProcessor
 
@@ -18,6 +17,7 @@ from engine.media import decode_request_media
 from engine.media.expand import interleave, media_hook, prepare_media
 from engine.media.features import MediaProcessors, audio_output_length
 from engine.tiny import write_tiny_release
+from tests.unit.engine.media.mediagen import Req, audio_bytes, b64, png_bytes, video_bytes
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@ transformers version (no model is loaded; see media_conformance.py)."""
 from __future__ import annotations
 
 import pytest
-from media_conformance import fixture_dir, media_cases, run_case
+
+from tests.unit.engine.media.media_conformance import fixture_dir, media_cases, run_case
 
 FIXTURE = fixture_dir()
 CASES = media_cases(FIXTURE) if FIXTURE is not None else []

@@ -5,12 +5,12 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from text_golden import FALSE_DEFAULT, TRUE_DEFAULT, P, expect, field, ids_of, prompt
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from engine.encode import TextEncoder, encode_request
 from schemas.systemone import DlqReason, RequestError, SystemOneRequest
+from tests.unit.engine.text_golden import FALSE_DEFAULT, TRUE_DEFAULT, P, expect, field, ids_of, prompt
 
 STATE = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma"
 BODY = {"state": STATE, "questions": {"outage": {"type": "noul", "instructions": "Is it an outage?"}}}

@@ -15,7 +15,7 @@ import pytest
 
 from consumer.metrics import Metrics
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "clef-router.json"
 
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: one tiny release per session, a float32 CPU model, random encoded records."""
+"""Shared fixtures: one tiny release per session, a float32 CPU model, random encoded records, and an
+in-test BPE tokenizer for the text side of the engine."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from engine.release import LoadedModel, load_release_model
 from engine.tiny import write_tiny_release
@@ -61,3 +63,47 @@ def loaded_tokenizer_and_config(tiny_release: Path) -> tuple[object, dict[str, o
 
     tok = AutoTokenizer.from_pretrained(str(tiny_release))
     return tok, json.loads((tiny_release / "config.json").read_text())
+
+
+SPECIAL = [
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<|audio_start|>",
+    "<|audio_end|>",
+    "<|audio_pad|>",
+]
+
+_CORPUS = [
+    "system\nRead the complete state and schema. Decide every field jointly.",
+    "Each answer must be exactly one of that field's allowed options.\nuser\nSTATE:\n",
+    "\n\nSCHEMA FIELDS:\n\nFIELD 1\nID: department\nTYPE: choice\nINSTRUCTION: Which team owns it?",
+    '\nALLOWED OPTIONS:\nOPTION 1: {"description":"The proposition is true","option_id":"true"}\n',
+    "END FIELD\n\nassistant\n\n\nJOINT SCHEMA DECISIONS: disk full on db-1, latency spike, outage",
+    '{"host":"db-1","level":"error","message":"disk full"} noul score urgency',
+]
+
+
+def build_bpe_tokenizer() -> Tokenizer:
+    """A small byte-level BPE trained here, so merges cross piece boundaries like a real tokenizer."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=700,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 20, trainer=trainer)
+    return tok
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer() -> Tokenizer:
+    return build_bpe_tokenizer()

@@ -9,10 +9,10 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from mediagen import read_index, video_bytes
 
 from engine.media.limits import SAMPLE_RATE, MediaLimits
 from engine.media.video import _Sampler, decode_video, frame_size, video_from_array
+from tests.unit.engine.media.mediagen import read_index, video_bytes
 
 LIMITS = MediaLimits()
 CODECS = [("mp4", "libx264"), ("mp4", "mpeg4"), ("webm", "libvpx"), ("webm", "libvpx-vp9")]

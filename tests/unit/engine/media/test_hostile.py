@@ -9,7 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
-from mediagen import (
+
+from engine.media import MediaLimits, MediaPolicy, decode_request_media
+from engine.media.errors import MediaError
+from engine.media.sources import read_source
+from tests.unit.engine.media.mediagen import (
     Req,
     audio_bytes,
     b64,
@@ -19,10 +23,6 @@ from mediagen import (
     video_bytes,
     wav_header_only,
 )
-
-from engine.media import MediaLimits, MediaPolicy, decode_request_media
-from engine.media.errors import MediaError
-from engine.media.sources import read_source
 
 PUBLIC = "93.184.216.34"
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 MEDIA_KEYS = ("images", "audio", "videos")
 MEAN_TOLERANCE = 1e-6
 """Per-item mean pixel value and mean audio feature against the reference's (float32 noise is ~2e-7)."""

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-from mediagen import Req, audio_bytes, b64, png_bytes, video_bytes
 from PIL import Image
 
 from engine.media import EMPTY, DecodedVideo, decode_request_media, soundtracks_heard
 from schemas.request import SystemOneRequest
+from tests.unit.engine.media.mediagen import Req, audio_bytes, b64, png_bytes, video_bytes
 
 
 def test_text_only_request_is_empty() -> None:

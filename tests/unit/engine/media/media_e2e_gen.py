@@ -9,8 +9,8 @@ import av
 import numpy as np
 from PIL import Image
 
-from tests.unit.media.mediagen import b64 as b64  # re-exported for the e2e tests
-from tests.unit.media.mediagen import png_header_only
+from tests.unit.engine.media.mediagen import b64 as b64  # re-exported for the e2e tests
+from tests.unit.engine.media.mediagen import png_header_only
 
 QUESTIONS: dict[str, Any] = {
     "department": {"type": "choice", "criteria": {"net": "network", "db": "database", "sec": "security"}},

@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from media_e2e_gen import b64, mp4, png, request, wav
 
 from engine.runner import Engine, EngineConfig
 from engine.tiny import write_tiny_release
+from tests.unit.engine.media.media_e2e_gen import b64, mp4, png, request, wav
 
 
 @pytest.fixture(scope="session")

@@ -7,13 +7,13 @@ import io
 import av
 import numpy as np
 import pytest
-from mediagen import SINE_HZ, audio_bytes, png_bytes
 from PIL import Image
 
 from engine.media.audio import audio_from_array, decode_audio
 from engine.media.errors import MediaError
 from engine.media.image import decode_image, image_from_object
 from engine.media.limits import MediaLimits
+from tests.unit.engine.media.mediagen import SINE_HZ, audio_bytes, png_bytes
 
 LIMITS = MediaLimits()
 

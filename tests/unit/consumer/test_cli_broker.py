@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 COMMANDS = [["produce"], ["tail"], ["dlq", "replay"]]
 _IDS = [" ".join(c) for c in COMMANDS]
 

@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from media_e2e_gen import b64, mp4, png, png_bomb, request
 
 from engine.batch import Layout
 from engine.runner import Engine, Prepared
 from schemas.systemone import DlqReason, RequestError, SystemOneResponse, parse_request
+from tests.unit.engine.media.media_e2e_gen import b64, mp4, png, png_bomb, request
 
 MEDIA = ("image", "audio", "short_audio", "video_sound", "video_silent", "everything")
 

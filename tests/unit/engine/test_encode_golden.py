@@ -6,7 +6,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from text_golden import (
+from tokenizers import Tokenizer
+
+from engine.encode import encode_request
+from engine.types import TYPE_CHOICE, TYPE_NOUL, TYPE_SCORE, EncodedRequest
+from schemas.systemone import SystemOneRequest
+from tests.unit.engine.text_golden import (
     ALLOWED,
     END,
     FALSE_DEFAULT,
@@ -21,11 +26,6 @@ from text_golden import (
     ids_of,
     prompt,
 )
-from tokenizers import Tokenizer
-
-from engine.encode import encode_request
-from engine.types import TYPE_CHOICE, TYPE_NOUL, TYPE_SCORE, EncodedRequest
-from schemas.systemone import SystemOneRequest
 
 
 @pytest.fixture(params=["bpe", "tiny"])
