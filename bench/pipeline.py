@@ -119,14 +119,15 @@ def service_outputs(settings: Settings, engine: StubEngine, count: int) -> Outpu
     the real ones; lengths differ by a few bytes at most).
     """
     from consumer.decode import decode_value
-    from consumer.pipeline import default_engine_info
+    from consumer.outputs import default_engine_info
     from consumer.records import InputRecord
     from consumer.router import Router
     from schemas.parse import RequestLimits
     from schemas.routing import datetime_json, engine_json
 
     limits = RequestLimits(max_value_bytes=settings.engine.max_message_bytes)
-    router = Router(settings.routing, settings.topics, engine_json(default_engine_info(settings)))
+    info = default_engine_info(settings.engine.model_name)
+    router = Router(settings.routing, settings.topics, engine_json(info))
     decided_at = datetime_json(datetime.now(UTC))
     table: dict[bytes, list[tuple[str, bytes | None, Sequence[tuple[str, bytes | None]]]]] = {}
     for i in range(count):

@@ -3,6 +3,7 @@ metrics and the DLQ guard; event loop only)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -18,6 +19,18 @@ from schemas.errors import DlqReason, RequestError
 from schemas.routing import EngineInfo, datetime_json, engine_json
 
 log = get_logger("consumer.outputs")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("clef-router")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def default_engine_info(model_name: str) -> EngineInfo:
+    """The `engine` member of decisions when the caller gives none: this package, its version, the model."""
+    return EngineInfo(name="clef-router", version=_version(), model=model_name)
 
 
 class Outputs:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib.metadata
 import time
 from typing import Generic, TypeVar
 
@@ -42,6 +41,7 @@ from consumer.engine_batcher import RequestCheck, answer_body, engine_batcher
 from consumer.kafka_access import preflight
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
+from consumer.outputs import default_engine_info
 from consumer.pipeline_stop import shutdown
 from consumer.producer import Producer
 from consumer.records import InputRecord, PartitionState, Unit
@@ -60,18 +60,6 @@ S = TypeVar("S")
 R = TypeVar("R")
 
 PAUSE_AFTER_S = 0.5  # the emitter full this long -> pause every input partition
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("clef-router")
-    except importlib.metadata.PackageNotFoundError:
-        return ""
-
-
-def default_engine_info(settings: Settings) -> EngineInfo:
-    """The `engine` member of decisions when the caller gives none: this package, its version, the model."""
-    return EngineInfo(name="clef-router", version=_version(), model=settings.engine.model_name)
 
 
 class Pipeline(Generic[P, S, R]):
@@ -105,7 +93,7 @@ class Pipeline(Generic[P, S, R]):
             self.producer,
             self.committer,
             self.metrics,
-            engine_info or default_engine_info(settings),
+            engine_info or default_engine_info(settings.engine.model_name),
             on_fatal=self._fail,
         )
         self._states: dict[TopicPartition, PartitionState] = {}  # open partitions (written here only)

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from bench.pipeline import echo_outputs, service_outputs
 from consumer.decode import decode_value
-from consumer.pipeline import default_engine_info
+from consumer.outputs import default_engine_info
 from consumer.records import InputRecord
 from consumer.router import Router
 from consumer.settings import load_settings
@@ -27,7 +27,8 @@ class Rec(NamedTuple):
 def test_matched_outputs_are_the_routers_records_for_each_event() -> None:
     settings = load_settings()
     outputs_for = service_outputs(settings, StubEngine(), 50)
-    router = Router(settings.routing, settings.topics, engine_json(default_engine_info(settings)))
+    info = default_engine_info(settings.engine.model_name)
+    router = Router(settings.routing, settings.topics, engine_json(info))
     limits = RequestLimits(max_value_bytes=settings.engine.max_message_bytes)
     route_topics = set()
     for i in range(50):
