@@ -52,13 +52,13 @@ async def test_at_least_once_commits_only_the_finished_watermark_of_owned_partit
     committer.track("p1", 0, 2)  # tracked but not owned: never committed
     committer.done("p0", 3)  # the later span first: the watermark waits for the oldest
     await committer.commit()
-    assert target.commits == []
+    assert target.commits == [{"p0": 0}]
     committer.done("p0", 0)
     committer.done("p1", 0)
     await committer.commit()
-    assert target.commits == [{"p0": 5}]
+    assert target.commits == [{"p0": 0}, {"p0": 5}]
     await committer.commit()
-    assert target.commits == [{"p0": 5}], "nothing new: no commit"
+    assert target.commits == [{"p0": 0}, {"p0": 5}], "nothing new: no commit"
 
 
 async def test_a_refused_commit_is_tried_again_later() -> None:
@@ -72,6 +72,7 @@ async def test_a_refused_commit_is_tried_again_later() -> None:
     target.refuse = False
     await committer.commit()
     assert target.commits == [{"p0": 1}]
+    assert committer.tracker.committed() == {"p0": 1}
 
 
 async def test_flush_soon_commits_before_the_interval() -> None:
