@@ -135,14 +135,13 @@ def _run_engine(
     """Load the release and decide the validated `requests` (blocking); results in input order."""
     if not args.model.is_dir():
         raise UsageError(f"--model {args.model} is not a directory (a Clef-omni release)")
-    import torch
-
     from consumer.engine_config import engine_config
     from consumer.settings import BatchingSettings, EngineSettings
+    from engine.device import cuda_available
     from engine.runner import Engine
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
+    device = args.device or ("cuda" if cuda_available() else "cpu")
+    if device == "cuda" and not cuda_available():
         raise UsageError("--device cuda: no CUDA device is available")
     settings = EngineSettings(
         model_path=args.model,

@@ -119,9 +119,9 @@ def _check_engine_settings(e: EngineSettings) -> None:
             f"CLEF_ENGINE__MODEL_PATH={e.model_path} is not a directory "
             "(a Clef-omni release, or one written by 'clef-router make-tiny-release DIR')"
         )
-    import torch
+    from engine.device import cuda_available
 
-    if str(e.device).startswith("cuda") and not torch.cuda.is_available():
+    if str(e.device).startswith("cuda") and not cuda_available():
         raise UsageError(
             f"CLEF_ENGINE__DEVICE={e.device} but this machine has no usable CUDA GPU; "
             "set CLEF_ENGINE__DEVICE=cpu (and CLEF_ENGINE__DTYPE=float32) to run on the CPU"
@@ -141,10 +141,10 @@ def _load_engine(settings: Settings) -> Engine:
         config = engine_config(e, settings.batching)
     except SettingsError as exc:
         raise UsageError(str(exc)) from exc
-    if e.device_index is not None and config.device.startswith("cuda"):
-        import torch
+    if e.device_index is not None:
+        from engine.device import use_device
 
-        torch.cuda.set_device(e.device_index)  # kernels and CUDA graphs with no explicit device use it
+        use_device(config.device)  # cuda:N: kernels and CUDA graphs with no explicit device use it
     assert e.model_path is not None  # checked by _check_engine_settings
     try:
         return Engine.from_release(e.model_path, config=config)
