@@ -103,6 +103,9 @@ class Pipeline(Generic[P, S, R]):
         self.revoking = 0  # revoke callbacks in progress (a stop waits for them before leaving)
         self.fatal: BaseException | None = None
         self._fetched_at = time.monotonic()
+        # a full emitter is waited on until it has room for about one unit, so fetches stay unit-sized
+        cap = settings.kafka.max_in_flight
+        self._resume_level = cap - min(settings.batching.prepare_chunk, max(1, cap // 4))
         self._lag = 0
         self.started = False
         self.started_event = asyncio.Event()  # set with `started`: the preflight passed and clients are up
@@ -185,7 +188,7 @@ class Pipeline(Generic[P, S, R]):
                 # fetched response per partition meanwhile; pausing would discard it (aiokafka drops the
                 # buffered records of a paused partition), so partitions are paused only when the emitter
                 # stays full for `PAUSE_AFTER_S` (a slow engine), and resumed once it drained to half.
-                drained = await emitter.wait_room(emitter.capacity - 1, PAUSE_AFTER_S)
+                drained = await emitter.wait_room(self._resume_level, PAUSE_AFTER_S)
                 if not drained and not self._stop.is_set():
                     source.pause_all()
                     await emitter.wait_room(emitter.capacity // 2, None)
