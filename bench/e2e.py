@@ -2,11 +2,11 @@
 
 One process, one run (a benchmark program, not a test; nothing here asserts a speed):
 
-1. a local single-node broker (`consumer.kafka_local.LocalKafka`, loopback only) starts in a helper thread
+1. a local single-node broker (`devtools.kafka_local.LocalKafka`, loopback only) starts in a helper thread
    while the engine is built: `--engine full` (default with CUDA) the full-size Clef-omni thinker and joint
    head with random bf16 weights (`bench.workload.build_engine`, fast path and CUDA graphs, as `bench.load`;
    `--layers N` builds fewer decoder layers for a quick probe), `tiny` the tiny release on CPU, `stub`
-   `bench.stub.StubEngine` (answers at once: the Kafka side alone);
+   `devtools.stub.StubEngine` (answers at once: the Kafka side alone);
 2. a pool of distinct SystemOne requests with `bench.load`'s mix (target lengths 40% 200-500 tokens, 40%
    500-1,000, 20% 1,000-1,500; 3 questions each; sized with the tiny release's tokenizer), sent as JSON
    record values;
@@ -59,8 +59,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from consumer.kafka_local import LocalKafka
     from consumer.pipeline import Pipeline
+    from devtools.kafka_local import LocalKafka
 
 Emit = Callable[..., None]
 CE_ID = "ce_id"
@@ -106,7 +106,7 @@ def build_engines(kind: str, layers: int | None, max_tokens: int) -> tuple[Any, 
         engine = build(True, max_tokens)
         return engine, engine
     if kind == "stub":
-        from bench.stub import StubEngine
+        from devtools.stub import StubEngine
 
         return StubEngine(), build(True, max_tokens)
     from bench.workload import build_engine
@@ -195,7 +195,13 @@ class LagSampler:
     """Once a second: high watermarks of the input partitions against the group's committed offsets."""
 
     def __init__(
-        self, bootstrap: str, group: str, topic: str, partitions: int, pipeline: Pipeline, ledger: Ledger
+        self,
+        bootstrap: str,
+        group: str,
+        topic: str,
+        partitions: int,
+        pipeline: Pipeline[Any, Any, Any],
+        ledger: Ledger,
     ) -> None:
         from aiokafka import AIOKafkaConsumer, TopicPartition
         from aiokafka.admin import AIOKafkaAdminClient
@@ -353,11 +359,11 @@ def load_figures(
     }
 
 
-def _metric(pipeline: Pipeline, name: str) -> float:
+def _metric(pipeline: Pipeline[Any, Any, Any], name: str) -> float:
     return pipeline.metrics.registry.get_sample_value(name) or 0.0
 
 
-def service_counters(pipeline: Pipeline) -> dict[str, float]:
+def service_counters(pipeline: Pipeline[Any, Any, Any]) -> dict[str, float]:
     """Cumulative service figures read from its metrics (differences of two reads give a window's)."""
     m = pipeline.metrics
     return {
@@ -617,8 +623,8 @@ def run(args: argparse.Namespace) -> int:
 
     from bench.load import MIX, make_pool
     from bench.load_run import capacity
-    from consumer.kafka_local import LocalKafka
     from consumer.settings import BatchingSettings
+    from devtools.kafka_local import LocalKafka
 
     out = Path(args.out or os.environ.get("OUT") or "bench-out")
     out.mkdir(parents=True, exist_ok=True)

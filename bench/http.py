@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.stub import sample_event
-from consumer.kafka_local import free_port
+from devtools.kafka_local import free_port
+from devtools.stub import sample_event
 
 ROOT = Path(__file__).resolve().parent.parent
 QUESTIONS = {

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from bench.stub import sample_event
+from devtools.stub import sample_event
 
 PARTITIONS = 12
 
@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     broker = None
     bootstrap = args.bootstrap
     if bootstrap is None:
-        from consumer.kafka_local import LocalKafka
+        from devtools.kafka_local import LocalKafka
 
         broker = LocalKafka()
         broker.start()

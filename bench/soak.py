@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.stub import sample_event
+from devtools.stub import sample_event
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.minutes <= 0 or args.rate < 1:
         parser.error("--minutes must be > 0 and --rate >= 1")
-    from consumer.kafka_local import LocalKafka
+    from devtools.kafka_local import LocalKafka
 
     broker = None
     bootstrap = args.bootstrap

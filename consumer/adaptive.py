@@ -84,6 +84,41 @@ class CostModel:
         return max(1, int((seconds - self.overhead) / self.per_token + 1e-6))  # 1e-6: float noise
 
 
+class GpuQueue:
+    """The batcher's view of the GPU (event loop only): the tokens of every batch cut and not yet off the
+    GPU (FIFO: one GPU thread), when the GPU started on the first of them, and the cost model it learns."""
+
+    def __init__(self, cost: CostLike) -> None:
+        self.cost = cost
+        self._outstanding: deque[int] = deque()
+        self._mark = 0.0
+
+    def cut(self, tokens: int, now: float, lead: float) -> None:
+        """A batch of `tokens` was cut; staging it takes about `lead` seconds."""
+        if not self._outstanding:  # the GPU is idle: it starts on this batch once it is staged
+            self._mark = now + lead
+        self._outstanding.append(tokens)
+
+    def done(self, tokens: int, seconds: float, now: float, *, learn: bool) -> None:
+        """The oldest batch (of `tokens`) left the GPU after `seconds` there; learn its cost when `learn`
+        (one clean run), and start the clock on the next one."""
+        self._outstanding.popleft()
+        self._mark = now
+        if learn:
+            self.cost.observe(tokens, seconds)
+
+    def free_in(self, now: float) -> float:
+        """Predicted seconds until the GPU has run every batch cut so far (0 when none is outstanding or
+        the cost model cannot tell yet)."""
+        predicted = 0.0
+        for tokens in self._outstanding:
+            seconds = self.cost.predict(tokens)
+            if seconds is None:
+                return 0.0
+            predicted += seconds
+        return max(0.0, self._mark + predicted - now) if self._outstanding else 0.0
+
+
 def plan_next(tokens: Sequence[int], max_records: int, max_tokens: int) -> tuple[int, bool]:
     """How many leading records form the next batch, and whether that batch is full already.
 

@@ -16,79 +16,37 @@ Each submission gets one future that resolves to one outcome per item, in order:
 prepare call's own exception (e.g. `RequestError`), or an `EngineError` when the record failed even alone
 (see `retry`). One future per run of records, not per record: the service submits a fetched run at a time.
 
-With `stages` (an engine's `stage`/`run`/`respond`, see `engine.runner.Engine`), only `run` occupies the
-GPU thread: a batch is staged (collated, copied to the device) in the prepare pool while the previous
-batch is still on the GPU, and answered there after its run, while the next batch runs. A batch whose
-staged run fails in any way is run again through `execute` with splitting (`retry.run_split`).
+A cut batch runs through `consumer.gpu.GpuRunner`: with `stages` (an engine's `stage`/`run`/`respond`)
+only `run` occupies the GPU thread; a failed batch is split by the engine's one rule (`engine.split`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
-from consumer.adaptive import AdaptiveView, CostLike, CostModel, plan_adaptive, plan_next
+from consumer.adaptive import AdaptiveView, CostLike, CostModel, GpuQueue, plan_adaptive, plan_next
 from consumer.clock import Clock, SystemClock
+from consumer.gpu import GpuRunner, StagedCalls
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
-from consumer.retry import BatchResult, EngineError, SplitStats, run_split
 from consumer.settings import BatchingSettings
+from engine.split import EngineError, never_out_of_memory
+from engine.types import PreparedLike
 from schemas.errors import DlqReason
 
-if TYPE_CHECKING:
-    from schemas.systemone import SystemOneRequest, SystemOneResponse
-
-__all__ = ["Batcher", "EngineLike", "PreparedLike", "StagedCalls", "plan_next", "staged_calls"]
+__all__ = ["Batcher", "StagedCalls", "plan_next"]
 
 log = get_logger("consumer.batcher")
-
-
-class PreparedLike(Protocol):
-    """What the batcher needs from a prepared record: its token count."""
-
-    @property
-    def num_tokens(self) -> int: ...
 
 
 PreparedT = TypeVar("PreparedT", bound=PreparedLike)
 ResponseT = TypeVar("ResponseT")
 ItemT = TypeVar("ItemT")
-
-
-class EngineLike(Protocol[PreparedT]):
-    """The two engine calls the service uses (`engine.runner.Engine` satisfies it; tests use fakes).
-
-    `prepare` is CPU only and thread-safe and raises `RequestError` for a permanent problem; `execute` runs
-    in the one GPU thread and may raise `torch.OutOfMemoryError`.
-    """
-
-    def prepare(self, request: SystemOneRequest) -> PreparedT: ...
-
-    def execute(self, batch: Sequence[PreparedT]) -> list[SystemOneResponse]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class StagedCalls(Generic[PreparedT, ResponseT]):
-    """An engine's three-step execute: `stage` (any thread) -> `run` (the GPU thread) -> `respond` (any
-    thread); `respond(run(stage(batch)))` must equal `execute(batch)`."""
-
-    stage: Callable[[Sequence[PreparedT]], Any]
-    run: Callable[[Any], Any]
-    respond: Callable[[Any], list[ResponseT]]
-
-
-def staged_calls(engine: object) -> StagedCalls[Any, Any] | None:
-    """`StagedCalls` of an engine that offers `stage`, `run` and `respond`; None for one that does not."""
-    stage, run, respond = (getattr(engine, name, None) for name in ("stage", "run", "respond"))
-    if callable(stage) and callable(run) and callable(respond):
-        return StagedCalls(stage, run, respond)
-    return None
 
 
 class _Submission(Generic[ResponseT]):
@@ -125,33 +83,24 @@ class Batcher(Generic[PreparedT, ResponseT]):
         clock: Clock | None = None,
         metrics: Metrics | None = None,
         single_attempts: int = 2,
-        on_oom: Callable[[], None] | None = None,
+        out_of_memory: Callable[[BaseException], bool] = never_out_of_memory,
         stages: StagedCalls[PreparedT, ResponseT] | None = None,
         cost: CostLike | None = None,
     ) -> None:
-        self._execute = execute
-        self._stages = stages
         self._settings = settings
         self._clock = clock or SystemClock()
         self._metrics = metrics
-        self._single_attempts = single_attempts
-        self._on_oom = on_oom
         self._ready: deque[_Job[PreparedT, ResponseT]] = deque()
         self._wakeup = asyncio.Event()
         self._gpu_slots = asyncio.Semaphore(settings.max_pending_batches)
         self._prepare_pool = ThreadPoolExecutor(settings.prepare_workers, thread_name_prefix="clef-prepare")
-        self._gpu_pool = ThreadPoolExecutor(1, thread_name_prefix="clef-gpu")
+        self._gpu = GpuRunner(
+            execute, stages, self._prepare_pool, single_attempts=single_attempts, out_of_memory=out_of_memory
+        )
         self._tasks: set[asyncio.Future[Any]] = set()
         self._collector: asyncio.Task[None] | None = None
         self._closing = False
-        self.batches = 0
-        # Adaptive mode's view of the GPU (written on the loop only): the cost model, the tokens of every
-        # batch cut and not yet off the GPU (FIFO: one GPU thread), when the GPU last started on the first
-        # of them, and how long staging takes (exponential average).
-        self._cost: CostLike = cost if cost is not None else CostModel()
-        self._outstanding: deque[int] = deque()
-        self._gpu_mark = 0.0
-        self._lead = 0.0
+        self._queue = GpuQueue(cost if cost is not None else CostModel())  # adaptive mode's view of the GPU
 
     async def start(self) -> None:
         """Start the collector task."""
@@ -233,11 +182,11 @@ class Batcher(Generic[PreparedT, ResponseT]):
             count, full = plan_next(tokens, cfg.max_batch_records, cfg.max_batch_tokens)
             remaining = cfg.max_wait_ms / 1000.0 - head_age
             return count, (0.0 if full else max(0.0, remaining)), cfg.max_batch_tokens
-        view = AdaptiveView(head_age=head_age, gpu_free_in=self._gpu_free_in(now), lead=self._lead)
+        view = AdaptiveView(head_age=head_age, gpu_free_in=self._queue.free_in(now), lead=self._gpu.lead)
         decision = plan_adaptive(
             tokens,
             view,
-            self._cost,
+            self._queue.cost,
             max_records=cfg.max_batch_records,
             max_tokens=cfg.max_batch_tokens,
             latency_target=cfg.latency_target_ms / 1000.0,
@@ -245,37 +194,19 @@ class Batcher(Generic[PreparedT, ResponseT]):
         )
         return decision.count, decision.wait, decision.budget
 
-    def _gpu_free_in(self, now: float) -> float:
-        """Predicted seconds until the GPU has run every batch cut so far (0 when none is outstanding or
-        the cost model cannot tell yet)."""
-        if not self._outstanding:
-            return 0.0
-        predicted = 0.0
-        for tokens in self._outstanding:
-            seconds = self._cost.predict(tokens)
-            if seconds is None:
-                return 0.0
-            predicted += seconds
-        return max(0.0, self._gpu_mark + predicted - now)
-
     def _cut(self, batch: list[_Job[PreparedT, ResponseT]], budget: int) -> None:
         """Hand a batch to `_dispatch` and count it as outstanding on the GPU."""
         tokens = sum(job[0].num_tokens for job in batch)
-        if not self._outstanding:  # the GPU is idle: it starts on this batch once it is staged
-            self._gpu_mark = self._clock.now() + self._lead
-        self._outstanding.append(tokens)
+        self._queue.cut(tokens, self._clock.now(), self._gpu.lead)
         if self._metrics is not None:
             self._metrics.batch_fill.observe(min(1.0, tokens / budget))
             self._metrics.batch_budget.set(budget)
         self._track(asyncio.ensure_future(self._dispatch(batch, tokens)))
 
     def _gpu_done(self, tokens: int, seconds: float, *, learn: bool) -> None:
-        """A batch left the GPU thread after `seconds` there (loop only): count the busy time, learn the
-        batch's cost when `learn` (one clean run), start the clock on the next batch, replan."""
-        self._outstanding.popleft()
-        self._gpu_mark = self._clock.now()
-        if learn:
-            self._cost.observe(tokens, seconds)
+        """A batch left the GPU thread after `seconds` there (loop only): count the busy time, update the
+        GPU view (learning the cost of one clean run), replan."""
+        self._queue.done(tokens, seconds, self._clock.now(), learn=learn)
         if self._metrics is not None:
             self._metrics.gpu_busy.inc(seconds)
         self._wakeup.set()
@@ -292,11 +223,15 @@ class Batcher(Generic[PreparedT, ResponseT]):
             sleeper.cancel()
 
     async def _dispatch(self, batch: list[_Job[PreparedT, ResponseT]], tokens: int) -> None:
-        loop = asyncio.get_running_loop()
         started = self._clock.now()
         prepared = [job[0] for job in batch]
+
+        def gpu_done(seconds: float, learn: bool) -> None:  # the GPU slot is free again
+            self._gpu_slots.release()
+            self._gpu_done(tokens, seconds, learn=learn)
+
         try:
-            result, elapsed = await self._execute_batch(loop, prepared, tokens)
+            result, elapsed = await self._gpu.run(prepared, gpu_done)
         except asyncio.CancelledError:  # `close` gave up on it: its records are unfinished, not failed
             for _, sub, _ in batch:
                 sub.future.cancel()
@@ -305,7 +240,6 @@ class Batcher(Generic[PreparedT, ResponseT]):
             for _, sub, index in batch:
                 sub.settle(index, EngineError(DlqReason.engine_failed, exc, 1))
             raise
-        self.batches += 1
         failures = 0
         counts: dict[_Submission[ResponseT], int] = {}  # records of each submission in this batch
         for (_, sub, index), outcome in zip(batch, result.outcomes, strict=True):
@@ -333,56 +267,6 @@ class Batcher(Generic[PreparedT, ResponseT]):
             ooms=result.stats.ooms,
             failed=failures,
         )
-
-    async def _execute_batch(
-        self, loop: asyncio.AbstractEventLoop, prepared: list[PreparedT], tokens: int
-    ) -> tuple[BatchResult[ResponseT], float]:
-        """Staged when the engine offers it (the GPU slot is given back as soon as the run ends), else, or
-        after any failure of the staged attempt, `execute` with splitting in the GPU thread."""
-        released = False
-
-        def release(seconds: float = 0.0, *, learn: bool = False) -> None:
-            nonlocal released
-            if not released:
-                released = True
-                self._gpu_slots.release()
-                self._gpu_done(tokens, seconds, learn=learn)
-
-        try:
-            failed: Exception | None = None
-            stages = self._stages
-            if stages is not None:
-                try:
-                    staged, stage_s = await loop.run_in_executor(
-                        self._prepare_pool, _timed, stages.stage, prepared
-                    )
-                    self._lead += 0.2 * (stage_s - self._lead)
-                    raw, elapsed = await loop.run_in_executor(self._gpu_pool, _timed, stages.run, staged)
-                    release(elapsed, learn=True)
-                    responses = await loop.run_in_executor(self._prepare_pool, stages.respond, raw)
-                    if len(responses) != len(prepared):
-                        raise RuntimeError(f"engine returned {len(responses)} results for {len(prepared)}")
-                    return BatchResult(list(responses), SplitStats(calls=1)), elapsed
-                except Exception as exc:  # split from here on: the whole batch is not run again
-                    log.warning("staged_batch_failed", records=len(prepared), error=type(exc).__name__)
-                    failed = exc
-            result, elapsed = await loop.run_in_executor(self._gpu_pool, self._run, prepared, failed)
-            # a split run's time is not one batch's cost: keep it out of the model
-            release(elapsed, learn=failed is None and result.stats.calls == 1)
-            return result, elapsed
-        finally:
-            release()
-
-    def _run(
-        self, batch: list[PreparedT], failed: Exception | None = None
-    ) -> tuple[BatchResult[ResponseT], float]:
-        """GPU thread: execute with splitting (starting from the failure of a staged attempt, when given);
-        returns the result and the engine time in seconds."""
-        t0 = time.perf_counter()
-        result = run_split(
-            self._execute, batch, single_attempts=self._single_attempts, on_oom=self._on_oom, failed=failed
-        )
-        return result, time.perf_counter() - t0
 
     def _track(self, task: asyncio.Future[Any]) -> None:
         self._tasks.add(task)
@@ -413,13 +297,7 @@ class Batcher(Generic[PreparedT, ResponseT]):
         for task in list(self._tasks):
             task.cancel()
         self._prepare_pool.shutdown(wait=False, cancel_futures=True)
-        self._gpu_pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _timed(fn: Callable[[Any], Any], arg: Any) -> tuple[Any, float]:
-    t0 = time.perf_counter()
-    out = fn(arg)
-    return out, time.perf_counter() - t0
+        self._gpu.shutdown()
 
 
 def _prepare_all(

@@ -24,7 +24,7 @@ from consumer.commands import CommandError, Commands
 
 PROG = "clef-router"
 #: Command modules under ``consumer/commands/``, in help order.
-COMMAND_MODULES: tuple[str, ...] = ("kafka", "schema", "engine", "service", "records", "tail", "bench")
+COMMAND_MODULES: tuple[str, ...] = ("kafka", "schema", "engine", "service", "produce", "tail", "dlq", "bench")
 _MAX_MESSAGE = 400
 
 
@@ -36,23 +36,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _load_command_modules(names: Sequence[str]) -> list[ModuleType]:
-    """Import the command modules; a module whose *file* does not exist (yet) is skipped.
-
-    Any other import failure (including a missing dependency inside an existing module) propagates.
-    """
-    modules: list[ModuleType] = []
-    for name in names:
-        qualified = f"consumer.commands.{name}"
-        try:
-            modules.append(importlib.import_module(qualified))
-        except ModuleNotFoundError as exc:
-            if exc.name != qualified:
-                raise
-    return modules
+    """Import the command modules ``consumer.commands.<name>``; an import failure propagates."""
+    return [importlib.import_module(f"consumer.commands.{name}") for name in names]
 
 
 def build_parser(module_names: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """Build the full parser from the command modules that exist (default: ``COMMAND_MODULES``)."""
+    """Build the full parser from the command modules (default: ``COMMAND_MODULES``)."""
     parser = _Parser(
         prog=PROG,
         description="Route SystemOne alert and fault events from Kafka with the Clef-omni decision model.",
@@ -88,13 +77,9 @@ def _is_validation_error(exc: BaseException) -> bool:
     """Pydantic validation errors and SystemOne request errors count as usage errors (exit 2)."""
     from pydantic import ValidationError
 
-    if isinstance(exc, ValidationError):
-        return True
-    try:
-        from schemas.systemone import RequestError
-    except ImportError:
-        return False
-    return isinstance(exc, RequestError)
+    from schemas.systemone import RequestError
+
+    return isinstance(exc, ValidationError | RequestError)
 
 
 def _describe(exc: BaseException) -> tuple[str, int]:

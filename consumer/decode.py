@@ -2,7 +2,7 @@
 
 `decode_value` applies the size limit, parses JSON once, and hands the object to `schemas.envelope.to_request`
 (SystemOne body when it has `questions`, otherwise an event under the default schema). Every failure is a
-`RequestError` with a stable `DlqReason`; `stage_for` names the pipeline stage for the DLQ header.
+`RequestError` with a stable `DlqReason`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import cast
 import pydantic_core
 from pydantic import JsonValue
 
-from schemas.dead_letter import DlqStage
 from schemas.envelope import MEDIA_KEYS, DefaultSchema, to_request
 from schemas.errors import DlqReason, RequestError
 from schemas.parse import RequestLimits, check_value_size
@@ -95,18 +94,3 @@ def header_event_id(headers: Sequence[tuple[str, bytes | None]]) -> str | None:
             except UnicodeDecodeError:
                 return None
     return None
-
-
-_MEDIA_REASONS = frozenset(r for r in DlqReason if r.value.startswith("media_"))
-_ENGINE_REASONS = frozenset({DlqReason.engine_failed, DlqReason.oom_single_record})
-
-
-def stage_for(reason: DlqReason) -> str:
-    """The pipeline stage a reason code belongs to (`clef-dlq-stage`)."""
-    if reason in _MEDIA_REASONS:
-        return DlqStage.media.value
-    if reason == DlqReason.context_length_exceeded:
-        return DlqStage.tokenize.value
-    if reason in _ENGINE_REASONS:
-        return DlqStage.engine.value
-    return DlqStage.decode.value

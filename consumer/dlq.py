@@ -1,4 +1,4 @@
-"""Dead-letter side exit: DLQ records, the DLQ guard (circuit breaker) and `dlq replay`.
+"""Dead-letter side exit: DLQ records and the DLQ guard (circuit breaker); replay: `consumer.dlq_replay`.
 
 A DLQ record keeps the original value bytes, key and headers and adds the SPEC section 7 headers
 (`schemas.dead_letter`). The guard watches the share of dead-lettered records among the most recent ones
@@ -10,16 +10,11 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Collection
-from typing import Any
 
-from consumer.router import InputRecord, OutRecord
-from consumer.settings import DlqSettings, KafkaSettings
+from consumer.records import InputRecord, OutRecord
+from consumer.settings import DlqSettings
 from schemas.dead_letter import (
     DeadLetterInfo,
-    DlqHeaderError,
-    parse_dlq_headers,
-    strip_dlq_headers,
     with_dlq_headers,
 )
 from schemas.errors import DlqReason
@@ -93,94 +88,3 @@ def dead_letter(
     )
     headers = tuple(with_dlq_headers(record.headers, info))
     return OutRecord(topic, record.key, record.value, headers), info
-
-
-def reason_filter(reasons: Collection[str]) -> frozenset[DlqReason]:
-    """Validate reason codes given on the command line; raises `ValueError` for an unknown one."""
-    return frozenset(DlqReason(r) for r in reasons)
-
-
-async def topic_partitions(kafka: KafkaSettings, topic: str) -> list[int]:
-    """Partition ids of `topic` ([] when it does not exist), from the cluster metadata."""
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    from consumer.kafka_config import client_options
-
-    admin = AIOKafkaAdminClient(**client_options(kafka))
-    await admin.start()
-    try:
-        described = await admin.describe_topics([topic])
-    finally:
-        await admin.close()
-    return sorted(p["partition"] for t in described if t["error_code"] == 0 for p in t["partitions"])
-
-
-async def replay(
-    kafka: KafkaSettings,
-    dlq_topic: str,
-    *,
-    group_id: str,
-    reasons: frozenset[DlqReason] = frozenset(),
-    limit: int | None = None,
-    dry_run: bool = False,
-) -> dict[str, int]:
-    """Send DLQ records back to their original topic (original value, key and headers, DLQ headers removed).
-
-    Reads `dlq_topic` with its own consumer group (so a second replay does not resend) up to the end offsets
-    seen at start; records whose reason is not in `reasons` (when given) are skipped; each replayed record
-    is acknowledged (`acks=all`) before its DLQ offset is committed. Returns counts.
-    """
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    from consumer.kafka_config import client_options
-    from consumer.producer import Producer
-
-    consumer = AIOKafkaConsumer(
-        **client_options(kafka), group_id=group_id, enable_auto_commit=False, auto_offset_reset="earliest"
-    )
-    producer = Producer(kafka)
-    counts = {"replayed": 0, "skipped": 0, "unreadable": 0}
-    try:  # both are closed below even when a start fails or is cancelled (no "Unclosed ..." warnings)
-        await consumer.start()
-        await producer.start()
-        parts = [TopicPartition(dlq_topic, p) for p in await topic_partitions(kafka, dlq_topic)]
-        if not parts:
-            return counts
-        consumer.assign(parts)
-        ends: dict[Any, int] = await consumer.end_offsets(parts)
-        todo = {tp for tp in parts if ends[tp] > await consumer.position(tp)}
-        while todo and (limit is None or counts["replayed"] < limit):
-            batch = await consumer.getmany(*todo, timeout_ms=500, max_records=200)
-            for tp, records in batch.items():
-                last: int | None = None
-                for rec in records:
-                    if rec.offset >= ends[tp] or (limit is not None and counts["replayed"] >= limit):
-                        todo.discard(tp)
-                        break
-                    last = rec.offset
-                    headers = [(k, bytes(v) if v is not None else None) for k, v in rec.headers]
-                    try:
-                        info = parse_dlq_headers(headers)
-                    except DlqHeaderError:
-                        counts["unreadable"] += 1
-                        continue
-                    if reasons and info.reason not in reasons:
-                        counts["skipped"] += 1
-                        continue
-                    if not dry_run:
-                        out = OutRecord(
-                            info.original_topic, rec.key, rec.value, tuple(strip_dlq_headers(headers))
-                        )
-                        await producer.send_retrying(out, kafka.send_attempts)
-                    counts["replayed"] += 1
-                    if rec.offset + 1 >= ends[tp]:
-                        todo.discard(tp)
-                if not dry_run and last is not None:
-                    await consumer.commit({tp: last + 1})
-            for tp in list(todo):
-                if await consumer.position(tp) >= ends[tp]:
-                    todo.discard(tp)
-    finally:
-        await producer.stop()
-        await consumer.stop()
-    return counts

@@ -1,47 +1,49 @@
-"""The one way the service puts an engine behind a `Batcher` (the Kafka pipeline and `serve` share it)."""
+"""The one way the service puts an engine behind a `Batcher` (the Kafka pipeline and `serve` share it).
+
+The engine is reached only through `engine.types.ServingEngine` (typed, torch-free): its staged calls, its
+`execute` for split retries and its own out-of-memory check. The consumer never imports torch.
+"""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
-from consumer.batcher import Batcher, EngineLike, staged_calls
+from consumer.batcher import Batcher, StagedCalls
 from consumer.metrics import Metrics
 from consumer.settings import Settings
+from engine.types import PreparedLike, ServingEngine
 from schemas.parse import RequestLimits, parse_request
 from schemas.request import SystemOneRequest
 from schemas.response import SystemOneResponse
 
+__all__ = ["RequestCheck", "answer_body", "engine_batcher"]
+
 RequestCheck = Callable[[SystemOneRequest], None]
 
-
-def _empty_cuda_cache() -> None:
-    # Called by the batcher after a CUDA OOM; torch is looked up only if the engine already imported it,
-    # so the consumer never imports torch itself.
-    torch: Any = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        torch.cuda.empty_cache()
+P = TypeVar("P", bound=PreparedLike)
+S = TypeVar("S")
+R = TypeVar("R")
 
 
 def engine_batcher(
-    settings: Settings, engine: EngineLike[Any], metrics: Metrics
-) -> Batcher[Any, SystemOneResponse]:
-    """A batcher over `engine` configured from `settings` (batching limits, single-record attempts, OOM
-    handling, staged calls when the engine offers them). Not started; the caller owns its lifecycle."""
+    settings: Settings, engine: ServingEngine[P, S, R], metrics: Metrics
+) -> Batcher[P, SystemOneResponse]:
+    """A batcher over `engine` configured from `settings` (batching limits, single-record attempts, the
+    engine's staged calls and out-of-memory check). Not started; the caller owns its lifecycle."""
     return Batcher(
         engine.execute,
         settings.batching,
         metrics=metrics,
         single_attempts=settings.engine.single_record_attempts,
-        on_oom=_empty_cuda_cache,
-        stages=staged_calls(engine),
+        out_of_memory=engine.out_of_memory,
+        stages=StagedCalls(engine.stage, engine.run, engine.respond),
     )
 
 
 async def answer_body(
-    batcher: Batcher[Any, SystemOneResponse],
-    engine: EngineLike[Any],
+    batcher: Batcher[P, SystemOneResponse],
+    engine: ServingEngine[P, S, R],
     limits: RequestLimits,
     body: bytes,
     check: RequestCheck | None = None,
@@ -51,7 +53,7 @@ async def answer_body(
     raises is re-raised here: `RequestError` (client error), `EngineError` (the engine failed on it alone),
     `RuntimeError` (the batcher is closing)."""
 
-    def prepare(raw: bytes) -> Any:
+    def prepare(raw: bytes) -> P:
         request = parse_request(raw, limits)
         if check is not None:
             check(request)

@@ -31,8 +31,8 @@ from consumer.http_errors import ApiError, install_error_handlers
 from consumer.http_middleware import RequestContext
 from consumer.logging import get_logger
 from consumer.metrics import CONTENT_TYPE, Metrics
-from consumer.retry import EngineError
 from consumer.settings import HttpSettings
+from engine.split import EngineError
 from schemas.http import (
     JEV_ALIAS,
     ErrorBody,

@@ -218,6 +218,17 @@ async def _create_missing(settings: KafkaSettings, missing: list[str]) -> None:
     log.info("topics_created", topics=missing, partitions=settings.topic_partitions)
 
 
+async def topic_partitions(kafka: KafkaSettings, topic: str) -> list[int]:
+    """Partition ids of `topic` ([] when it does not exist), from the cluster metadata."""
+    admin = AIOKafkaAdminClient(**client_options(kafka))
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    return sorted(p["partition"] for t in described if t["error_code"] == 0 for p in t["partitions"])
+
+
 async def topic_access(settings: KafkaSettings, names: list[str]) -> dict[str, TopicAccess]:
     """Per topic: Kafka's error code (0, 3 unknown, 29 may not describe) and this principal's allowed
     operations (Metadata v8). Raises aiokafka errors when the broker cannot be reached."""

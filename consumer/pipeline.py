@@ -1,24 +1,23 @@
 """The service pipeline: the only module that knows the order of the stages.
 
-    source.fetch -> units (runs of up to `prepare_chunk` records of one partition) -> track offset span
-      -> batcher (decode + prepare in threads, engine in the GPU thread) -> per-partition emitter (in
-      offset order) -> router | dlq -> publisher -> producer (acks=all) -> offsets.done
-      -> periodic commit of the contiguous watermark
+    source.fetch -> units (runs of up to `prepare_chunk` records of one partition) -> committer.track
+      -> batcher (decode + prepare in threads, the engine in its GPU thread) -> the partition's emitter
+      (offset order) -> outputs (router | dlq) -> publisher -> producer (acks=all) -> committer.done
+      -> committer: periodic commit of the contiguous watermark
+    exactly-once: emitter -> committer.transact (outputs and the input offset in one transaction)
 
 A unit carries one engine future, one offset span and one acknowledgement counter for its records, so the
 per-record cost on the event loop is the routing and the produce append, not asyncio machinery.
 Per-key order: each input partition has one emitter that publishes results in offset order, the publisher
 sends in push order, and outputs keep the input key, so records of one key keep their order.
-Backpressure: at most `kafka.max_in_flight` records between fetch and acknowledgement; at the bound no
-more records are taken, and when it stays reached for `PAUSE_AFTER_S` every partition is paused until half
-have drained.
-Rebalance: revoked partitions stop taking records, get up to `revoke_timeout_s` to finish, have their
-watermark committed, and anything still unfinished is dropped unpublished (the settings check that this
-fits inside the rebalance timeout, so the member is not dropped from the group while it drains).
-Exactly-once mode (`kafka.exactly_once`): each assigned partition gets a transactional producer
-(`consumer.transactions`), started while the partition is paused so no record of it is taken before the
-previous owner is fenced; its emitter publishes outputs and commits offsets in one transaction per run of
-finished units, so the consumer commits nothing itself.
+Backpressure: the emitter holds every record from fetch to acknowledgement, at most `kafka.max_in_flight`.
+When it is full the fetch loop awaits its room; when it stays full for `PAUSE_AFTER_S` every partition is
+paused until it has drained to half.
+Rebalance: revoked partitions stop taking records, get up to `revoke_timeout_s` to finish, and are handed
+to the committer (last commit, or closing their transactional producers); anything still unfinished is
+dropped unpublished (the settings check that this fits inside the rebalance timeout).
+Exactly-once (`kafka.exactly_once`): the committer starts each assigned partition's transactional producer
+while the partition is paused, so no record of it is taken before the previous owner is fenced.
 Stop (`request_stop`, e.g. SIGTERM): fetching stops at once (also mid-rebalance); what is in flight
 drains while the member still owns its partitions, then is committed, and the member leaves the group. A
 rebalance during the drain revokes as usual and the member then leaves instead of rejoining; partitions
@@ -28,60 +27,56 @@ assigned while stopping are declined by leaving. Everything returns within `shut
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import importlib.metadata
 import time
-from typing import Any
+from typing import Generic, TypeVar
 
-from aiokafka import TopicPartition
+from aiokafka import ConsumerRecord, TopicPartition
 
-from consumer.batcher import Batcher, EngineLike
+from consumer.batcher import Batcher
+from consumer.commit import Committer
 from consumer.decode import decode_value, header_event_id
-from consumer.emitter import Emitter, PartitionState, Unit
+from consumer.emitter import Emitter
 from consumer.engine_batcher import RequestCheck, answer_body, engine_batcher
 from consumer.kafka_access import preflight
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
-from consumer.offsets import OffsetTracker
+from consumer.outputs import default_engine_info
+from consumer.pipeline_stop import shutdown
 from consumer.producer import Producer
-from consumer.router import InputRecord
-from consumer.runtime import bounded, tune_gc
+from consumer.records import InputRecord, PartitionState, Unit
+from consumer.runtime import tune_gc
 from consumer.settings import Settings
 from consumer.source import Source
-from consumer.transactions import PartitionTransactions
+from engine.types import PreparedLike, ServingEngine
 from schemas.parse import RequestLimits
 from schemas.routing import EngineInfo
 from schemas.systemone import SystemOneResponse
 
 log = get_logger("consumer.pipeline")
 
+P = TypeVar("P", bound=PreparedLike)
+S = TypeVar("S")
+R = TypeVar("R")
 
-PAUSE_AFTER_S = 0.5  # the in-flight bound reached this long -> pause every input partition
-FULL_POLL_S = 0.005  # how often the fetch loop looks at the in-flight count while it is full or paused
-EXIT_MARGIN_S = 1.0  # of settings.SHUTDOWN_RESERVE_S: left for the process to exit after `run` returns
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("clef-router")
-    except importlib.metadata.PackageNotFoundError:
-        return ""
+PAUSE_AFTER_S = 0.5  # the emitter full this long -> pause every input partition
 
 
-def default_engine_info(settings: Settings) -> EngineInfo:
-    """The `engine` member of decisions when the caller gives none: this package, its version, the model."""
-    return EngineInfo(name="clef-router", version=_version(), model=settings.engine.model_name)
+class Pipeline(Generic[P, S, R]):
+    """Kafka -> engine -> Kafka, plus `answer` for HTTP on the same batcher. Event loop only.
 
-
-class Pipeline:
-    """Kafka -> engine -> Kafka, plus `answer` for HTTP on the same batcher. Event loop only."""
+    The engine is any `engine.types.ServingEngine` (its prepared, staged and ran types flow through as
+    P, S, R, untouched). `source` and `producer` default to the real Kafka clients built from `settings`
+    (tests pass fakes).
+    """
 
     def __init__(
         self,
         settings: Settings,
-        engine: EngineLike[Any],
+        engine: ServingEngine[P, S, R],
         *,
+        source: Source | None = None,
+        producer: Producer | None = None,
         metrics: Metrics | None = None,
         engine_info: EngineInfo | None = None,
     ) -> None:
@@ -89,34 +84,28 @@ class Pipeline:
         self.metrics = metrics or Metrics()
         self._engine = engine
         self._limits = RequestLimits(max_value_bytes=settings.engine.max_message_bytes)
-        self.batcher: Batcher[Any, SystemOneResponse] = engine_batcher(settings, engine, self.metrics)
-        self.tracker: OffsetTracker[TopicPartition] = OffsetTracker()
-        self.producer = Producer(settings.kafka)
-        self.source = Source(
-            settings.kafka,
-            settings.topics.input,
-            on_assigned=self._on_assigned,
-            on_revoked=self._on_revoked,
-            metrics=self.metrics,
-        )
-        self._idle = asyncio.Event()  # set when nothing is left in flight: commit now
+        self.batcher: Batcher[P, SystemOneResponse] = engine_batcher(settings, engine, self.metrics)
+        self.producer = producer or Producer(settings.kafka)
+        self.source = source or Source(settings.kafka, settings.topics.input, metrics=self.metrics)
+        self.committer = Committer(settings.kafka, self.source)
         self.emitter = Emitter(
             settings,
             self.producer,
-            self.tracker,
+            self.committer,
             self.metrics,
-            engine_info or default_engine_info(settings),
+            engine_info or default_engine_info(settings.engine.model_name),
             on_fatal=self._fail,
-            on_progress=self._beat,
-            on_idle=self._idle.set,
         )
-        self._states: dict[TopicPartition, PartitionState] = {}
+        self._states: dict[TopicPartition, PartitionState] = {}  # open partitions (written here only)
+        self._closing: set[TopicPartition] = set()  # partitions being revoked: take no more records
         self._positions: dict[TopicPartition, int] = {}
         self._stop = asyncio.Event()
-        self._commit_lock = asyncio.Lock()
-        self._revoking = 0  # revoke callbacks in progress (a stop waits for them before leaving)
-        self._fatal: BaseException | None = None
-        self._last_progress = time.monotonic()
+        self.revoking = 0  # revoke callbacks in progress (a stop waits for them before leaving)
+        self.fatal: BaseException | None = None
+        self._fetched_at = time.monotonic()
+        # a full emitter is waited on until it has room for about one unit, so fetches stay unit-sized
+        cap = settings.kafka.max_in_flight
+        self._resume_level = cap - min(settings.batching.prepare_chunk, max(1, cap // 4))
         self._lag = 0
         self.started = False
         self.started_event = asyncio.Event()  # set with `started`: the preflight passed and clients are up
@@ -131,7 +120,7 @@ class Pipeline:
         await preflight(self.settings)  # credentials, topics, ACLs: fail here with one clear line
         await self.batcher.start()
         await self.producer.start()
-        await self.source.start()
+        await self.source.start(on_assigned=self._on_assigned, on_revoked=self._on_revoked)
         tune_gc(self.settings.gc_gen0_threshold, freeze=self.settings.gc_freeze)
         self.started = True
         self.started_event.set()
@@ -139,31 +128,37 @@ class Pipeline:
         log.info(
             "pipeline_started", inputs=list(self.settings.topics.input), group=self.settings.kafka.group_id
         )
-        committer = asyncio.create_task(self._commit_loop(), name="clef-commit")
+        commits = asyncio.create_task(self.committer.run(), name="clef-commit")
+        commits.add_done_callback(self._commit_loop_ended)
         try:
             await self._fetch_loop()
         finally:
-            await self._shutdown(committer)
-        if self._fatal is not None:
-            raise self._fatal
+            await shutdown(self, commits)
+        if self.fatal is not None:
+            raise self.fatal
 
     def request_stop(self) -> None:
         """Ask the pipeline to drain and stop (safe from a signal handler on the loop). Non-blocking; a
         fetch waiting for a rebalance to end returns at once."""
         if not self._stop.is_set():
-            log.info("stop_requested", in_flight=self.in_flight, revoking=self._revoking > 0)
+            log.info("stop_requested", in_flight=self.in_flight, revoking=self.revoking > 0)
         self._stop.set()
         self.source.stop_fetching()
+        self.emitter.interrupt()
 
     def _fail(self, exc: BaseException) -> None:
-        if self._fatal is None:
-            self._fatal = exc
+        if self.fatal is None:
+            self.fatal = exc
             log.error("fatal", error=repr(exc)[:300])
-        self._stop.set()
-        self.source.stop_fetching()
+        self.request_stop()
 
-    def _beat(self) -> None:
-        self._last_progress = time.monotonic()
+    def _commit_loop_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._fail(task.exception() or RuntimeError("commit loop ended"))
+
+    def committed(self) -> dict[TopicPartition, int]:
+        """The last committed offset per owned input partition (tests, benchmarks)."""
+        return self.committer.tracker.committed()
 
     # ---- health -------------------------------------------------------------------------------------------
     @property
@@ -176,77 +171,68 @@ class Pipeline:
 
     def healthy(self) -> bool:
         """False after a fatal error, or when work is pending but nothing progressed for `watchdog_s`."""
-        if self._fatal is not None:
+        if self.fatal is not None:
             return False
         idle = self.in_flight == 0 and self._lag == 0
-        return idle or time.monotonic() - self._last_progress < self.settings.http.watchdog_s
+        progress = max(self._fetched_at, self.emitter.last_progress, self.committer.last_commit)
+        return idle or time.monotonic() - progress < self.settings.http.watchdog_s
 
     # ---- fetching -----------------------------------------------------------------------------------------
     async def _fetch_loop(self) -> None:
         cfg = self.settings.kafka
-        full_since: float | None = None  # monotonic() since when the in-flight bound is reached
+        emitter, source = self.emitter, self.source
         while not self._stop.is_set():
-            room = cfg.max_in_flight - self.in_flight
+            room = emitter.room
             if room <= 0:
-                # Full: stop taking records. The consumer keeps at most one fetched response per partition
-                # meanwhile; pausing would discard it (aiokafka drops the buffered records of a paused
-                # partition, so they would be fetched again), so partitions are paused only when the bound
-                # stays reached for `PAUSE_AFTER_S` (a slow engine), not on every short wait.
-                if full_since is None:
-                    full_since = time.monotonic()
-                elif not self.source.paused and time.monotonic() - full_since >= PAUSE_AFTER_S:
-                    self.source.pause_all()
-                await asyncio.sleep(FULL_POLL_S)
+                # Full: take no more records until the emitter has room. The consumer keeps at most one
+                # fetched response per partition meanwhile; pausing would discard it (aiokafka drops the
+                # buffered records of a paused partition), so partitions are paused only when the emitter
+                # stays full for `PAUSE_AFTER_S` (a slow engine), and resumed once it drained to half.
+                drained = await emitter.wait_room(self._resume_level, PAUSE_AFTER_S)
+                if not drained and not self._stop.is_set():
+                    source.pause_all()
+                    await emitter.wait_room(emitter.capacity // 2, None)
+                    if not self._stop.is_set():
+                        source.resume_all()
                 continue
-            full_since = None
-            if self.source.paused:
-                if self.in_flight > cfg.max_in_flight // 2:
-                    # every partition is paused: a fetch could only wait out its timeout
-                    await asyncio.sleep(FULL_POLL_S)
-                    continue
-                self.source.resume_all()
-            batch = await self.source.fetch(min(cfg.fetch_max_records, room), timeout_ms=100)
+            batch = await source.fetch(min(cfg.fetch_max_records, room), timeout_ms=100)
             if batch:
                 if self.first_fetch_at is None:
                     self.first_fetch_at = time.perf_counter()
-                self._beat()
+                self._fetched_at = time.monotonic()
                 for tp, records in batch.items():
                     self._admit(tp, records)
-            self._lag = self.source.update_lag(self._positions)
+            self._lag = source.update_lag(self._positions)
             self.metrics.in_flight.set(self.in_flight)
 
-    def _admit(self, tp: TopicPartition, records: list[Any]) -> None:
+    def _admit(self, tp: TopicPartition, records: list[ConsumerRecord]) -> None:
+        """Cut fetched `records` of `tp` into units, track their spans, submit them, queue them in order."""
         state = self._states.get(tp)
         if state is None and records and tp in self.source.assignment():
             self.source.seek(tp, records[0].offset)  # assigned but not opened yet: fetch these again later
             return
-        if state is None or state.closing or not records:
+        if state is None or tp in self._closing or not records:
             return  # revoked or revoking: the next owner fetches these again from the committed offset
         step = self.settings.batching.prepare_chunk
         for start in range(0, len(records), step):
-            run = records[start : start + step]
-            items: list[InputRecord] = []
-            event_ids: list[str | None] = []
-            for rec in run:
-                # aiokafka gives headers as (str, bytes) pairs already (`ConsumerRecord.headers`)
-                headers = tuple(rec.headers) if rec.headers else ()
-                items.append(
-                    InputRecord(
-                        rec.topic, rec.partition, rec.offset, rec.key, rec.value, headers, rec.timestamp
-                    )
-                )
-                event_ids.append(header_event_id(headers) if headers else None)
-            self.tracker.track(tp, run[0].offset, run[-1].offset + 1)
-            unit = Unit(state, items, event_ids)
-            unit.future = self.batcher.submit(functools.partial(self._prepare, unit), range(len(items)))
-            self.emitter.push(unit)
+            # aiokafka gives headers as (str, bytes) pairs already (`ConsumerRecord.headers`)
+            run = [
+                InputRecord(r.topic, r.partition, r.offset, r.key, r.value, tuple(r.headers), r.timestamp)
+                for r in records[start : start + step]
+            ]
+            self.committer.track(tp, run[0].offset, run[-1].offset + 1)
+            event_ids: list[str | None] = [None] * len(run)
+            future = self.batcher.submit(functools.partial(self._prepare, run, event_ids), range(len(run)))
+            self.emitter.push(Unit(state, run, event_ids, future))
         self._positions[tp] = records[-1].offset + 1
 
-    def _prepare(self, unit: Unit, index: int) -> Any:
-        """Decode and prepare record `index` of `unit` (prepare thread pool)."""
-        decoded = decode_value(unit.records[index].value, self.settings.routing.default_schema, self._limits)
-        if unit.event_ids[index] is None:
-            unit.event_ids[index] = decoded.event_id
+    def _prepare(self, records: list[InputRecord], event_ids: list[str | None], index: int) -> P:
+        """Decode and prepare record `index` (prepare thread pool; the only writer of `event_ids`)."""
+        record = records[index]
+        event_ids[index] = header_event_id(record.headers) if record.headers else None
+        decoded = decode_value(record.value, self.settings.routing.default_schema, self._limits)
+        if event_ids[index] is None:
+            event_ids[index] = decoded.event_id
         return self._engine.prepare(decoded.request)
 
     # ---- HTTP ---------------------------------------------------------------------------------------------
@@ -269,23 +255,19 @@ class Pipeline:
             await self.source.leave_group()
             return
         new = [tp for tp in tps if tp not in self._states]
-        if self.settings.kafka.exactly_once and new:
-            # No record of a partition is taken before its transactional producer has started (which
-            # fences the previous owner): the fetch loop runs while this callback awaits.
+        if self.committer.exactly_once and new:
+            # No record is taken before the partition's transactional producer has started (which fences
+            # the previous owner): the fetch loop runs while this callback awaits.
             self.source.pause(new)
-            for tp in new:
-                txn = PartitionTransactions(self.settings.kafka, tp)
-                try:
-                    await txn.start()
-                except Exception as exc:
-                    self._fail(exc)
-                    return
-                self._states[tp] = self.emitter.open(tp, txn)
-            if not self.source.paused:
-                self.source.resume(new)
-        else:
-            for tp in new:
-                self._states[tp] = self.emitter.open(tp)
+        for tp in new:
+            try:
+                await self.committer.open(tp)
+            except Exception as exc:
+                self._fail(exc)
+                return
+            self._states[tp] = self.emitter.open(tp)
+        if self.committer.exactly_once and new and not self.source.paused:
+            self.source.resume(new)
         log.info("partitions_assigned", partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in tps))
 
     async def _on_revoked(self, tps: set[TopicPartition]) -> None:
@@ -293,26 +275,23 @@ class Pipeline:
         the settings check against the rebalance timeout."""
         self.metrics.rebalances.labels(kind="revoked").inc()
         began = time.monotonic()
-        self._revoking += 1
+        self.revoking += 1
         try:
             states = [self._states[tp] for tp in tps if tp in self._states]
+            owned = [s.tp for s in states]
             log.info("partitions_revoking", partitions=len(states), in_flight=self.in_flight)
+            self._closing.update(owned)
+            await self.drain(owned, self.settings.kafka.revoke_timeout_s)
             for state in states:
-                state.closing = True
-            await self._drain([s.tp for s in states], self.settings.kafka.revoke_timeout_s)
-            await self._commit({s.tp for s in states})
-            abandoned = 0
-            for state in states:
-                abandoned += self.tracker.pending(state.tp)  # unfinished runs (units) of records
                 self.emitter.close(state)
-                self.tracker.forget(state.tp)
-                self._positions.pop(state.tp, None)
-                del self._states[state.tp]
-            if self.settings.kafka.exactly_once:
+            if self.committer.exactly_once:
                 # a transaction still open would commit outputs and offsets after the next owner starts
-                tasks = {s.task for s in states if s.task is not None and not s.task.done()}
-                if tasks:
-                    await asyncio.wait(tasks, timeout=self.settings.kafka.revoke_timeout_s)
+                await self.emitter.wait_tasks(states, self.settings.kafka.revoke_timeout_s)
+            abandoned = await self.committer.revoke(owned)
+            for tp in owned:
+                self._positions.pop(tp, None)
+                self._closing.discard(tp)
+                del self._states[tp]
             log.info(
                 "partitions_revoked",
                 partitions=len(states),
@@ -320,21 +299,18 @@ class Pipeline:
                 seconds=round(time.monotonic() - began, 3),
             )
         finally:
-            self._revoking -= 1
+            self.revoking -= 1
         if self._stop.is_set():
             # Everything was revoked (eager rebalancing) and committed: leave rather than rejoin, so this
             # member, which is shutting down, is handed no partition it would never fetch.
             await self.source.leave_group()
 
-    async def _drain(self, tps: list[TopicPartition] | None, timeout_s: float) -> bool:
-        """Wait until the given partitions have nothing pending (all: nothing in flight and no revoke in
+    async def drain(self, tps: list[TopicPartition] | None, timeout_s: float) -> bool:
+        """Wait until the given partitions have nothing pending (None: nothing in flight and no revoke in
         progress); False on timeout or a fatal error."""
         deadline = time.monotonic() + timeout_s
-        while self._fatal is None:
-            if tps is not None:
-                pending = sum(self.tracker.pending(tp) for tp in tps)
-            else:
-                pending = self.in_flight + self._revoking
+        while self.fatal is None:
+            pending = self.committer.pending(tps) if tps is not None else self.in_flight + self.revoking
             if pending == 0:
                 return True
             if time.monotonic() >= deadline:
@@ -342,72 +318,6 @@ class Pipeline:
             await asyncio.sleep(0.01)
         return False
 
-    # ---- commits and shutdown -----------------------------------------------------------------------------
-    async def _commit(self, only: set[TopicPartition] | None = None) -> None:
-        if self.settings.kafka.exactly_once:
-            return  # offsets are committed inside each partition's transactions
-        async with self._commit_lock:
-            offsets = {
-                tp: off
-                for tp, off in self.tracker.committable().items()
-                if tp in self._states and (only is None or tp in only)
-            }
-            if offsets and await self.source.commit(offsets, self.settings.kafka.send_attempts):
-                self.tracker.mark_committed(offsets)
-                self._beat()
-
-    async def _commit_loop(self) -> None:
-        """Commit every `commit_interval_ms`, and at once when the last in-flight record is acknowledged
-        (so an idle service has committed everything it did, not up to one interval ago)."""
-        interval = self.settings.kafka.commit_interval_ms / 1000.0
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), interval)
-            self._idle.clear()
-            try:
-                await self._commit()
-            except Exception as exc:
-                self._fail(exc)
-
-    async def _shutdown(self, committer: asyncio.Task[None]) -> None:
-        """Drain and commit while the partitions are still owned, then leave the group and close, all
-        within `shutdown_timeout_s` (a revoke in progress is part of the drain). Never raises."""
-        cfg = self.settings.kafka
-        self.source.stop_fetching()
-        began = time.monotonic()
-        deadline = began + cfg.shutdown_timeout_s - EXIT_MARGIN_S
-
-        def left() -> float:
-            return max(0.0, deadline - time.monotonic())
-
-        drained = False
-        if self._fatal is None:
-            drained = await self._drain(None, max(0.0, cfg.shutdown_timeout_s - cfg.close_reserve_s))
-        committer.cancel()
-        for state in list(self._states.values()):
-            self.emitter.close(state)  # nothing more is published: what is unfinished now is abandoned
-        if not self.source.left:
-            try:
-                await self._commit()  # bounded by commit_timeout_s
-            except Exception as exc:
-                log.warning("final_commit_failed", error=repr(exc)[:300])
-        abandoned = self.in_flight
-        # HTTP requests already in the batcher may still be answered (Kafka results are not published).
-        await self.batcher.close(left() / 3)
-        # Exactly-once: a transaction being committed ends before the group is left, so the next owner
-        # reads its offsets.
-        await self.emitter.wait_closed(min(left() / 3, 2.0))
-        left_in_time = await bounded(self._leave(), left() * 2 / 3, "leave_group")
-        await bounded(self.producer.stop(), left(), "producer_stop")
-        self.metrics.model_loaded.set(0)
-        log.info(
-            "pipeline_stopped",
-            drained=drained,
-            abandoned=abandoned,
-            left_group=left_in_time,
-            seconds=round(time.monotonic() - began, 3),
-        )
-
-    async def _leave(self) -> None:
-        await self.source.leave_group()
-        await self.source.stop()
+    def open_partitions(self) -> list[PartitionState]:
+        """The emitter queues of the partitions owned now (shutdown)."""
+        return list(self._states.values())

@@ -21,8 +21,8 @@ from aiokafka.partitioner import DefaultPartitioner, murmur2
 
 from consumer.kafka_config import client_options
 from consumer.logging import get_logger
+from consumer.records import OutRecord
 from consumer.retry import transient_retry
-from consumer.router import OutRecord
 from consumer.settings import KafkaSettings
 
 log = get_logger("consumer.producer")
@@ -76,14 +76,6 @@ class Producer:
             record.topic, value=record.value, key=record.key, headers=list(record.headers)
         )
         return fut
-
-    async def send_many(self, records: Sequence[OutRecord]) -> list[asyncio.Future[Any]]:
-        """Enqueue `records` as one batch per topic partition; returns, per record, its batch's future."""
-        futures: list[asyncio.Future[Any] | None] = [None] * len(records)
-        for fut, indexes in await self.send_batches(records):
-            for index in indexes:
-                futures[index] = fut
-        return [fut for fut in futures if fut is not None]
 
     async def send_batches(self, records: Sequence[OutRecord]) -> list[tuple[asyncio.Future[Any], list[int]]]:
         """Enqueue `records` as one batch per topic partition; returns each batch's future with the indexes
@@ -219,7 +211,6 @@ class Publisher(Generic[OwnerT]):
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failed = False
-        self.rounds = 0
 
     def start(self) -> None:
         """Start the publishing task (on the running loop)."""
@@ -272,7 +263,6 @@ class Publisher(Generic[OwnerT]):
                     self._on_dropped(owner)
                 self._on_error(exc)
                 return
-            self.rounds += 1
             for fut, indexes in sent:
                 members = [records[i] for i in indexes]
                 member_owners = [owners[i] for i in indexes]

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import NamedTuple
 
+from consumer.records import Headers, InputRecord, OutRecord
 from consumer.settings import RoutingSettings, TopicSettings
 from schemas.routing import (
     EngineInfo,
@@ -24,32 +24,10 @@ from schemas.routing import (
 )
 from schemas.systemone import SystemOneResponse
 
-Header = tuple[str, bytes]
 CE_PREFIX = "ce_"
 
 
-class InputRecord(NamedTuple):
-    """What the pipeline keeps of a consumed record (a named tuple: immutable and cheap to build)."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes | None], ...]
-    timestamp_ms: int | None = None
-
-
-class OutRecord(NamedTuple):
-    """One record to publish (a named tuple: immutable and cheap to build)."""
-
-    topic: str
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes | None], ...]
-
-
-def passthrough_headers(headers: tuple[tuple[str, bytes | None], ...]) -> list[tuple[str, bytes | None]]:
+def passthrough_headers(headers: Headers) -> list[tuple[str, bytes | None]]:
     """The CloudEvents `ce_*` headers of an input record, in order."""
     return [(name, value) for name, value in headers if name.startswith(CE_PREFIX)]
 
@@ -134,7 +112,7 @@ class Router:
             engine=self._engine,
         )
         added = decision_headers(route)
-        headers: tuple[tuple[str, bytes | None], ...] = (
+        headers: Headers = (
             (*passthrough_headers(record.headers), *added) if record.headers else tuple(added)
         )
         key = record.key

@@ -10,30 +10,35 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
+from typing import Generic, Protocol, TypeVar
 
-from consumer.batcher import Batcher, EngineLike
+from consumer.batcher import Batcher
 from consumer.engine_batcher import RequestCheck, answer_body, engine_batcher
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
 from consumer.settings import Settings
+from engine.types import PreparedLike, ServingEngine
 from schemas.parse import RequestLimits
 from schemas.response import SystemOneResponse
 
 log = get_logger("consumer.serve")
 
+P = TypeVar("P", bound=PreparedLike)
+S = TypeVar("S")
+R = TypeVar("R")
 
-class HttpService:
+
+class HttpService(Generic[P, S, R]):
     """The engine behind a batcher of its own, answering request bodies. Event loop only."""
 
     def __init__(
-        self, settings: Settings, engine: EngineLike[Any], *, metrics: Metrics | None = None
+        self, settings: Settings, engine: ServingEngine[P, S, R], *, metrics: Metrics | None = None
     ) -> None:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self._engine = engine
         self._limits = RequestLimits(max_value_bytes=settings.engine.max_message_bytes)
-        self.batcher: Batcher[Any, SystemOneResponse] = engine_batcher(settings, engine, self.metrics)
+        self.batcher: Batcher[P, SystemOneResponse] = engine_batcher(settings, engine, self.metrics)
         self._started = False
         self._stopping = False
         self._in_flight = 0

@@ -193,9 +193,9 @@ class TopicSettings(_Frozen):
 
 class BatchingSettings(_Frozen):
     mode: Literal["adaptive", "fixed"] = Field(
-        # fixed stays the default: on the H200 (BENCHMARKS.md, bench load) adaptive met none of its latency
-        # targets and beat fixed only at 50-70% load
-        default="fixed",
+        # adaptive is the default: on the H200 (BENCHMARKS.md, bench load) it had the lower latency at every
+        # load up to 90% of capacity and the same capacity as the best fixed budget
+        default="adaptive",
         description="adaptive: batches follow the queue and the measured GPU time (consumer.adaptive); "
         "fixed: flush on max_batch_records, max_batch_tokens or max_wait_ms",
     )
@@ -225,6 +225,10 @@ class EngineSettings(_Frozen):
     confidence_formula: Literal["typesafe", "top"] = "typesafe"
     max_message_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
     single_record_attempts: int = Field(default=2, ge=1, description="tries for a record failing alone")
+    fp8_experts: bool = Field(
+        default=False,
+        description="run the MoE experts in FP8 on Hopper GPUs (engine.fp8; opt-in, the release is bf16)",
+    )
 
 
 def engine_device(engine: EngineSettings) -> str:

@@ -1,7 +1,7 @@
 """Kafka input: the aiokafka consumer group (manual commits, pause/resume, rebalance hook).
 
 `Source.fetch` is the only call that waits for the broker on the hot path; it never waits for GPU work.
-Partitions are paused (`pause_all`) when the pipeline's in-flight bound is reached and resumed when it has
+Partitions are paused (`pause_all`) when the emitter stays full and resumed when it has
 drained; heartbeats continue meanwhile (aiokafka heartbeats from its own task). Rebalance callbacks are
 awaited by aiokafka before the member rejoins, so `on_revoked` may finish or abandon work and commit.
 
@@ -56,14 +56,11 @@ class Source:
         settings: KafkaSettings,
         topics: Sequence[str],
         *,
-        on_assigned: PartitionsCallback,
-        on_revoked: PartitionsCallback,
         metrics: Metrics | None = None,
     ) -> None:
         self._settings = settings
         self._topics = list(topics)
         self._metrics = metrics
-        self._listener = _Listener(on_assigned, on_revoked)
         self._paused = False
         self._lag_gauges: dict[TopicPartition, Any] = {}
         self._getter: asyncio.Future[dict[TopicPartition, list[Any]]] | None = None  # the pending fetch
@@ -82,10 +79,11 @@ class Source:
             isolation_level="read_committed",
         )
 
-    async def start(self) -> None:
-        """Connect and subscribe (partitions arrive through `on_assigned`)."""
+    async def start(self, *, on_assigned: PartitionsCallback, on_revoked: PartitionsCallback) -> None:
+        """Connect and subscribe. aiokafka awaits `on_assigned`/`on_revoked` inside its rebalances, before
+        the member rejoins (the fetch loop keeps running meanwhile)."""
         await self._consumer.start()
-        self._consumer.subscribe(self._topics, listener=self._listener)
+        self._consumer.subscribe(self._topics, listener=_Listener(on_assigned, on_revoked))
 
     def stop_fetching(self) -> None:
         """End a pending `fetch` now (it returns no records) and make later ones return at once.

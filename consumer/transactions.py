@@ -23,8 +23,8 @@ from aiokafka.errors import ProducerFenced
 
 from consumer.logging import get_logger
 from consumer.producer import Producer
+from consumer.records import OutRecord
 from consumer.retry import transient_retry
-from consumer.router import OutRecord
 from consumer.settings import KafkaSettings
 
 log = get_logger("consumer.transactions")

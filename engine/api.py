@@ -57,6 +57,6 @@ def systemone(
     over-long request; model errors propagate.
     """
     inner, tokenizer = _unwrap(model, processor)
-    engine = Engine(inner, tokenizer, config_for(inner, **config), processor=processor)
+    engine = Engine(inner, tokenizer, config_for(inner, **config))
     prepared = engine.prepare(parse_request(request))
     return engine.execute([prepared])[0]

@@ -49,16 +49,14 @@ class PackedInputs:
     """One packed batch on the device.
 
     `inputs_embeds` (T, hidden); `position_ids` (3, T) multimodal rope positions (identical rows for text);
-    `cu_seqlens` (N+1,) int32 record boundaries; `max_seqlen` the longest record. Optional deepstack:
-    `visual_mask` (T,) bool and one (V, hidden) tensor per early layer.
+    `cu_seqlens` (N+1,) int32 record boundaries; `max_seqlen` the longest record (text
+    only: media batches take transformers' path, `engine.model_media`).
     """
 
     inputs_embeds: torch.Tensor
     position_ids: torch.Tensor
     cu_seqlens: torch.Tensor
     max_seqlen: int
-    visual_mask: torch.Tensor | None = None
-    deepstack_embeds: tuple[torch.Tensor, ...] = ()
 
 
 _rms_norm = kernels.rms_norm_reference
@@ -191,11 +189,6 @@ class PackedTextDecoder:
             x, h = kernels.add_rms_norm(x, att, layer.post_attention_layernorm.weight, self.eps)
             mlp = layer.mlp
             delta = self._moe(i, mlp, h) if hasattr(mlp, "experts") else mlp(h)
-            if p.visual_mask is not None and i < len(p.deepstack_embeds):
-                x = x + delta
-                x = x.clone()
-                x[p.visual_mask] = x[p.visual_mask] + p.deepstack_embeds[i].to(x.dtype)
-                delta = torch.zeros_like(x)
             nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else tm.norm.weight
             x, h = kernels.add_rms_norm(x, delta, nxt, self.eps)
         return h
@@ -337,7 +330,7 @@ class GraphedDecoder:
         n = p.cu_seqlens.shape[0] - 1
         bucket = self.bucket_for(t)
         cap = next((c for c in SEQLEN_CAPS if p.max_seqlen <= c), None)
-        if bucket is None or cap is None or n > self.max_records or p.visual_mask is not None:
+        if bucket is None or cap is None or n > self.max_records:
             return self.decoder(p)
         cap = min(cap, bucket)
         key = (bucket, cap)

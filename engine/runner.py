@@ -26,6 +26,7 @@ from engine.batch import Layout, ModelBatch, forward, plan_batches
 from engine.encode import DEFAULT_MAX_TOKENS, TextEncoder, encoder_for
 from engine.media import MediaError, MediaLimits, MediaPolicy
 from engine.model import ClefOmniModel
+from engine.split import EngineError, run_split
 from engine.types import EncodedRequest
 from schemas.systemone import (
     DlqReason,
@@ -54,17 +55,21 @@ class EngineConfig:
     model's `preferred_layout`). `device`/`dtype` apply when loading a release. On CUDA, `fast_path`
     runs text-only batches through the packed varlen decoder (`engine.fastpath`), replaying CUDA graphs
     captured per token bucket (`graph_buckets`; None: `fastpath.default_buckets(max_batch_tokens)`, empty:
-    no graphs)."""
+    no graphs); `fp8_experts` runs the MoE experts in FP8 there (`engine.fp8`, opt-in). A record failing
+    alone is tried `single_record_attempts` times (`engine.split`). A server maps its own settings onto
+    this in one place (`consumer.engine_config`)."""
 
     device: str = "cuda"
     dtype: DTypeName = "bfloat16"
     max_batch_tokens: int = 65_536
     max_batch_records: int = 64
     max_tokens: int = DEFAULT_MAX_TOKENS
+    single_record_attempts: int = 2
     truncate_state: bool = True
     confidence_formula: Literal["typesafe", "top"] = "typesafe"
     layout: Literal["auto", "packed", "padded"] = "auto"
     fast_path: bool = True
+    fp8_experts: bool = False
     graph_buckets: tuple[int, ...] | None = None
     media_limits: MediaLimits = field(default_factory=MediaLimits)
     media_policy: MediaPolicy = field(default_factory=MediaPolicy)
@@ -81,14 +86,6 @@ class MediaInputLike(Protocol):
     def token_ids(self) -> Sequence[int]: ...
     @property
     def tensors(self) -> Mapping[str, Any]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class MediaInput:
-    """Decoded media of one request: the expanded media token ids M and the processor tensors."""
-
-    token_ids: Sequence[int]
-    tensors: Mapping[str, Any]
 
 
 MediaHook = Callable[[SystemOneRequest], MediaInputLike]
@@ -130,9 +127,10 @@ class RunResult:
 class Engine:
     """One loaded Clef model plus its tokenizer; see the module docstring for the threading rules.
 
-    `tokenizer` is the release tokenizer (or a processor carrying it as `.tokenizer`); `processor` the
-    multimodal processor the media hook uses (None: text only). Raises `ValueError` when the tokenizer
-    lacks the special tokens of Clef's format.
+    `tokenizer` is the release tokenizer (or a processor carrying it as `.tokenizer`); `media_hook` decodes
+    a request's media (None: text only, a request with media is a permanent 400). Satisfies
+    `engine.types.ServingEngine`. Raises `ValueError` when the tokenizer lacks the special tokens of Clef's
+    format.
     """
 
     def __init__(
@@ -141,12 +139,10 @@ class Engine:
         tokenizer: object,
         config: EngineConfig | None = None,
         *,
-        processor: object | None = None,
         media_hook: MediaHook | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.processor = processor
         self.config = config if config is not None else EngineConfig()
         self._encoder: TextEncoder = encoder_for(tokenizer)
         self._media_hook = media_hook
@@ -158,7 +154,7 @@ class Engine:
             buckets = cfg.graph_buckets
             if buckets is None:
                 buckets = default_buckets(cfg.max_batch_tokens)
-            model.enable_fast_path(graph_buckets=buckets)
+            model.enable_fast_path(graph_buckets=buckets, fp8_experts=cfg.fp8_experts)
         self._layout: Layout | None = None if self.config.layout == "auto" else self.config.layout
 
     @classmethod
@@ -191,18 +187,18 @@ class Engine:
             hook = media_hook(loaded.tokenizer, processors, cfg.media_limits, cfg.media_policy)
         except (OSError, KeyError, TypeError, ValueError) as exc:
             log.warning("media disabled for %s: %s", path, exc)
-        return cls(loaded.model, loaded.tokenizer, cfg, processor=loaded.processor, media_hook=hook)
+        return cls(loaded.model, loaded.tokenizer, cfg, media_hook=hook)
 
     def _media(self, request: SystemOneRequest) -> MediaInputLike | None:
         """The one place a request's media is decoded (None for a text-only request).
 
-        Media support plugs in here: pass `media_hook` (built from `self.processor` and the media
-        limits/policy); until then a request with media is a permanent 400 error.
+        Without a `media_hook` (a release whose processors could not be read) a request with media is a
+        permanent 400 error.
         """
         if not request.has_media:
             return None
         if self._media_hook is None:
-            raise RequestError(DlqReason.media_undecodable, "media not supported yet", status=400)
+            raise RequestError(DlqReason.media_undecodable, "this engine serves text only", status=400)
         try:
             return self._media_hook(request)
         except RequestError:
@@ -315,6 +311,15 @@ class Engine:
                     out[i] = probs
         return RunResult(staged.prepared, tuple(out))
 
+    def out_of_memory(self, exc: BaseException) -> bool:
+        """True when `exc` is the device running out of memory (`torch.OutOfMemoryError`); empties the CUDA
+        cache first, so a retry of a smaller batch can use the memory. Any thread."""
+        if not isinstance(exc, torch.OutOfMemoryError):
+            return False
+        if self.config.device.startswith("cuda") and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return True
+
     def respond(self, result: RunResult) -> list[SystemOneResponse]:
         """SystemOne responses of a run batch, in batch order (CPU, any thread).
 
@@ -360,31 +365,26 @@ class Engine:
         )
         for group in plan:
             batch = [ready[k] for k in group]
-            for (index, _), result in zip(batch, self._execute_splitting([p for _, p in batch]), strict=True):
-                results[index] = result
+            split = run_split(
+                self.execute,
+                [p for _, p in batch],
+                single_attempts=self.config.single_record_attempts,
+                out_of_memory=self.out_of_memory,
+            )
+            for (index, _), outcome in zip(batch, split.outcomes, strict=True):
+                results[index] = _request_error(outcome) if isinstance(outcome, EngineError) else outcome
         assert all(r is not None for r in results), "every request gets a result"
         return [r for r in results if r is not None]
 
-    def _execute_splitting(self, batch: list[Prepared]) -> list[SystemOneResponse | RequestError]:
-        """`execute`, halving the batch on any failure (CUDA out-of-memory, unusable model output, an
-        error inside the model or the media path); a record that still fails alone gets a `RequestError`
-        (500) instead of failing its neighbours."""
-        try:
-            return list(self.execute(batch))
-        except torch.OutOfMemoryError:
-            if len(batch) == 1:
-                return [RequestError(DlqReason.oom_single_record, "out of GPU memory for this record alone")]
-        except ProbabilityError as error:
-            if len(batch) == 1:
-                return [RequestError(DlqReason.engine_failed, f"model output unusable: {error}")]
-        except Exception as exc:  # e.g. a processor/thinker error on one record's media
-            if len(batch) == 1:
-                log.warning("running one record failed", exc_info=True)
-                return [_engine_failed("the model failed on this request", exc)]
-        if self.config.device.startswith("cuda"):
-            torch.cuda.empty_cache()
-        half = len(batch) // 2
-        return self._execute_splitting(batch[:half]) + self._execute_splitting(batch[half:])
+
+def _request_error(error: EngineError) -> RequestError:
+    """The `RequestError` `decide` gives a record the engine failed on even alone (its reason kept)."""
+    cause = error.cause
+    if error.reason == DlqReason.oom_single_record:
+        return RequestError(DlqReason.oom_single_record, "out of GPU memory for this record alone")
+    if isinstance(cause, ProbabilityError):
+        return RequestError(DlqReason.engine_failed, f"model output unusable: {cause}")
+    return _engine_failed("the model failed on this request", cause)
 
 
 def _engine_failed(what: str, exc: BaseException) -> RequestError:

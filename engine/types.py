@@ -3,18 +3,23 @@
 Plain frozen dataclasses: the encoder produces an `EncodedRequest` on a CPU thread, the GPU worker
 collates several of them into one forward pass, and the model returns per-option probabilities in
 `schemas.systemone.option_table` order for every question of every record.
+
+`ServingEngine` is the one protocol a server (the Kafka consumer, the HTTP service) drives the engine
+through; `engine.runner.Engine` satisfies it, and so do test and benchmark stand-ins. This module imports
+no torch at import time, so a server can name the protocol without loading torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, TypeVar
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
+    import torch
     from _typeshed import DataclassInstance
+
+    from schemas.systemone import SystemOneRequest, SystemOneResponse
 
 _D = TypeVar("_D", bound="DataclassInstance")
 
@@ -55,5 +60,45 @@ class EncodedRequest:
 
 def map_tensor_fields(obj: _D, fn: Callable[[torch.Tensor], torch.Tensor]) -> _D:
     """A copy of dataclass `obj` with `fn` applied to every field holding a tensor (e.g. a device move)."""
+    import torch
     moved = {f.name: fn(v) for f in fields(obj) if isinstance(v := getattr(obj, f.name), torch.Tensor)}
     return replace(obj, **moved)
+
+
+class PreparedLike(Protocol):
+    """What a server needs from a prepared record: its token count (what it costs in a batch)."""
+
+    @property
+    def num_tokens(self) -> int: ...
+
+
+PreparedT = TypeVar("PreparedT", bound=PreparedLike)
+StagedT = TypeVar("StagedT")
+RanT = TypeVar("RanT")
+
+
+class ServingEngine(Protocol[PreparedT, StagedT, RanT]):
+    """The engine as a server drives it: prepare -> stage -> run -> respond, plus failure handling.
+
+    - `prepare` (CPU, any thread, thread-safe): validate and encode; raises `RequestError` (permanent).
+    - `stage` (any thread): collate a batch and start its copy to the device.
+    - `run` (the one GPU thread): the forward pass(es) of a staged batch.
+    - `respond` (any thread): one response per record, in batch order.
+    - `execute(batch)` is `respond(run(stage(batch)))` in the GPU thread (the path a failed batch is split
+      and retried on).
+    - `out_of_memory(exc)`: True when `exc` is the device running out of memory; frees cached device
+      memory first, so a retry of a smaller batch can fit. The server never inspects the exception itself.
+    Every step but `prepare` may raise for a batch; the server then splits the batch and retries it.
+    """
+
+    def prepare(self, request: SystemOneRequest) -> PreparedT: ...
+
+    def stage(self, batch: Sequence[PreparedT]) -> StagedT: ...
+
+    def run(self, staged: StagedT) -> RanT: ...
+
+    def respond(self, ran: RanT) -> list[SystemOneResponse]: ...
+
+    def execute(self, batch: Sequence[PreparedT]) -> list[SystemOneResponse]: ...
+
+    def out_of_memory(self, exc: BaseException) -> bool: ...

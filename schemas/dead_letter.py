@@ -47,6 +47,21 @@ class DlqStage(StrEnum):
     publish = "publish"  # routing and serialising the output records
 
 
+_MEDIA_REASONS = frozenset(r for r in DlqReason if r.value.startswith("media_"))
+_ENGINE_REASONS = frozenset({DlqReason.engine_failed, DlqReason.oom_single_record})
+
+
+def stage_for(reason: DlqReason) -> str:
+    """The pipeline stage a reason code belongs to (`clef-dlq-stage`). Pure."""
+    if reason in _MEDIA_REASONS:
+        return DlqStage.media.value
+    if reason == DlqReason.context_length_exceeded:
+        return DlqStage.tokenize.value
+    if reason in _ENGINE_REASONS:
+        return DlqStage.engine.value
+    return DlqStage.decode.value
+
+
 class DlqHeaderError(ValueError):
     """A header list lacks a DLQ header or has one that does not parse."""
 

@@ -4,7 +4,7 @@
 # most 64 MiB in all, repository included):
 #
 #   .carry/jre.tar.xz            a Java 17 runtime cut down with jlink to the modules the broker uses
-#   .carry/kafka-4.4.0.tar.xz    the Apache Kafka broker jars (consumer/kafka_jars.py's folder, trimmed:
+#   .carry/kafka-4.4.0.tar.xz    the Apache Kafka broker jars (devtools/kafka_jars.py's folder, trimmed:
 #                                native libraries for other platforms removed, every jar re-stored
 #                                uncompressed so that xz compresses the whole set at once)
 #   .carry/whl/*.whl             cp312 / py3 wheels of the Python packages the run imports and the image lacks
@@ -34,7 +34,7 @@ python="${CARRY_PYTHON:-python3}"
 # remote, script and compiler bits) are left out; `--check` runs the broker and the service through them.
 modules="java.base,java.desktop,java.logging,java.management,java.naming,java.security.jgss"
 modules+=",java.security.sasl,java.sql,java.xml,jdk.unsupported,jdk.management,jdk.crypto.ec"
-# Wheels: what the service path imports (consumer.pipeline, consumer.kafka_local, engine.runner, bench.*)
+# Wheels: what the service path imports (consumer.pipeline, devtools.kafka_local, engine.runner, bench.*)
 # and the device image does not have (.library/device/KINDS.md, "Python packages already there"), at the
 # versions of the project venv (aiokafka 0.14 imports async_timeout on every Python); typing_extensions
 # rides along because pydantic-core needs a recent one.
@@ -59,7 +59,7 @@ strip --strip-unneeded "$work/jre/lib/server/libjvm.so" "$work"/jre/lib/*.so 2>/
 tar -C "$work" -cf - jre | xz -9e -T2 >"$carry/jre.tar.xz"
 
 # ---- broker jars ----------------------------------------------------------------------------------------
-jars="$("$python" -m consumer.kafka_jars)"  # fetches them first when the cache has none
+jars="$("$python" -m devtools.kafka_jars)"  # fetches them first when the cache has none
 name="$(basename "$jars")"
 mkdir -p "$work/kafka/$name"
 echo "device-carry: repacking $(ls "$jars"/*.jar | wc -l) jars from $jars" >&2

@@ -6,7 +6,7 @@
 #
 # Needs .carry/ built by scripts/device-carry.sh (JRE, broker jars, wheels). Unpacks the JRE and the jars
 # under $DEVICE_E2E_TMP (default /tmp/clef-e2e, recreated), installs the wheels into a site folder there
-# (no index, no dependencies), points CLEF_CACHE_DIR at the jars (consumer/kafka_jars.py: jar_dir() is
+# (no index, no dependencies), points CLEF_CACHE_DIR at the jars (devtools/kafka_jars.py: jar_dir() is
 # $CLEF_CACHE_DIR/kafka-4.4.0) and PATH at the JRE, then runs `python3 -m bench.e2e --out $OUT` with any
 # arguments given (defaults: full-size model, 10 s warm-up, then 25, 50, 75 and 90 events/s, 60 s each;
 # about 5 minutes in all, bounded by bench.e2e's --deadline-s 400 and `timeout` below).

@@ -96,7 +96,7 @@ fi
 
 # ---- the Apache Kafka broker jars ---------------------------------------------------------------------
 say "Kafka broker jars (fetched once with Maven, about 45 MB):"
-"$venv/bin/python" -m consumer.kafka_jars >&2
+"$venv/bin/python" -m devtools.kafka_jars >&2
 
 say "ready. To use clef-router in this shell:  source $venv/bin/activate"
 echo "$venv"

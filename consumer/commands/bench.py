@@ -1,18 +1,41 @@
-"""`clef-router bench engine` (the engine benchmark on the full-size model, needs the H200), `bench http`
-(the HTTP API on the stub engine) and `bench load` (latency under load through the service's batcher;
-`--cpu` for a smoke run)."""
+"""The `clef-router bench` family: `bench engine` (the engine benchmark on the full-size model, needs the
+H200), `bench pipeline` (service events/s on the stub engine vs a plain aiokafka loop), `bench http` (the
+HTTP API on the stub engine) and `bench load` (latency under load through the service's batcher; `--cpu`
+for a smoke run). The `bench` package is imported only by these handlers, never by the service."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+from typing import Any
 
 from consumer.commands import Commands, UsageError
 
 
 def register(commands: Commands) -> None:
-    """Add `bench engine`, `bench http` and `bench load`."""
+    """Add `bench pipeline`, `bench http`, `bench engine` and `bench load`."""
+    p = commands.bench.add_parser("pipeline", help="Service events/s (stub engine) vs a plain aiokafka loop")
+    p.add_argument("--events", type=int, default=20_000, help="events per run (default 20000)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per kind; the median is reported (default 3)")
+    p.add_argument("--bootstrap", default=None, help="use this broker instead of starting a local one")
+    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.add_argument(
+        "--only",
+        action="append",
+        choices=["plain", "service", "echo"],
+        default=None,
+        help="run only this kind (repeatable; default: all three)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a setting for the service run, e.g. batching.max_batch_records=32 (repeatable; JSON values)",
+    )
+    p.set_defaults(func=_bench_pipeline)
     h = commands.bench.add_parser(
         "http",
         help="HTTP API requests/s, p50/p99 latency and the server's own overhead (stub engine)",
@@ -41,17 +64,21 @@ def register(commands: Commands) -> None:
     p.add_argument("--quick", action="store_true", help="fewer requests per workload")
     p.set_defaults(func=_bench_engine)
 
+    # `bench load`'s own options are defined by `bench.load.add_arguments`; they are parsed in the handler,
+    # so that building the CLI (every command, `run` included) never imports the `bench` package.
     p = commands.bench.add_parser(
-        "load",
-        help="Latency vs load through the service's batcher, fixed and adaptive batching (full size on CUDA)",
-        description="Single-request latency, capacity per token budget, then open-loop Poisson arrivals at "
-        "shares of capacity, fixed limits and adaptive side by side (`python3 -m bench.load`). --cpu runs "
-        "the tiny release on CPU.",
+        "load", help=_LOAD_HELP, description=_LOAD_DESCRIPTION, add_help=False, prefix_chars="\0"
     )
-    from bench.load import add_arguments
-
-    add_arguments(p)
+    p.add_argument("load_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     p.set_defaults(func=_bench_load)
+
+
+_LOAD_HELP = "Latency vs load through the service's batcher, fixed and adaptive batching (full size on CUDA)"
+_LOAD_DESCRIPTION = (
+    "Single-request latency, capacity per token budget, then open-loop Poisson arrivals at shares of "
+    "capacity, fixed limits and adaptive side by side (`python3 -m bench.load`). --cpu runs the tiny "
+    "release on CPU."
+)
 
 
 def _bench_engine(args: argparse.Namespace) -> int:
@@ -61,16 +88,18 @@ def _bench_engine(args: argparse.Namespace) -> int:
 
 
 def _bench_load(args: argparse.Namespace) -> int:
-    from bench.load import run
+    from bench.load import add_arguments, run
     from consumer.logging import configure_logging
 
+    parser = argparse.ArgumentParser(prog="clef-router bench load", description=_LOAD_DESCRIPTION)
+    add_arguments(parser)
+    load_args = parser.parse_args(args.load_args)
     configure_logging("warning")  # the batcher logs a line per batch at info
-    return run(args)
+    return run(load_args)
 
 
 def _bench_http(args: argparse.Namespace) -> int:
     from bench.http import main
-    from consumer.commands.service import _parse_sets
 
     try:
         levels = tuple(int(c) for c in args.concurrency.split(",") if c.strip())
@@ -84,3 +113,48 @@ def _bench_http(args: argparse.Namespace) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
+
+
+def _bench_pipeline(args: argparse.Namespace) -> int:
+    from bench.pipeline import KINDS
+    from bench.pipeline import main as bench_main
+    from consumer.logging import configure_logging
+
+    if args.events < 100 or args.repeats < 1:
+        raise UsageError("--events must be >= 100 and --repeats >= 1")
+    overrides = _parse_sets(args.set)
+    configure_logging("warning")  # one JSON line per batch at info would drown the figures
+    result = bench_main(
+        events=args.events,
+        repeats=args.repeats,
+        bootstrap=args.bootstrap,
+        kinds=tuple(dict.fromkeys(args.only)) if args.only else KINDS,
+        service_settings=overrides,
+    )
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+def _parse_sets(items: list[str]) -> dict[str, dict[str, Any]]:
+    """`SECTION.KEY=VALUE` items as settings overrides (VALUE as JSON, else a string), checked against
+    the settings model. Raises `UsageError`."""
+    from consumer.settings import SettingsError, load_settings
+
+    overrides: dict[str, dict[str, Any]] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        section, dot, key = name.partition(".")
+        if not sep or not dot or not section or not key:
+            raise UsageError(f"--set takes SECTION.KEY=VALUE, got {item!r}")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        overrides.setdefault(section, {})[key] = value
+    try:
+        load_settings(None, **overrides)
+    except SettingsError as exc:
+        raise UsageError(str(exc)) from exc
+    return overrides

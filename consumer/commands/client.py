@@ -21,9 +21,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, Protocol, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from consumer.commands import CommandError, UsageError
+
+if TYPE_CHECKING:
+    from consumer.settings import Settings
 
 _T = TypeVar("_T")
 _C = TypeVar("_C", bound="_Client")
@@ -120,7 +124,7 @@ def error_text(exc: BaseException) -> str:
     return text if text.startswith(name) else f"{name}: {text}"
 
 
-def load_cli_settings(args: argparse.Namespace, **overrides: Any) -> Any:
+def load_cli_settings(args: argparse.Namespace, **overrides: Any) -> Settings:
     """Settings for a command: `--config`, `--bootstrap` when the command has them, and the environment.
     Raises `UsageError` (exit 2) for an unknown or invalid setting."""
     from consumer.settings import SettingsError, load_settings
@@ -131,3 +135,17 @@ def load_cli_settings(args: argparse.Namespace, **overrides: Any) -> Any:
         return load_settings(getattr(args, "config", None), **overrides)
     except SettingsError as exc:
         raise UsageError(str(exc)) from exc
+
+
+def add_kafka_options(p: argparse.ArgumentParser) -> None:
+    """Add `--config`, `--bootstrap` and `--timeout`: how a client command finds and waits for the broker."""
+    p.add_argument("--config", type=Path, default=None, help="TOML settings file (env CLEF_* overrides it)")
+    p.add_argument(
+        "--bootstrap", default=None, help="Kafka bootstrap servers (default: CLEF_KAFKA__BOOTSTRAP_SERVERS)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"give up after this many seconds, e.g. when the broker is down (default {DEFAULT_TIMEOUT_S:g})",
+    )

@@ -135,21 +135,24 @@ def _run_engine(
     """Load the release and decide the validated `requests` (blocking); results in input order."""
     if not args.model.is_dir():
         raise UsageError(f"--model {args.model} is not a directory (a Clef-omni release)")
-    import torch
+    from consumer.engine_config import engine_config
+    from consumer.settings import BatchingSettings, EngineSettings
+    from engine.device import cuda_available
+    from engine.runner import Engine
 
-    from engine.runner import DTypeName, Engine, EngineConfig
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
+    device = args.device or ("cuda" if cuda_available() else "cpu")
+    if device == "cuda" and not cuda_available():
         raise UsageError("--device cuda: no CUDA device is available")
-    dtype: DTypeName = args.dtype or ("bfloat16" if device == "cuda" else "float32")
-    config = EngineConfig(
+    settings = EngineSettings(
+        model_path=args.model,
         device=device,
-        dtype=dtype,
-        max_batch_tokens=args.max_batch_tokens,
-        max_batch_records=args.max_batch_records,
+        dtype=args.dtype or ("bfloat16" if device == "cuda" else "float32"),
         truncate_state=args.truncate_state,
         confidence_formula=args.confidence_formula,
     )
+    batching = BatchingSettings(
+        max_batch_tokens=args.max_batch_tokens, max_batch_records=args.max_batch_records
+    )
+    config = engine_config(settings, batching)
     engine = Engine.from_release(args.model, config=config)
     return engine.decide(requests)

@@ -52,8 +52,8 @@ def register(commands: Commands) -> None:
 
 
 def _kafka_local(args: argparse.Namespace) -> int:
-    from consumer.kafka_jars import KafkaFetchError, ensure_kafka_jars
-    from consumer.kafka_local import BrokerError, LocalKafka
+    from devtools.kafka_jars import KafkaFetchError, ensure_kafka_jars
+    from devtools.kafka_local import BrokerError, LocalKafka
 
     if args.fetch_only:
         try:

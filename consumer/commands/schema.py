@@ -2,15 +2,13 @@
 
 Output (stdout): one JSON object keyed by name, ``{"request": ..., "response": ..., "decision": ...}``
 (SystemOne request body, SystemOne response body, routed decision record), or one schema with ``--which``.
-The schemas come from ``schemas.export.json_schemas()``; without that module, from the pydantic models.
+The schemas come from ``schemas.export.json_schemas()``.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-from collections.abc import Mapping
 from typing import Any
 
 from consumer.commands import Commands, UsageError
@@ -30,24 +28,10 @@ def register(commands: Commands) -> None:
 
 
 def json_schemas() -> dict[str, Any]:
-    """Return the JSON Schemas keyed by name (at least ``request`` and ``response``)."""
-    try:
-        export = importlib.import_module("schemas.export")
-    except ModuleNotFoundError as exc:
-        if exc.name != "schemas.export":
-            raise
-    else:
-        func = getattr(export, "json_schemas", None)
-        if callable(func):
-            found = func()
-            if isinstance(found, Mapping):
-                return dict(found)
-    from schemas.systemone import SystemOneRequest, SystemOneResponse
+    """Return the JSON Schemas keyed by name (`request`, `response`, `decision`)."""
+    from schemas.export import json_schemas as exported
 
-    return {
-        "request": SystemOneRequest.model_json_schema(mode="validation"),
-        "response": SystemOneResponse.model_json_schema(mode="serialization"),
-    }
+    return dict(exported())
 
 
 def _schema(args: argparse.Namespace) -> int:

@@ -1,10 +1,11 @@
-"""`clef-router run`, `serve` and `bench pipeline` (`produce`, `dlq replay`: `consumer.commands.records`).
+"""`clef-router run` and `serve`: the service, with Kafka and HTTP or HTTP alone.
 
 `serve` is the HTTP API alone (no Kafka): same settings and engine; SIGTERM or SIGINT stops accepting,
 lets requests in progress finish (up to `http.shutdown_timeout_s`), then exits 0.
 `run` loads settings (env `CLEF_*`, optional `--config` TOML), prints them masked, loads the engine (a
-release directory, or `--stub-engine` for demos and benchmarks), then serves Kafka and HTTP until SIGTERM
-or SIGINT: stop fetching, drain, commit, exit 0. A fatal error (DLQ guard, exhausted retries) exits 1.
+release directory, or `--stub-engine` for demos and benchmarks: `devtools.stub`, imported only then),
+then serves Kafka and HTTP until SIGTERM or SIGINT: stop fetching, drain, commit, exit 0. A fatal error
+(DLQ guard, exhausted retries) exits 1.
 """
 
 from __future__ import annotations
@@ -14,16 +15,25 @@ import asyncio
 import contextlib
 import json
 import signal
-import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from consumer.commands import CommandError, Commands, UsageError
 from consumer.commands.client import error_text, load_cli_settings
 
+if TYPE_CHECKING:
+    from consumer.settings import EngineSettings, Settings
+    from devtools.stub import StubEngine
+    from engine.runner import Engine
+    from engine.types import PreparedLike, ServingEngine
+
+P = TypeVar("P", bound="PreparedLike")
+S = TypeVar("S")
+R = TypeVar("R")
+
 
 def register(commands: Commands) -> None:
-    """Add `run`, `serve` and `bench pipeline`."""
+    """Add `run` and `serve`."""
     p = commands.add_parser(
         "run",
         help="Run the Kafka routing service and its HTTP server (settings: CLEF_* variables, listed below)",
@@ -41,27 +51,6 @@ def register(commands: Commands) -> None:
         "--stub-engine", action="store_true", help="answer instantly without a model (demo, bench)"
     )
     p.set_defaults(func=_serve_http)
-
-    p = commands.bench.add_parser("pipeline", help="Service events/s (stub engine) vs a plain aiokafka loop")
-    p.add_argument("--events", type=int, default=20_000, help="events per run (default 20000)")
-    p.add_argument("--repeats", type=int, default=3, help="runs per kind; the median is reported (default 3)")
-    p.add_argument("--bootstrap", default=None, help="use this broker instead of starting a local one")
-    p.add_argument("--json", type=Path, default=None, help="also write the results here")
-    p.add_argument(
-        "--only",
-        action="append",
-        choices=["plain", "service", "echo"],
-        default=None,
-        help="run only this kind (repeatable; default: all three)",
-    )
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="a setting for the service run, e.g. batching.max_batch_records=32 (repeatable; JSON values)",
-    )
-    p.set_defaults(func=_bench_pipeline)
 
 
 class _SettingsHelpFormatter(argparse.HelpFormatter):
@@ -103,7 +92,9 @@ def _run(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level)
     log = get_logger("consumer.service")
     log.info("settings", settings=settings.masked())
-    engine = _load_engine(settings, stub=args.stub_engine)
+    serving = (
+        _serve(settings, _stub_engine()) if args.stub_engine else _serve(settings, _load_engine(settings))
+    )
     log.info(
         "engine_loaded",
         stub=args.stub_engine,
@@ -111,14 +102,14 @@ def _run(args: argparse.Namespace) -> int:
         device_index=settings.engine.device_index,
     )
     try:
-        asyncio.run(_serve(settings, engine))
+        asyncio.run(serving)
     except Exception as exc:
         log.error("service_failed", error=repr(exc)[:300])
         raise CommandError(f"service stopped: {error_text(exc)}") from exc
     return 0
 
 
-def _check_engine_settings(e: Any) -> None:
+def _check_engine_settings(e: EngineSettings) -> None:
     """Raise `UsageError` (exit 2: a permanent error, restarting cannot help) for a missing release
     directory and for `cuda` on a machine without CUDA."""
     if e.model_path is None:
@@ -128,51 +119,47 @@ def _check_engine_settings(e: Any) -> None:
             f"CLEF_ENGINE__MODEL_PATH={e.model_path} is not a directory "
             "(a Clef-omni release, or one written by 'clef-router make-tiny-release DIR')"
         )
-    import torch
+    from engine.device import cuda_available
 
-    if str(e.device).startswith("cuda") and not torch.cuda.is_available():
+    if str(e.device).startswith("cuda") and not cuda_available():
         raise UsageError(
             f"CLEF_ENGINE__DEVICE={e.device} but this machine has no usable CUDA GPU; "
             "set CLEF_ENGINE__DEVICE=cpu (and CLEF_ENGINE__DTYPE=float32) to run on the CPU"
         )
 
 
-def _load_engine(settings: Any, *, stub: bool) -> Any:
-    """The engine for `run` (blocking: loads the weights). Raises `UsageError` for a release that cannot
-    be read (see `_check_engine_settings` for the checks made before)."""
-    if stub:
-        from bench.stub import StubEngine
-
-        return StubEngine()
-    e = settings.engine
-    from consumer.settings import SettingsError, engine_device
+def _load_engine(settings: Settings) -> Engine:
+    """The engine for `run` and `serve` (blocking: loads the weights). Raises `UsageError` for a release
+    that cannot be read (see `_check_engine_settings` for the checks made before)."""
+    from consumer.engine_config import engine_config
+    from consumer.settings import SettingsError
     from engine.release import ReleaseError
-    from engine.runner import Engine, EngineConfig
+    from engine.runner import Engine
 
+    e = settings.engine
     try:
-        device = engine_device(e)
+        config = engine_config(e, settings.batching)
     except SettingsError as exc:
         raise UsageError(str(exc)) from exc
-    if e.device_index is not None and device.startswith("cuda"):
-        import torch
+    if e.device_index is not None:
+        from engine.device import use_device
 
-        torch.cuda.set_device(e.device_index)  # kernels and CUDA graphs with no explicit device use it
-    config = EngineConfig(
-        device=device,
-        dtype=e.dtype,
-        max_batch_tokens=settings.batching.max_batch_tokens,
-        max_batch_records=settings.batching.max_batch_records,
-        max_tokens=e.max_input_tokens,
-        truncate_state=e.truncate_state,
-        confidence_formula=e.confidence_formula,
-    )
+        use_device(config.device)  # cuda:N: kernels and CUDA graphs with no explicit device use it
+    assert e.model_path is not None  # checked by _check_engine_settings
     try:
         return Engine.from_release(e.model_path, config=config)
     except (ReleaseError, FileNotFoundError) as exc:
         raise UsageError(f"cannot load the release in {e.model_path}: {error_text(exc)}") from exc
 
 
-async def _serve(settings: Any, engine: Any) -> None:
+def _stub_engine() -> StubEngine:
+    """`--stub-engine`: the dev tool's engine that answers instantly (imported only for this flag)."""
+    from devtools.stub import StubEngine
+
+    return StubEngine()
+
+
+async def _serve(settings: Settings, engine: ServingEngine[P, S, R]) -> None:
     """Kafka and HTTP on one loop. SIGTERM/SIGINT: the HTTP server stops accepting and lets requests in
     progress finish while the pipeline drains (HTTP requests already in the batcher are answered)."""
     from consumer.broker_watch import BrokerWatch
@@ -226,16 +213,20 @@ def _serve_http(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level)
     log = get_logger("consumer.service")
     log.info("settings", settings=settings.masked())
-    engine = _load_engine(settings, stub=args.stub_engine)
+    serving = (
+        _serve_http_async(settings, _stub_engine())
+        if args.stub_engine
+        else _serve_http_async(settings, _load_engine(settings))
+    )
     log.info("engine_loaded", stub=args.stub_engine, device=settings.engine.device)
     try:
-        asyncio.run(_serve_http_async(settings, engine))
+        asyncio.run(serving)
     except OSError as exc:
         raise CommandError(f"cannot serve HTTP on {settings.http.host}:{settings.http.port}: {exc}") from exc
     return 0
 
 
-async def _serve_http_async(settings: Any, engine: Any) -> None:
+async def _serve_http_async(settings: Settings, engine: ServingEngine[P, S, R]) -> None:
     from consumer.http import create_app
     from consumer.http_server import HttpServer
     from consumer.runtime import tune_gc
@@ -261,48 +252,3 @@ async def _serve_http_async(settings: Any, engine: Any) -> None:
     await stopping.wait()
     await server.stop()  # requests in progress finish on the still running batcher
     await service.close(settings.http.shutdown_timeout_s)
-
-
-def _bench_pipeline(args: argparse.Namespace) -> int:
-    from bench.pipeline import KINDS
-    from bench.pipeline import main as bench_main
-    from consumer.logging import configure_logging
-
-    if args.events < 100 or args.repeats < 1:
-        raise UsageError("--events must be >= 100 and --repeats >= 1")
-    overrides = _parse_sets(args.set)
-    configure_logging("warning")  # one JSON line per batch at info would drown the figures
-    result = bench_main(
-        events=args.events,
-        repeats=args.repeats,
-        bootstrap=args.bootstrap,
-        kinds=tuple(dict.fromkeys(args.only)) if args.only else KINDS,
-        service_settings=overrides,
-    )
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    sys.stdout.flush()
-    return 0
-
-
-def _parse_sets(items: list[str]) -> dict[str, dict[str, Any]]:
-    """`SECTION.KEY=VALUE` items as settings overrides (VALUE as JSON, else a string), checked against
-    the settings model. Raises `UsageError`."""
-    from consumer.settings import SettingsError, load_settings
-
-    overrides: dict[str, dict[str, Any]] = {}
-    for item in items:
-        name, sep, raw = item.partition("=")
-        section, dot, key = name.partition(".")
-        if not sep or not dot or not section or not key:
-            raise UsageError(f"--set takes SECTION.KEY=VALUE, got {item!r}")
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            value = raw
-        overrides.setdefault(section, {})[key] = value
-    try:
-        load_settings(None, **overrides)
-    except SettingsError as exc:
-        raise UsageError(str(exc)) from exc
-    return overrides

@@ -74,7 +74,7 @@ async def _read(
     after the broker answered (an unreachable broker is `BrokerUnreachableError`)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from consumer.dlq import topic_partitions
+    from consumer.kafka_access import topic_partitions
     from consumer.kafka_config import client_options
 
     consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False)

@@ -29,7 +29,7 @@ class PreparedMedia:
 
     @property
     def tensors(self) -> dict[str, torch.Tensor]:
-        """`model_inputs` under the name `engine.runner.MediaInput` uses (duck-compatible with it)."""
+        """`model_inputs` under the name `engine.runner.MediaInputLike` reads."""
         return self.model_inputs
 
 

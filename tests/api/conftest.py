@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from consumer.kafka_local import free_port
+from devtools.kafka_local import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0

@@ -23,7 +23,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "media_e2e"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "engine" / "media"))
 from media_e2e_gen import mp4, png, wav  # noqa: E402
 
 QUESTIONS: dict[str, Any] = {

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from consumer.kafka_local import LocalKafka
+from devtools.kafka_local import LocalKafka
 
 NewTopic = Callable[..., str]
 _HERE = Path(__file__).parent

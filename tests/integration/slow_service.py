@@ -14,10 +14,10 @@ import os
 import time
 from collections.abc import Sequence
 
-from bench.stub import StubEngine, StubPrepared
 from consumer.commands.service import _serve
 from consumer.logging import configure_logging, get_logger
 from consumer.settings import load_settings
+from devtools.stub import StubEngine, StubPrepared
 from schemas.response import SystemOneResponse
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.pipeline import KINDS, main
-from consumer.kafka_local import LocalKafka
+from devtools.kafka_local import LocalKafka
 
 pytestmark = pytest.mark.kafka
 

@@ -10,7 +10,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from consumer import cli
-from consumer.kafka_local import LocalKafka
+from devtools.kafka_local import LocalKafka
 from schemas.dead_letter import DeadLetterInfo, with_dlq_headers
 from schemas.errors import DlqReason, RequestError
 

@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable
 
 from consumer.broker_watch import BrokerWatch
-from consumer.kafka_local import LocalKafka, free_port
 from consumer.metrics import Metrics
 from consumer.settings import KafkaSettings
+from devtools.kafka_local import LocalKafka, free_port
 
 
 def gauge(metrics: Metrics, name: str) -> float | None:

@@ -14,7 +14,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from consumer.kafka_local import LocalKafka, free_port
+from devtools.kafka_local import LocalKafka, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

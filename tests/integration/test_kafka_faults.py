@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from bench.stub import StubEngine
-from consumer.kafka_local import HOST, ExtraListener, LocalKafka, free_port
 from consumer.pipeline import Pipeline
 from consumer.settings import Settings, load_settings
+from devtools.kafka_local import HOST, ExtraListener, LocalKafka, free_port
+from devtools.stub import StubEngine
 from tests.support.flow import produce_events, tally_decisions, wait_committed
 from tests.support.tcp_proxy import TcpProxy
 

@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from consumer.kafka_local import LocalKafka
+from devtools.kafka_local import LocalKafka
 
 pytestmark = pytest.mark.kafka
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from bench.stub import StubEngine
 from consumer.kafka_access import KafkaAccessError, MissingTopicsError
 from consumer.pipeline import Pipeline
 from consumer.settings import Settings, load_settings
+from devtools.stub import StubEngine
 from tests.support.acls import Acl, grant
 from tests.support.certs import TestCA
 from tests.support.flow import produce_events, tally_decisions, wait_committed

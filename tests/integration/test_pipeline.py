@@ -26,11 +26,12 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from consumer.dlq import replay, topic_partitions
-from consumer.kafka_local import LocalKafka
+from consumer.dlq_replay import replay
+from consumer.kafka_access import topic_partitions
 from consumer.pipeline import Pipeline
 from consumer.router import route_topic
 from consumer.settings import KafkaSettings, Settings, load_settings
+from devtools.kafka_local import LocalKafka
 from schemas.dead_letter import parse_dlq_headers
 from schemas.errors import DlqReason
 from schemas.routing import RoutedDecision
@@ -195,10 +196,10 @@ async def _run_until_committed(pipeline: Pipeline, total: int, timeout_s: float)
     task = asyncio.create_task(pipeline.run())
     deadline = time.monotonic() + timeout_s
     try:
-        while sum(pipeline.tracker.committed().values()) < total:
+        while sum(pipeline.committed().values()) < total:
             assert not task.done(), f"pipeline stopped early: {task.exception() if task.done() else ''}"
             assert time.monotonic() < deadline, (
-                f"only {sum(pipeline.tracker.committed().values())}/{total} committed"
+                f"only {sum(pipeline.committed().values())}/{total} committed"
             )
             await asyncio.sleep(0.1)
     finally:
@@ -478,7 +479,7 @@ async def test_sigterm_mid_stream_and_restart_loses_nothing(
 async def test_exactly_once_mode_publishes_each_output_once_in_transactions(
     kafka_broker: LocalKafka, new_topic: Any
 ) -> None:
-    from bench.stub import StubEngine
+    from devtools.stub import StubEngine
 
     good, bad = 600, len(POISON)
     topic = new_topic("in", partitions=PARTITIONS)

@@ -21,11 +21,11 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
-from bench.stub import StubEngine, sample_event
-from consumer.dlq import topic_partitions
-from consumer.kafka_local import LocalKafka
+from consumer.kafka_access import topic_partitions
 from consumer.pipeline import Pipeline
 from consumer.settings import Settings, load_settings
+from devtools.kafka_local import LocalKafka
+from devtools.stub import StubEngine, sample_event
 
 pytestmark = pytest.mark.kafka
 
@@ -85,7 +85,7 @@ async def test_member_joins_mid_stream_nothing_lost(
     first = Pipeline(settings, SlowStub())
     task_a = asyncio.create_task(first.run())
     deadline = time.monotonic() + 60
-    while sum(first.tracker.committed().values()) < 300:
+    while sum(first.committed().values()) < 300:
         assert time.monotonic() < deadline
         assert not task_a.done()
         await asyncio.sleep(0.05)

@@ -14,11 +14,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 from structlog.testing import capture_logs
 
-from bench.stub import StubEngine, StubPrepared, sample_event
-from consumer.dlq import topic_partitions
-from consumer.kafka_local import LocalKafka
+from consumer.kafka_access import topic_partitions
 from consumer.pipeline import Pipeline
 from consumer.settings import KafkaSettings, load_settings
+from devtools.kafka_local import LocalKafka
+from devtools.stub import StubEngine, StubPrepared, sample_event
 from schemas.response import SystemOneResponse
 
 pytestmark = pytest.mark.kafka

@@ -19,7 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
-from bench.stub import sample_event
+from devtools.stub import sample_event
 
 
 async def produce_events(bootstrap: str, topic: str, start: int, count: int) -> None:

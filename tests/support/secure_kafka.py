@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from consumer.kafka_local import HOST, ExtraListener, LocalKafka, free_port
+from devtools.kafka_local import HOST, ExtraListener, LocalKafka, free_port
 from tests.support.certs import TestCA
 
 
@@ -42,7 +42,7 @@ class SecureKafka:
 
 def start_secure_kafka(folder: Path, users: Mapping[str, str]) -> SecureKafka:
     """Generate a CA and broker certificate in `folder`, start the broker (blocking, ~10-60 s) with the
-    SCRAM `users` (name -> password). Raises `consumer.kafka_local.BrokerError`."""
+    SCRAM `users` (name -> password). Raises `devtools.kafka_local.BrokerError`."""
     ca = TestCA(folder)
     server = ca.issue("broker", server=True)
     sasl_port, mtls_port, plain_port = free_port(), free_port(), free_port()

@@ -18,7 +18,7 @@ import contextlib
 import threading
 import time
 
-from consumer.kafka_local import HOST
+from devtools.kafka_local import HOST
 
 
 class TcpProxy:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pytest
 
-from consumer.batcher import Batcher, plan_next, staged_calls
+from consumer.batcher import Batcher, StagedCalls, plan_next
 from consumer.clock import ManualClock
 from consumer.metrics import Metrics
-from consumer.retry import EngineError
 from consumer.settings import BatchingSettings
+from engine.split import EngineError
 from schemas.errors import DlqReason, RequestError
 
 
@@ -43,7 +43,23 @@ class FakeEngine:
 
 
 class OutOfMemoryError(RuntimeError):
-    """Stands in for torch.OutOfMemoryError (matched by class name)."""
+    """Stands in for torch.OutOfMemoryError (the engine's `out_of_memory` tells it apart, not the batcher)."""
+
+
+def oom_check(calls: list[str]) -> Callable[[BaseException], bool]:
+    """An engine's `out_of_memory`: True for `OutOfMemoryError`, noting the thread it was asked on."""
+
+    def out_of_memory(exc: BaseException) -> bool:
+        oom = isinstance(exc, OutOfMemoryError)
+        if oom:
+            calls.append(threading.current_thread().name)
+        return oom
+
+    return out_of_memory
+
+
+def staged(engine: StagedFake) -> StagedCalls[Item, str]:
+    return StagedCalls(engine.stage, engine.run, engine.respond)
 
 
 def ident(item: Item) -> Item:
@@ -169,11 +185,15 @@ async def test_one_gpu_thread_and_poison_record_isolated() -> None:
 async def test_oom_splits_the_batch() -> None:
     clock = ManualClock()
     engine = FakeEngine(oom_above=1)
-    b: Batcher[Item, str] = Batcher(engine.execute, settings(), clock=clock)
+    oom_calls: list[str] = []
+    b: Batcher[Item, str] = Batcher(
+        engine.execute, settings(), clock=clock, out_of_memory=oom_check(oom_calls)
+    )
     await b.start()
     fut = b.submit(ident, [Item(f"r{i}") for i in range(4)])
     await settle()
     assert fut.result() == [f"answer:r{i}" for i in range(4)]
+    assert oom_calls
     assert engine.batches[0] == ["r0", "r1", "r2", "r3"]
     assert ["r0"] in engine.batches
     assert ["r3"] in engine.batches
@@ -251,16 +271,9 @@ class StagedFake(FakeEngine):
         return [f"answer:{i.name}" for i in ran]
 
 
-def test_staged_calls_only_for_engines_with_all_three_steps() -> None:
-    assert staged_calls(FakeEngine()) is None
-    calls = staged_calls(StagedFake())
-    assert calls is not None
-    assert calls.respond(calls.run(calls.stage(items("a")))) == ["answer:a"]
-
-
 async def test_staged_engine_keeps_only_run_on_the_gpu_thread() -> None:
     engine = StagedFake()
-    calls = staged_calls(engine)
+    calls = staged(engine)
     b: Batcher[Item, str] = Batcher(engine.execute, settings(), clock=ManualClock(), stages=calls)
     await b.start()
     fut = b.submit(ident, [Item(f"r{i}") for i in range(8)])
@@ -275,14 +288,14 @@ async def test_staged_engine_keeps_only_run_on_the_gpu_thread() -> None:
 
 async def test_staged_failure_falls_back_to_splitting_execute() -> None:
     engine = StagedFake(fail_on={"r2"}, oom_above=8)
-    calls = staged_calls(engine)
+    calls = staged(engine)
     oom_calls: list[str] = []
     b: Batcher[Item, str] = Batcher(
         engine.execute,
         settings(),
         clock=ManualClock(),
         single_attempts=1,
-        on_oom=lambda: oom_calls.append(threading.current_thread().name),
+        out_of_memory=oom_check(oom_calls),
         stages=calls,
     )
     await b.start()
@@ -305,8 +318,8 @@ async def test_staged_oom_empties_the_cache_and_splits() -> None:
         engine.execute,
         settings(),
         clock=ManualClock(),
-        on_oom=lambda: oom_calls.append(threading.current_thread().name),
-        stages=staged_calls(engine),
+        out_of_memory=oom_check(oom_calls),
+        stages=staged(engine),
     )
     await b.start()
     fut = b.submit(ident, [Item(f"r{i}") for i in range(4)])

@@ -12,12 +12,13 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.stub import StubEngine, sample_event
-from consumer.decode import decode_value, header_event_id, stage_for
+from consumer.decode import decode_value, header_event_id
 from consumer.dlq import dead_letter
-from consumer.router import InputRecord, OutRecord, route_outputs
+from consumer.records import InputRecord, OutRecord
+from consumer.router import route_outputs
 from consumer.settings import RoutingSettings, TopicSettings
-from schemas.dead_letter import parse_dlq_headers
+from devtools.stub import StubEngine, sample_event
+from schemas.dead_letter import parse_dlq_headers, stage_for
 from schemas.envelope import DefaultSchema
 from schemas.errors import DlqReason, RequestError
 from schemas.parse import RequestLimits

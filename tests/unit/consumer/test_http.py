@@ -16,8 +16,8 @@ from pydantic import SecretStr
 
 from consumer.http import create_app
 from consumer.metrics import Metrics
-from consumer.retry import EngineError
 from consumer.settings import HttpSettings
+from engine.split import EngineError
 from schemas.errors import DlqReason, RequestError
 from schemas.systemone import SystemOneRequest, SystemOneResponse, build_response, parse_request
 

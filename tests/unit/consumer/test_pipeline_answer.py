@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 from types import SimpleNamespace
+from typing import cast
 
 import pytest
 from aiokafka import TopicPartition
 
-from bench.stub import StubEngine
 from consumer.pipeline import Pipeline
 from consumer.settings import load_settings
+from consumer.source import Source
+from devtools.stub import StubEngine
 from schemas.errors import RequestError
 
 
@@ -45,12 +47,11 @@ class _FakeSource:
 async def test_records_of_an_assigned_partition_not_opened_yet_are_fetched_again() -> None:
     """A fetch may return records of a partition between its assignment and the end of the rebalance
     callback that opens it; they are not taken, and the position goes back so nothing is skipped."""
-    pipeline = Pipeline(load_settings(http={"enabled": False}), StubEngine())
     opening, revoked = TopicPartition("in", 0), TopicPartition("in", 1)
     source = _FakeSource({opening})
-    pipeline.source = source  # type: ignore[assignment]
+    pipeline = Pipeline(load_settings(http={"enabled": False}), StubEngine(), source=cast(Source, source))
     records = [SimpleNamespace(offset=7), SimpleNamespace(offset=8)]
-    pipeline._admit(opening, records)
-    pipeline._admit(revoked, records)  # not assigned any more: dropped, the next owner reads them
+    pipeline._admit(opening, records)  # type: ignore[arg-type]
+    pipeline._admit(revoked, records)  # type: ignore[arg-type]  # not assigned any more: dropped, the next owner reads them
     assert source.seeks == [(opening, 7)]
     assert pipeline.in_flight == 0

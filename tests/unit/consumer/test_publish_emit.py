@@ -6,11 +6,11 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from consumer.emitter import Emitter, PartitionState, Unit
+from consumer.commit import Committer
+from consumer.emitter import Emitter
 from consumer.metrics import Metrics
-from consumer.offsets import OffsetTracker
 from consumer.producer import Publisher
-from consumer.router import InputRecord, OutRecord
+from consumer.records import InputRecord, Outcome, OutRecord, PartitionState, Unit
 from consumer.settings import load_settings
 from schemas.envelope import DefaultSchema, to_request
 from schemas.errors import DlqReason, RequestError
@@ -120,40 +120,63 @@ def _answer(summary: str) -> SystemOneResponse:
     return build_response(request, probs, input_tokens=10)
 
 
+class FakeCommitTarget:
+    """The group consumer's commit, recorded."""
+
+    left = False
+
+    def __init__(self) -> None:
+        self.commits: list[dict[Any, int]] = []
+
+    async def commit(self, offsets: dict[Any, int], attempts: int) -> bool:
+        self.commits.append(dict(offsets))
+        return True
+
+
 class Harness:
-    def __init__(self, **dlq: float) -> None:
-        self.settings = load_settings(http={"enabled": False}, dlq=dlq)
+    """An emitter with a real committer on fakes; exactly-once when `txn` is given (its only producer)."""
+
+    def __init__(self, txn: FakeTransactions | None = None, **dlq: float) -> None:
+        kafka = {"exactly_once": txn is not None}
+        self.settings = load_settings(http={"enabled": False}, dlq=dlq, kafka=kafka)
         self.producer = FakeProducer()
-        self.tracker: OffsetTracker[str] = OffsetTracker()
+        self.target = FakeCommitTarget()
+        self.committer = Committer(
+            self.settings.kafka, self.target, transactions=lambda settings, tp: _given(txn)
+        )
+        self.tracker = self.committer.tracker
         self.fatal: list[BaseException] = []
-        self.idle = 0
         self.metrics = Metrics()
         self.emitter = Emitter(
             self.settings,
             self.producer,  # type: ignore[arg-type]
-            self.tracker,
+            self.committer,
             self.metrics,
             EngineInfo(),
             on_fatal=self.fatal.append,
-            on_progress=lambda: None,
-            on_idle=self._idle,
         )
 
-    def _idle(self) -> None:
-        self.idle += 1
+    async def open(self, tp: str) -> PartitionState:
+        await self.committer.open(tp)
+        return self.emitter.open(tp)
 
-    def unit(self, state: PartitionState, first: int, n: int) -> tuple[Unit, asyncio.Future[list[Any]]]:
+    def unit(self, state: PartitionState, first: int, n: int) -> tuple[Unit, asyncio.Future[list[Outcome]]]:
         records = [InputRecord("in", 0, first + i, b"key", b"{}", (), 1) for i in range(n)]
-        unit = Unit(state, records, [None] * n)
-        unit.future = asyncio.get_running_loop().create_future()
-        self.tracker.track(state.tp, first, first + n)
+        future: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
+        unit = Unit(state, records, [None] * n, future)
+        self.committer.track(state.tp, first, first + n)
         self.emitter.push(unit)
-        return unit, unit.future
+        return unit, future
+
+
+def _given(txn: FakeTransactions | None) -> FakeTransactions:
+    assert txn is not None, "at-least-once opens no transactions"
+    return txn
 
 
 async def test_emitter_publishes_units_in_offset_order_and_commits_after_every_ack() -> None:
     h = Harness()
-    state = h.emitter.open("p0")
+    state = await h.open("p0")
     _, first = h.unit(state, 0, 2)
     _, second = h.unit(state, 2, 1)
     second.set_result([RequestError(DlqReason.bad_json, "nope")])
@@ -173,14 +196,13 @@ async def test_emitter_publishes_units_in_offset_order_and_commits_after_every_a
     await settle()
     assert h.tracker.committable() == {"p0": 3}
     assert h.emitter.in_flight == 0
-    assert h.idle == 1
     h.emitter.close(state)
     await h.emitter.wait_closed(1.0)
 
 
 async def test_emitter_resends_failed_batches_and_drops_revoked_units() -> None:
     h = Harness()
-    state = h.emitter.open("p0")
+    state = await h.open("p0")
     _, fut = h.unit(state, 0, 1)
     fut.set_result([_answer("a")])
     await settle()
@@ -200,7 +222,7 @@ async def test_emitter_resends_failed_batches_and_drops_revoked_units() -> None:
 
 async def test_emitter_guard_trip_publishes_nothing_of_the_unit() -> None:
     h = Harness(guard_min_records=1, guard_max_share=0.01)  # any dead letter trips the guard
-    state = h.emitter.open("p0")
+    state = await h.open("p0")
     _, fut = h.unit(state, 0, 2)
     fut.set_result([_answer("a"), RequestError(DlqReason.bad_json, "nope")])
     await settle()
@@ -229,15 +251,18 @@ class FakeTransactions:
             raise self.fail
         self.transactions.append(([r.topic for r in records], next_offset))
 
+    async def start(self) -> None:
+        pass
+
     async def stop(self) -> None:
         self.stopped = True
 
 
 async def test_exactly_once_units_go_out_in_transactions_with_their_offsets() -> None:
-    h = Harness()
     txn = FakeTransactions()
     txn.gate = asyncio.Event()
-    state = h.emitter.open("p0", txn)  # type: ignore[arg-type]
+    h = Harness(txn)
+    state = await h.open("p0")
     _, first = h.unit(state, 0, 1)
     first.set_result([_answer("a")])
     await settle()  # the first transaction waits at the gate; the next units collect meanwhile
@@ -257,16 +282,18 @@ async def test_exactly_once_units_go_out_in_transactions_with_their_offsets() ->
     assert h.emitter.in_flight == 0
     h.emitter.close(state)
     await h.emitter.wait_closed(1.0)
+    assert not txn.stopped  # the committer owns the producer: it stops it on revocation
+    await h.committer.revoke(["p0"])
     assert txn.stopped
     assert not h.fatal
 
 
 async def _one_failed_transaction(error: BaseException) -> tuple[Harness, FakeTransactions, PartitionState]:
     """An exactly-once emitter whose first transaction (one answered unit at offset 0) raises `error`."""
-    h = Harness()
     txn = FakeTransactions()
     txn.fail = error
-    state = h.emitter.open("p0", txn)  # type: ignore[arg-type]
+    h = Harness(txn)
+    state = await h.open("p0")
     _, fut = h.unit(state, 0, 1)
     fut.set_result([_answer("a")])
     await settle()
@@ -274,7 +301,7 @@ async def _one_failed_transaction(error: BaseException) -> tuple[Harness, FakeTr
 
 
 async def test_exactly_once_fenced_partition_publishes_nothing_more() -> None:
-    from consumer.transactions import TransactionFencedError
+    from consumer.commit import TransactionFencedError
 
     h, txn, state = await _one_failed_transaction(TransactionFencedError("fenced"))
     txn.fail = None
@@ -294,5 +321,27 @@ async def test_exactly_once_failed_transaction_is_fatal() -> None:
     assert [str(e) for e in h.fatal] == ["broker gone"]
     assert h.emitter.in_flight == 0
     assert h.tracker.committed() == {}
+    h.emitter.close(state)
+    await h.emitter.wait_closed(1.0)
+
+
+async def test_a_full_emitter_says_so_and_wakes_its_waiter_when_acknowledgements_free_room() -> None:
+    h = Harness()
+    h.emitter.capacity = 3
+    state = await h.open("p0")
+    _, fut = h.unit(state, 0, 3)
+    assert h.emitter.room == 0
+    assert not await h.emitter.wait_room(2, 0.02), "still full after the timeout"
+    waiter = asyncio.create_task(h.emitter.wait_room(1, None))
+    fut.set_result([_answer("a"), _answer("b"), _answer("c")])
+    await settle()
+    assert not waiter.done(), "published, not yet acknowledged: still in flight"
+    h.producer.ack()
+    assert await asyncio.wait_for(waiter, 1.0)
+    assert h.emitter.room == 3
+    blocked = asyncio.create_task(h.emitter.wait_room(-1, None))
+    await asyncio.sleep(0)
+    h.emitter.interrupt()  # a stop ends the wait at once
+    assert not await asyncio.wait_for(blocked, 1.0)
     h.emitter.close(state)
     await h.emitter.wait_closed(1.0)

@@ -96,10 +96,7 @@ class _RebalancingConsumer:
 
 
 def _source(consumer: object) -> Source:
-    async def nothing(_: set[Any]) -> None:
-        return None
-
-    source = Source(KafkaSettings(), ["t"], on_assigned=nothing, on_revoked=nothing)
+    source = Source(KafkaSettings(), ["t"])
     source._consumer = consumer  # the real one is never started here
     return source
 

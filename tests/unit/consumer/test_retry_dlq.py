@@ -1,74 +1,21 @@
-"""Split-on-failure, transient retries and the DLQ guard / DLQ record."""
+"""Transient retries and the DLQ guard / DLQ record (batch splitting: tests/unit/engine/test_split.py)."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 
 import pytest
 from aiokafka.errors import KafkaConnectionError, RecordTooLargeError
 
 from consumer.dlq import DlqGuard, DlqGuardTrippedError, dead_letter
-from consumer.retry import EngineError, is_oom, is_transient, run_split, transient_retry
-from consumer.router import InputRecord
+from consumer.records import InputRecord
+from consumer.retry import is_transient, transient_retry
 from consumer.settings import DlqSettings
 from schemas.dead_letter import parse_dlq_headers
 from schemas.errors import DlqReason, RequestError
 
 
-class OutOfMemoryError(RuntimeError):
-    pass
-
-
-def test_single_oom_record_goes_to_dlq_and_the_rest_are_answered() -> None:
-    calls: list[list[int]] = []
-
-    def execute(batch: Sequence[int]) -> list[int]:
-        calls.append(list(batch))
-        if 3 in batch:
-            raise OutOfMemoryError("CUDA out of memory")
-        return [x * 10 for x in batch]
-
-    oom_hooks: list[int] = []
-    result = run_split(execute, [1, 2, 3, 4, 5], single_attempts=1, on_oom=lambda: oom_hooks.append(1))
-    outcomes = result.outcomes
-    assert outcomes[:2] == [10, 20]
-    assert outcomes[3:] == [40, 50]
-    failure = outcomes[2]
-    assert isinstance(failure, EngineError)
-    assert failure.reason == DlqReason.oom_single_record
-    assert result.stats.splits >= 2
-    assert result.stats.ooms == len(oom_hooks)
-
-
-def test_a_failure_reported_by_the_caller_starts_the_splitting() -> None:
-    calls: list[list[int]] = []
-
-    def execute(batch: Sequence[int]) -> list[int]:
-        calls.append(list(batch))
-        return [x * 10 for x in batch]
-
-    oom_hooks: list[int] = []
-    failed = OutOfMemoryError("CUDA out of memory")
-    result = run_split(execute, [1, 2, 3, 4], on_oom=lambda: oom_hooks.append(1), failed=failed)
-    assert result.outcomes == [10, 20, 30, 40]
-    assert calls == [[1, 2], [3, 4]], "the whole batch is not run again"
-    assert (result.stats.calls, result.stats.splits, result.stats.ooms) == (3, 1, 1)
-    assert oom_hooks == [1]
-    alone = run_split(execute, [7], single_attempts=1, failed=ValueError("nan"))
-    assert isinstance(alone.outcomes[0], EngineError)
-    assert alone.outcomes[0].reason == DlqReason.engine_failed
-
-
-def test_wrong_result_count_is_treated_as_failure() -> None:
-    result = run_split(lambda batch: [0], [1, 2], single_attempts=1)
-    assert result.outcomes == [0, 0]  # each half answered alone
-
-
-def test_is_oom_and_is_transient() -> None:
-    assert is_oom(OutOfMemoryError("x"))
-    assert is_oom(RuntimeError("CUDA out of memory. Tried to allocate"))
-    assert not is_oom(ValueError("x"))
+def test_is_transient() -> None:
     assert is_transient(KafkaConnectionError())
     assert is_transient(TimeoutError())
     assert not is_transient(RecordTooLargeError())

@@ -6,9 +6,11 @@ import json
 
 import pytest
 
-from consumer.decode import decode_value, header_event_id, stage_for
-from consumer.router import InputRecord, route_outputs, route_topic
+from consumer.decode import decode_value, header_event_id
+from consumer.records import InputRecord
+from consumer.router import route_outputs, route_topic
 from consumer.settings import RoutingSettings, TopicSettings
+from schemas.dead_letter import stage_for
 from schemas.envelope import DefaultSchema, to_request
 from schemas.errors import DlqReason, RequestError
 from schemas.parse import RequestLimits
