@@ -17,25 +17,19 @@ import os
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from bench.engine import cuda_ms as timed
 
 
 def emit(sink: list[str], **row: Any) -> None:
     line = json.dumps(row)
     print(line, flush=True)
     sink.append(line)
-
-
-def timed(fn: Callable[[], object]) -> float:
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) * 1e3
 
 
 @contextlib.contextmanager

@@ -193,8 +193,8 @@ class TopicSettings(_Frozen):
 
 class BatchingSettings(_Frozen):
     mode: Literal["adaptive", "fixed"] = Field(
-        # adaptive is the default: on the H200 (BENCHMARKS.md, bench load) it had the lower latency at every
-        # load up to 90% of capacity and the same capacity as the best fixed budget
+        # adaptive is the default: on the H200 (BENCHMARKS.md, bench load) it had the lower p50 and p99 at
+        # every load up to 70% of capacity (and the lower p50 at 90%), and the best fixed budget's capacity
         default="adaptive",
         description="adaptive: batches follow the queue and the measured GPU time (consumer.adaptive); "
         "fixed: flush on max_batch_records, max_batch_tokens or max_wait_ms",
