@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
 import os
 import random
 import statistics
@@ -24,12 +23,7 @@ from typing import Any
 import torch
 
 from bench.engine import cuda_ms as timed
-
-
-def emit(sink: list[str], **row: Any) -> None:
-    line = json.dumps(row)
-    print(line, flush=True)
-    sink.append(line)
+from bench.report import emit_line as emit
 
 
 @contextlib.contextmanager

@@ -621,7 +621,7 @@ def run(args: argparse.Namespace) -> int:
     av_placeholder = install_av_placeholder()
     import torch
 
-    from bench.load import MIX, make_pool
+    from bench.load import MIX, _version, make_pool
     from bench.load_run import capacity
     from consumer.settings import BatchingSettings
     from devtools.kafka_local import LocalKafka
@@ -715,15 +715,6 @@ def run(args: argparse.Namespace) -> int:
         broker.stop()
         sink.close()
     return code
-
-
-def _version(name: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "?"
 
 
 if __name__ == "__main__":

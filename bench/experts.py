@@ -21,12 +21,11 @@ Prints JSON lines and writes `experts.jsonl` to `--out`. Not a test: it asserts 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -34,13 +33,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from bench.report import emit_line as emit
+
 HOT_STRIDE = 37  # hot expert of layer l: (l * 37) % E, so layers differ
-
-
-def emit(rows: list[str], **row: Any) -> None:
-    line = json.dumps(row)
-    print(line, flush=True)
-    rows.append(line)
 
 
 def router_biases(engine: Any) -> list[torch.Tensor]:
@@ -131,21 +126,12 @@ def calibrate(
     return hot
 
 
-def latency_ms(fn: Callable[[], object], reps: int) -> dict[str, float]:
-    from bench.engine import cuda_ms
-
-    for _ in range(5):
-        fn()
-    ms = sorted(cuda_ms(fn) for _ in range(reps))
-    return {"ms_p50": round(statistics.median(ms), 2), "ms_p99": round(ms[-1], 2), "ms_min": round(ms[0], 2)}
-
-
 def measure(engine: Any, reqs512: Sequence[Any], one: Any) -> dict[str, float]:
-    from bench.engine import stream
+    from bench.engine import latency, stream
 
     stream(engine, reqs512[:128], 65536, 256)  # warm this mode's kernels
     r = stream(engine, reqs512, 65536, 256)
-    lat = latency_ms(lambda: engine.decide([one]), 20)
+    lat = {k: round(v, 2) for k, v in latency(engine, one, 20).items()}
     return {
         "tok_s": round(r["tok_s"]),
         "steady_tok_s": round(r["steady_tok_s"]),

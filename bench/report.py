@@ -11,6 +11,13 @@ from typing import Any
 from engine.runner import Engine
 
 
+def emit_line(rows: list[str], **row: Any) -> None:
+    """Print `row` as one JSON line and keep it in `rows` (for probes that write their lines at the end)."""
+    line = json.dumps(row)
+    print(line, flush=True)
+    rows.append(line)
+
+
 @dataclass
 class Bench:
     engine: Engine
