@@ -11,6 +11,8 @@ graphs up to 4,096 tokens) and measures, in one process:
    streaming 512-token requests at budget 65,536 (tok/s), one
    800-token request (CUDA graph, p50/p99 ms), and the load actually reached (hot / average, and the
    busiest expert / average, means over layers).
+   At skew 1 the same two figures again with the bf16 experts unfused (CUTLASS grouped GEMMs with the
+   gather, SwiGLU and combine kernels around them) against the default fused Triton path (`engine.moe`).
 2. FP8 experts (`engine.fp8`), on the same weights at skew 1: the same two figures, the device memory
    the FP8 copies take, and the answer drift against bf16 (max and p99 |dp| over every option
    probability of `--drift` requests of the load mix, each decided in batches at budget 32,768).
@@ -244,6 +246,11 @@ def main() -> int:
             calibrate_s=round(time.perf_counter() - t, 1),
             **measure(engine, reqs512, one),
         )
+        if skew == 1.0:  # the same weights and routing through the unfused CUTLASS experts
+            engine.model.enable_fast_path(graph_buckets=buckets, fused_experts=False)
+            emit(rows, kind="skew", skew=skew, experts="unfused (CUTLASS)", **measure(engine, reqs512, one))
+            profile_one(engine, one, out / "profile_800_unfused.txt")
+            engine.model.enable_fast_path(graph_buckets=buckets)
     for b in biases:
         b.zero_()
 

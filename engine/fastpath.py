@@ -23,9 +23,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine import fp8 as fp8_mode
-from engine import kernels
+from engine import kernels, moe
 
 
 def varlen_available() -> bool:
@@ -57,9 +58,36 @@ class PackedInputs:
     position_ids: torch.Tensor
     cu_seqlens: torch.Tensor
     max_seqlen: int
+    dense_causal: bool = False
+    """One record from token 0, padding (if any) after it: attention runs as one dense causal SDPA over
+    all T tokens (cuDNN on the GPU). Under a causal mask no record token sees the padding behind it, so
+    the record gets what per-record attention gives it. Set by `GraphedDecoder` only: cuDNN builds a plan
+    per shape, which a captured graph pays once and an eager call for every new length."""
 
 
 _rms_norm = kernels.rms_norm_reference
+
+
+def _dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of one record over the whole token axis: (T, hq, d) from q (T, hq, d) and k, v
+    (T, hk, d). The kv heads are repeated to the q heads (query head h reads kv head h // (hq / hk)),
+    so the cuDNN kernel needs no grouped-query support. On the H200, for one 896-token record: 28.0 us
+    against 49.9 us for varlen FlashAttention 2 (`bench.moe_kernels`, graph replays)."""
+    t, hq, d = q.shape
+    hk = k.shape[1]
+    qd = q.transpose(0, 1)[None]  # (1, hq, T, d) strided view
+
+    def heads(x: torch.Tensor) -> torch.Tensor:
+        xd = x.transpose(0, 1)[:, None]  # (hk, 1, T, d)
+        return xd.expand(hk, hq // hk, t, d).reshape(1, hq, t, d)
+
+    if not q.is_cuda:
+        return F.scaled_dot_product_attention(qd, heads(k), heads(v), is_causal=True)[0].transpose(0, 1)
+    # cuDNN alone: `set_priority=True` would leave torch's global backend order changed after the block
+    # (the transformers media path then took another backend; tests/gpu/test_media_gpu.py caught it).
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        out = F.scaled_dot_product_attention(qd, heads(k), heads(v), is_causal=True)  # (1, hq, T, d)
+    return out[0].transpose(0, 1)  # (T, hq, d)
 
 
 def _causal_attention_per_record(
@@ -92,6 +120,9 @@ class PackedTextDecoder:
         self._qkv: list[torch.Tensor] = []
         self._fp8: list[fp8_mode.Fp8Experts | None] = []  # per layer, filled by `use_fp8_experts`
         self._fp8_on = False
+        self.fused_experts = True
+        """bf16 experts through `engine.moe`'s fused Triton kernels (False: gather + CUTLASS grouped GEMMs +
+        SwiGLU + combine, kept for comparison in `bench.experts`). Recapture graphs after switching."""
         for layer in text_model.layers:
             att = layer.self_attn
             w = torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight], dim=0)
@@ -108,11 +139,14 @@ class PackedTextDecoder:
         qkv = F.linear(x, self._qkv[i])  # (T, (hq + 2 hk) d)
         qn, kn = att.q_norm.weight, att.k_norm.weight
         q, k, v = kernels.qk_norm_rope(qkv, qn, kn, cos, sin, hq, hk, self.eps)
-        if x.is_cuda:
-            out = varlen_attn(
+        if p.dense_causal:
+            out = _dense_causal_attention(q, k, v)
+        elif x.is_cuda:
+            got = varlen_attn(
                 q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen, window_size=(-1, 0)
             )  # (T, hq, d)
-            assert isinstance(out, torch.Tensor)
+            assert isinstance(got, torch.Tensor)
+            out = got
         else:
             out = _causal_attention_per_record(q, k, v, p.cu_seqlens)
         return att.o_proj(out.reshape(t, hq * d))  # type: ignore[no-any-return]
@@ -151,10 +185,14 @@ class PackedTextDecoder:
         # histc (not bincount) keeps shapes static, so the forward can be captured in a CUDA graph.
         hist_in = flat.int() if flat.is_cuda else flat.float()
         counts = torch.histc(hist_in, bins=num_experts, min=0, max=num_experts - 1)  # (E,)
+        q8 = self._fp8[i] if self._fp8_on else None
+        inter = experts.down_proj.shape[2]
+        if q8 is None and self.fused_experts and x.is_cuda and moe.supported(x.shape[1], inter):
+            # gather, SwiGLU and the inverse permutation inside two Triton GEMMs (`engine.moe`)
+            return moe.experts_forward(x, order, counts, top_w, experts.gate_up_proj, experts.down_proj)
         offs = torch.cumsum(counts, dim=0, dtype=torch.int32)  # (E,)
         inv = torch.empty_like(order)
         inv[order] = torch.arange(order.numel(), device=order.device)  # (S,) sorted slot of each pair
-        q8 = self._fp8[i] if self._fp8_on else None
         if q8 is not None:
             xq, x_scale = fp8_mode.quantize_rows(x)  # (T, hidden) e4m3, (T,)
             src = order // k  # (S,) token of each sorted pair
@@ -218,6 +256,9 @@ class _LaunchPacer:
             self._events.pop(0).synchronize()
 
 
+SINGLE = 0
+"""Graph key cap of a bucket's single-record graph (dense causal attention, `PackedInputs.dense_causal`)."""
+
 SEQLEN_CAPS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 """Longest-record caps a graph is captured for: FlashAttention sizes its grid by the max record length."""
 
@@ -254,7 +295,9 @@ class GraphedDecoder:
     """CUDA-graph replay of a `PackedTextDecoder`, one graph per (token bucket, longest-record cap).
 
     Records are packed into the first tokens; the tail of the bucket is padding, split into records of
-    at most the cap each (own cu_seqlens segments), so it never touches real records. Graphs are captured
+    at most the cap each (own cu_seqlens segments), so it never touches real records. A lone record
+    replays its bucket's `SINGLE` graph instead: the padding simply follows it under one dense causal
+    attention (`PackedInputs.dense_causal`). Graphs are captured
     lazily, largest first is not required, and share one memory pool: replays must not overlap (call
     `run` from one thread, under inference mode) and each result must be consumed before the next `run`.
     Launch overhead vanishes: eager Python launches ~40 kernels per layer, which at large batches
@@ -281,7 +324,7 @@ class GraphedDecoder:
             1,
         )
         for bucket in self.buckets:
-            for cap in caps_for(bucket):
+            for cap in (SINGLE, *caps_for(bucket)):
                 if (bucket, cap) not in self._graphs:
                     self._graphs[(bucket, cap)] = self._build(bucket, cap, like)
         return len(self._graphs)
@@ -308,9 +351,13 @@ class GraphedDecoder:
                 torch.zeros(3, bucket, dtype=like.position_ids.dtype, device=dev),
             )
             self._static[bucket] = static
-        cu = torch.arange(0, bucket + cap, cap, dtype=torch.int32, device=dev).clamp_(max=bucket)
-        cu = torch.cat([cu, cu.new_full((self._slots(bucket, cap) - cu.numel(),), bucket)])  # (slots,)
-        inputs = PackedInputs(static.embeds, static.positions, cu, cap)
+        if cap == SINGLE:  # one record, then padding: one dense causal attention over the bucket
+            cu = torch.tensor([0, bucket], dtype=torch.int32, device=dev)
+            inputs = PackedInputs(static.embeds, static.positions, cu, bucket, dense_causal=True)
+        else:
+            cu = torch.arange(0, bucket + cap, cap, dtype=torch.int32, device=dev).clamp_(max=bucket)
+            cu = torch.cat([cu, cu.new_full((self._slots(bucket, cap) - cu.numel(),), bucket)])  # (slots,)
+            inputs = PackedInputs(static.embeds, static.positions, cu, cap)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
@@ -332,7 +379,7 @@ class GraphedDecoder:
         cap = next((c for c in SEQLEN_CAPS if p.max_seqlen <= c), None)
         if bucket is None or cap is None or n > self.max_records:
             return self.decoder(p)
-        cap = min(cap, bucket)
+        cap = SINGLE if n == 1 else min(cap, bucket)
         key = (bucket, cap)
         if key not in self._graphs:
             self._graphs[key] = self._build(bucket, cap, p)
@@ -342,7 +389,10 @@ class GraphedDecoder:
         static.embeds[t:].zero_()
         static.positions[:, :t].copy_(p.position_ids)
         pad = bucket - t
-        static.positions[:, t:].copy_((torch.arange(pad, device=cu.device) % cap).expand(3, -1))
+        static.positions[:, t:].copy_((torch.arange(pad, device=cu.device) % (cap or bucket)).expand(3, -1))
+        if cap == SINGLE:  # nothing but the record can reach the record's tokens: no boundaries to set
+            graph.replay()
+            return out[:t]
         # Real boundaries, then padding records of <= cap tokens up to the bucket end, then empty records.
         pad_bounds = torch.arange(t + cap, bucket + cap, cap, dtype=torch.int32, device=cu.device)
         pad_bounds.clamp_(max=bucket)

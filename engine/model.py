@@ -43,7 +43,12 @@ class ClefOmniModel(nn.Module):
         self._graphed: GraphedDecoder | None = None
 
     def enable_fast_path(
-        self, *, graph_buckets: tuple[int, ...] = (), max_graph_records: int = 16, fp8_experts: bool = False
+        self,
+        *,
+        graph_buckets: tuple[int, ...] = (),
+        max_graph_records: int = 16,
+        fp8_experts: bool = False,
+        fused_experts: bool = True,
     ) -> bool:
         """Use the padding-free varlen decoder (`engine.fastpath`) for text-only batches on CUDA.
 
@@ -51,13 +56,15 @@ class ClefOmniModel(nn.Module):
         (single requests and small batches, where kernel launches dominate). `fp8_experts` runs the MoE
         experts in FP8 (`engine.fp8`, opt-in; the release is bf16). Calling again switches either and
         recaptures the graphs. Returns False (and changes nothing) off CUDA or when this torch lacks
-        varlen attention / grouped GEMMs.
+        varlen attention / grouped GEMMs. `fused_experts=False` runs bf16 experts unfused (CUTLASS grouped
+        GEMMs; benchmarks compare the two, see `engine.moe`).
         """
         if self.device.type != "cuda" or not varlen_available():
             return False
         if self._fast is None:  # built once: it holds fused QKV copies of the attention weights
             self._fast = PackedTextDecoder(self.text_model)
         self._fast.use_fp8_experts(fp8_experts)
+        self._fast.fused_experts = fused_experts
         self._graphed = (
             GraphedDecoder(self._fast, graph_buckets, max_graph_records) if graph_buckets else None
         )

@@ -1,0 +1,299 @@
+"""One full-size MoE layer on the H200: the fused Triton expert kernels (`engine.moe`) against the unfused
+CUTLASS path, a sweep of tile shapes, and the attention kernels one lone request can use.
+
+`python3 -m bench.moe_kernels --out DIR` builds one layer's experts (128 x (1,536 x 2,048 + 2,048 x 768),
+random bf16, 1.2 GB, so every call reads them from HBM, not L2) and routes T tokens uniformly at random
+(each token picks 8 distinct experts: the levelled load of a trained router). It prints, as JSON lines:
+
+1. `sweep`: each candidate tile shape of each kernel, at every T, in microseconds (median of 20).
+2. `layer`: the whole expert block per T (routing excluded, from the sorted pairs on): unfused (gather,
+   CUTLASS gate/up, SwiGLU, CUTLASS down, combine) against fused (best shapes of the sweep, and the
+   shapes `engine.moe` ships), with the weight-read rate and TFLOP/s, and max |diff| between them.
+3. `attention`: one causal record of 896 tokens (32 q heads, 4 kv heads, 128 dims) through varlen
+   FlashAttention (what the fast path runs) and through dense SDPA per backend.
+
+Writes `moe_kernels.jsonl` to `--out`. Not a test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from bench.report import emit_line as emit
+from engine import kernels, moe
+
+HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 128, 8
+
+
+def cuda_us(fn: Callable[[], object], reps: int = 20, per_graph: int = 5) -> float:
+    """Median GPU microseconds of one `fn` call: `per_graph` calls captured in a CUDA graph, replayed
+    `reps` times between CUDA events. Timing graph replays leaves out the Python and launch time that
+    events around eager calls would count (the engine replays graphs too)."""
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(per_graph):
+            fn()
+    for _ in range(2):
+        graph.replay()
+    times = []
+    for _ in range(reps):
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(float(start.elapsed_time(end)) * 1000.0 / per_graph)
+    del graph
+    return float(statistics.median(times))
+
+
+def routed(t: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(top_w (T, k) float32, order (T k,), counts (E,) int32, inv (T k,)) for uniform routing."""
+    top_i = torch.rand(t, EXPERTS, generator=gen, device="cuda").argsort(dim=1)[:, :TOP_K].int()
+    top_w = torch.rand(t, TOP_K, generator=gen, device="cuda")
+    top_w = top_w / top_w.sum(dim=1, keepdim=True)
+    flat = top_i.reshape(-1)
+    order = torch.argsort(flat.to(torch.uint8))
+    counts = torch.histc(flat, bins=EXPERTS, min=0, max=EXPERTS - 1).int()
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(order.numel(), device="cuda")
+    return top_w, order, counts, inv
+
+
+def unfused(
+    x: torch.Tensor,
+    top_w: torch.Tensor,
+    order: torch.Tensor,
+    counts: torch.Tensor,
+    inv: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+) -> torch.Tensor:
+    """The fast path's bf16 expert block before `engine.moe` (as in `fastpath.PackedTextDecoder._moe`)."""
+    offs = torch.cumsum(counts, dim=0, dtype=torch.int32)
+    xs = x.index_select(0, order // TOP_K)
+    h = F.grouped_mm(xs, gate_up.transpose(-2, -1), offs=offs)
+    a = kernels.swiglu_weighted(h, top_w.reshape(-1)[order])
+    y = F.grouped_mm(a, down.transpose(-2, -1), offs=offs)
+    return kernels.combine(y, inv, TOP_K)
+
+
+_GATE_UP = (
+    (64, 64, 64, 4, 4),
+    (64, 64, 64, 4, 4, True),
+    (64, 64, 64, 4, 5, True),
+    (64, 128, 64, 4, 3, True),
+    (64, 128, 64, 8, 4, True),
+    (64, 64, 64, 4, 4, True, True),
+    (128, 128, 64, 8, 3),
+    (128, 128, 64, 8, 3, True),
+    (128, 128, 64, 8, 4, True),
+    (128, 64, 64, 8, 4, True),
+    (128, 128, 64, 8, 3, True, True),
+    (128, 128, 64, 8, 4, True, True),
+    (128, 64, 64, 4, 4, True, True),
+)
+_DOWN = (
+    (64, 128, 64, 4, 4),
+    (64, 128, 64, 4, 4, True),
+    (64, 256, 64, 4, 3, True),
+    (64, 256, 64, 8, 4, True),
+    (64, 128, 64, 4, 5, True),
+    (64, 128, 64, 4, 4, True, True),
+    (128, 256, 64, 8, 3),
+    (128, 256, 64, 8, 3, True),
+    (128, 256, 64, 8, 4, True),
+    (128, 128, 64, 8, 4, True),
+    (128, 256, 64, 8, 3, True, True),
+    (128, 128, 64, 4, 4, True, True),
+)
+
+
+def candidates(kind: str) -> list[moe.Tiles]:
+    """Tile shapes to try for `kind` ("gate_up" or "down"): (block_m, block_n, block_k, warps, stages)."""
+    return [moe.Tiles(*t) for t in (_GATE_UP if kind == "gate_up" else _DOWN)]
+
+
+def useful(tiles: moe.Tiles, tokens: int) -> bool:
+    """64-row tiles for batches up to 16,384 tokens, 128-row tiles from 4,096 tokens."""
+    return not ((tiles.block_m <= 64 and tokens > 16384) or (tiles.block_m >= 128 and tokens < 4096))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    p.add_argument("--tokens", default="800,4096,16384,65536")
+    p.add_argument("--max-candidates", type=int, default=60)
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[str] = []
+    import triton
+
+    emit(
+        rows,
+        kind="info",
+        torch=torch.__version__,
+        triton=triton.__version__,
+        gpu=torch.cuda.get_device_name(),
+    )
+    torch.manual_seed(0)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    with torch.inference_mode():
+        gate_up = (torch.randn(EXPERTS, 2 * INTER, HIDDEN, device="cuda") * 0.02).bfloat16()
+        down = (torch.randn(EXPERTS, HIDDEN, INTER, device="cuda") * 0.02).bfloat16()
+        weight_bytes = (gate_up.numel() + down.numel()) * 2
+        tokens = [int(t) for t in args.tokens.split(",")]
+        cases = {}
+        for t in tokens:
+            x = torch.randn(t, HIDDEN, device="cuda").bfloat16()
+            cases[t] = (x, *routed(t, gen))
+        # 1. the sweep, per kernel: the other kernel's shape fixed at the shipped one
+        best: dict[tuple[str, int], tuple[float, moe.Tiles]] = {}
+        for kind in ("gate_up", "down"):
+            for tiles in candidates(kind)[: args.max_candidates]:
+                for t in (t for t in tokens if useful(tiles, t)):
+                    x, top_w, order, counts, _ = cases[t]
+                    shipped = moe.tiles_for(t * TOP_K, EXPERTS)
+                    pair = (
+                        moe.MoeTiles(tiles, shipped.down)
+                        if kind == "gate_up"
+                        else moe.MoeTiles(shipped.gate_up, tiles)
+                    )
+                    try:
+                        us_all = cuda_us(
+                            partial(moe.experts_triton, x, order, counts, top_w, gate_up, down, pair), 10
+                        )
+                    except Exception as exc:  # a shape Triton cannot build is skipped
+                        emit(rows, kind="sweep_error", kernel=kind, tiles=repr(tiles), error=str(exc)[:200])
+                        break
+                    emit(
+                        rows,
+                        kind="sweep",
+                        kernel=kind,
+                        tokens=t,
+                        tiles=list(_astuple(tiles)),
+                        us=round(us_all, 1),
+                    )
+                    if (kind, t) not in best or us_all < best[(kind, t)][0]:
+                        best[(kind, t)] = (us_all, tiles)
+        # 2. the whole block per T
+        for t in tokens:
+            x, top_w, order, counts, inv = cases[t]
+            ref = unfused(x, top_w, order, counts, inv, gate_up, down)
+            us_ref = cuda_us(partial(unfused, x, top_w, order, counts, inv, gate_up, down))
+            tuned = moe.MoeTiles(best[("gate_up", t)][1], best[("down", t)][1])
+            row: dict[str, object] = {"kind": "layer", "tokens": t, "unfused_us": round(us_ref, 1)}
+            for name, pair in (("shipped", moe.tiles_for(t * TOP_K, EXPERTS)), ("best", tuned)):
+                got = moe.experts_triton(x, order, counts, top_w, gate_up, down, pair)
+                us = cuda_us(partial(moe.experts_triton, x, order, counts, top_w, gate_up, down, pair))
+                flops = 2.0 * t * TOP_K * 3 * HIDDEN * INTER
+                row |= {
+                    f"{name}_us": round(us, 1),
+                    f"{name}_tiles": [list(_astuple(pair.gate_up)), list(_astuple(pair.down))],
+                    f"{name}_weight_tb_s": round(weight_bytes / us / 1e6, 2),
+                    f"{name}_tflop_s": round(flops / us / 1e6, 1),
+                    f"{name}_max_abs_diff": float((got.float() - ref.float()).abs().max()),
+                    f"{name}_ref_max_abs": float(ref.float().abs().max()),
+                }
+            row["unfused_weight_tb_s"] = round(weight_bytes / us_ref / 1e6, 2)
+            emit(rows, **row)
+        # 3. attention for one 896-token record
+        attention(rows)
+    (out / "moe_kernels.jsonl").write_text("\n".join(rows) + "\n")
+    return 0
+
+
+def _astuple(t: moe.Tiles) -> tuple[int | bool, ...]:
+    return (t.block_m, t.block_n, t.block_k, t.warps, t.stages, t.tma, t.ws)
+
+
+def attention(rows: list[str]) -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.varlen import varlen_attn
+
+    n, hq, hk, d = 896, 32, 4, 128
+    q = torch.randn(n, hq, d, device="cuda").bfloat16()
+    k = torch.randn(n, hk, d, device="cuda").bfloat16()
+    v = torch.randn(n, hk, d, device="cuda").bfloat16()
+    cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+    ref = varlen_attn(q, k, v, cu, cu, n, n, window_size=(-1, 0))
+    assert isinstance(ref, torch.Tensor)
+    us = cuda_us(lambda: varlen_attn(q, k, v, cu, cu, n, n, window_size=(-1, 0)))
+    emit(rows, kind="attention", kernel="varlen_flash", tokens=n, us=round(us, 1))
+    qd, kd, vd = (t.transpose(0, 1)[None] for t in (q, k, v))  # (1, heads, n, d)
+    kx, vx = (t.repeat_interleave(hq // hk, dim=1) for t in (kd, vd))
+    try:
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            got = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=True)
+            us = cuda_us(lambda: F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=True))
+        diff = float((got[0].transpose(0, 1).float() - ref.float()).abs().max())
+        emit(rows, kind="attention", kernel="cudnn_gqa", tokens=n, us=round(us, 1), max_abs_diff=diff)
+    except RuntimeError as exc:
+        emit(rows, kind="attention_error", kernel="cudnn_gqa", error=str(exc)[:200])
+    before = torch._C._get_sdp_priority_order()
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION], set_priority=True):
+        pass
+    emit(rows, kind="sdpa_priority", before=before, after_set_priority=torch._C._get_sdp_priority_order())
+    packed_batch(rows)
+    for name, backend in (
+        ("cudnn", SDPBackend.CUDNN_ATTENTION),
+        ("flash", SDPBackend.FLASH_ATTENTION),
+        ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+    ):
+        try:
+            with sdpa_kernel([backend]):
+                got = F.scaled_dot_product_attention(qd, kx, vx, is_causal=True)
+                us = cuda_us(lambda: F.scaled_dot_product_attention(qd, kx, vx, is_causal=True))
+            diff = float((got[0].transpose(0, 1).float() - ref.float()).abs().max())
+            emit(rows, kind="attention", kernel=name, tokens=n, us=round(us, 1), max_abs_diff=diff)
+        except RuntimeError as exc:
+            emit(rows, kind="attention_error", kernel=name, error=str(exc)[:200])
+
+
+def packed_batch(rows: list[str], records: int = 128, n: int = 512) -> None:
+    """128 records of 512 tokens: varlen FlashAttention on the packed axis against dense causal cuDNN
+    on a (records, heads, n, d) batch (equal lengths: no padding), kv heads repeated or grouped."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.varlen import varlen_attn
+
+    hq, hk, d = 32, 4, 128
+    t = records * n
+    q = torch.randn(t, hq, d, device="cuda").bfloat16()
+    k = torch.randn(t, hk, d, device="cuda").bfloat16()
+    v = torch.randn(t, hk, d, device="cuda").bfloat16()
+    cu = torch.arange(0, t + 1, n, dtype=torch.int32, device="cuda")
+    us = cuda_us(lambda: varlen_attn(q, k, v, cu, cu, n, n, window_size=(-1, 0)), per_graph=2)
+    emit(rows, kind="attention", kernel="varlen_flash", records=records, tokens=n, us=round(us, 1))
+    qd = q.view(records, n, hq, d).transpose(1, 2)
+    kd = k.view(records, n, hk, d).transpose(1, 2)
+    vd = v.view(records, n, hk, d).transpose(1, 2)
+    for name, gqa in (("cudnn_gqa", True), ("cudnn_repeat", False)):
+        try:
+            kx = kd if gqa else kd.repeat_interleave(hq // hk, dim=1)
+            vx = vd if gqa else vd.repeat_interleave(hq // hk, dim=1)
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                call = partial(F.scaled_dot_product_attention, qd, kx, vx, is_causal=True, enable_gqa=gqa)
+                us = cuda_us(call, per_graph=2)
+            emit(rows, kind="attention", kernel=name, records=records, tokens=n, us=round(us, 1))
+        except RuntimeError as exc:
+            emit(rows, kind="attention_error", kernel=name, error=str(exc)[:200])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
