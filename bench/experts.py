@@ -193,6 +193,7 @@ def main() -> int:
 
     import transformers
 
+    from bench.engine import stream
     from bench.load import make_pool
     from bench.workload import build_engine, make_request
     from engine.fastpath import default_buckets
@@ -246,7 +247,19 @@ def main() -> int:
             calibrate_s=round(time.perf_counter() - t, 1),
             **measure(engine, reqs512, one),
         )
-        if skew == 1.0:  # the same weights and routing through the unfused CUTLASS experts
+        if skew == 1.0:
+            mixed = make_pool(engine, random.Random(6), args.requests)  # the load mix, 200-1,500 tokens
+            stream(engine, mixed[:64], 65536, 256)
+            r = stream(engine, mixed, 65536, 256)
+            emit(
+                rows,
+                kind="mixed",
+                skew=skew,
+                tok_s=round(r["tok_s"]),
+                steady_tok_s=round(r["steady_tok_s"]),
+                batch_ms_p50=round(r["batch_ms_p50"], 1),
+            )
+            # the same weights and routing through the unfused CUTLASS experts
             engine.model.enable_fast_path(graph_buckets=buckets, fused_experts=False)
             emit(rows, kind="skew", skew=skew, experts="unfused (CUTLASS)", **measure(engine, reqs512, one))
             profile_one(engine, one, out / "profile_800_unfused.txt")

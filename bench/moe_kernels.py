@@ -139,6 +139,7 @@ def main() -> int:
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     p.add_argument("--tokens", default="800,4096,16384,65536")
     p.add_argument("--max-candidates", type=int, default=60)
+    p.add_argument("--attention-only", action="store_true", help="skip the expert kernels")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -158,7 +159,7 @@ def main() -> int:
         gate_up = (torch.randn(EXPERTS, 2 * INTER, HIDDEN, device="cuda") * 0.02).bfloat16()
         down = (torch.randn(EXPERTS, HIDDEN, INTER, device="cuda") * 0.02).bfloat16()
         weight_bytes = (gate_up.numel() + down.numel()) * 2
-        tokens = [int(t) for t in args.tokens.split(",")]
+        tokens = [] if args.attention_only else [int(t) for t in args.tokens.split(",")]
         cases = {}
         for t in tokens:
             x = torch.randn(t, HIDDEN, device="cuda").bfloat16()
@@ -251,6 +252,7 @@ def attention(rows: list[str]) -> None:
         pass
     emit(rows, kind="sdpa_priority", before=before, after_set_priority=torch._C._get_sdp_priority_order())
     packed_batch(rows)
+    plan_cost(rows)
     for name, backend in (
         ("cudnn", SDPBackend.CUDNN_ATTENTION),
         ("flash", SDPBackend.FLASH_ATTENTION),
@@ -293,6 +295,29 @@ def packed_batch(rows: list[str], records: int = 128, n: int = 512) -> None:
             emit(rows, kind="attention", kernel=name, records=records, tokens=n, us=round(us, 1))
         except RuntimeError as exc:
             emit(rows, kind="attention_error", kernel=name, error=str(exc)[:200])
+
+
+def plan_cost(rows: list[str]) -> None:
+    """Wall milliseconds of the first and the second dense attention call of a never-seen shape: cuDNN
+    builds an execution plan on the first."""
+    import time
+
+    from engine import dense_attention
+    from engine.dense_attention import DenseLayout
+
+    for records, n in ((8, 512), (16, 640), (40, 1024), (96, 576), (128, 512)):
+        t = records * n
+        q = torch.randn(t, 32, 128, device="cuda").bfloat16()
+        k = torch.randn(t, 4, 128, device="cuda").bfloat16()
+        v = torch.randn(t, 4, 128, device="cuda").bfloat16()
+        ms = []
+        for _ in range(3):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            dense_attention.attention(q, k, v, DenseLayout(records, n))
+            torch.cuda.synchronize()
+            ms.append(round((time.perf_counter() - t0) * 1000.0, 2))
+        emit(rows, kind="plan_cost", records=records, tokens=n, first_ms=ms[0], then_ms=ms[1:])
 
 
 if __name__ == "__main__":

@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from engine import dense_attention, kernels, moe
 from engine import fp8 as fp8_mode
-from engine import kernels, moe
+from engine.dense_attention import DenseLayout
 
 
 def varlen_available() -> bool:
@@ -58,36 +58,12 @@ class PackedInputs:
     position_ids: torch.Tensor
     cu_seqlens: torch.Tensor
     max_seqlen: int
-    dense_causal: bool = False
-    """One record from token 0, padding (if any) after it: attention runs as one dense causal SDPA over
-    all T tokens (cuDNN on the GPU). Under a causal mask no record token sees the padding behind it, so
-    the record gets what per-record attention gives it. Set by `GraphedDecoder` only: cuDNN builds a plan
-    per shape, which a captured graph pays once and an eager call for every new length."""
+    dense: DenseLayout | None = None
+    """Attention through this dense (rows, length) layout (cuDNN) instead of varlen FlashAttention: set by
+    `GraphedDecoder` for one record, (1, bucket), whose padding behind it the record never reads."""
 
 
 _rms_norm = kernels.rms_norm_reference
-
-
-def _dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal attention of one record over the whole token axis: (T, hq, d) from q (T, hq, d) and k, v
-    (T, hk, d). The kv heads are repeated to the q heads (query head h reads kv head h // (hq / hk)),
-    so the cuDNN kernel needs no grouped-query support. On the H200, for one 896-token record: 28.0 us
-    against 49.9 us for varlen FlashAttention 2 (`bench.moe_kernels`, graph replays)."""
-    t, hq, d = q.shape
-    hk = k.shape[1]
-    qd = q.transpose(0, 1)[None]  # (1, hq, T, d) strided view
-
-    def heads(x: torch.Tensor) -> torch.Tensor:
-        xd = x.transpose(0, 1)[:, None]  # (hk, 1, T, d)
-        return xd.expand(hk, hq // hk, t, d).reshape(1, hq, t, d)
-
-    if not q.is_cuda:
-        return F.scaled_dot_product_attention(qd, heads(k), heads(v), is_causal=True)[0].transpose(0, 1)
-    # cuDNN alone: `set_priority=True` would leave torch's global backend order changed after the block
-    # (the transformers media path then took another backend; tests/gpu/test_media_gpu.py caught it).
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        out = F.scaled_dot_product_attention(qd, heads(k), heads(v), is_causal=True)  # (1, hq, T, d)
-    return out[0].transpose(0, 1)  # (T, hq, d)
 
 
 def _causal_attention_per_record(
@@ -139,8 +115,8 @@ class PackedTextDecoder:
         qkv = F.linear(x, self._qkv[i])  # (T, (hq + 2 hk) d)
         qn, kn = att.q_norm.weight, att.k_norm.weight
         q, k, v = kernels.qk_norm_rope(qkv, qn, kn, cos, sin, hq, hk, self.eps)
-        if p.dense_causal:
-            out = _dense_causal_attention(q, k, v)
+        if p.dense is not None:
+            out = dense_attention.attention(q, k, v, p.dense)
         elif x.is_cuda:
             got = varlen_attn(
                 q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen, window_size=(-1, 0)
@@ -257,7 +233,7 @@ class _LaunchPacer:
 
 
 SINGLE = 0
-"""Graph key cap of a bucket's single-record graph (dense causal attention, `PackedInputs.dense_causal`)."""
+"""Graph key cap of a bucket's single-record graph (dense causal attention, `PackedInputs.dense`)."""
 
 SEQLEN_CAPS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 """Longest-record caps a graph is captured for: FlashAttention sizes its grid by the max record length."""
@@ -297,7 +273,7 @@ class GraphedDecoder:
     Records are packed into the first tokens; the tail of the bucket is padding, split into records of
     at most the cap each (own cu_seqlens segments), so it never touches real records. A lone record
     replays its bucket's `SINGLE` graph instead: the padding simply follows it under one dense causal
-    attention (`PackedInputs.dense_causal`). Graphs are captured
+    attention (`PackedInputs.dense`). Graphs are captured
     lazily, largest first is not required, and share one memory pool: replays must not overlap (call
     `run` from one thread, under inference mode) and each result must be consumed before the next `run`.
     Launch overhead vanishes: eager Python launches ~40 kernels per layer, which at large batches
@@ -353,7 +329,7 @@ class GraphedDecoder:
             self._static[bucket] = static
         if cap == SINGLE:  # one record, then padding: one dense causal attention over the bucket
             cu = torch.tensor([0, bucket], dtype=torch.int32, device=dev)
-            inputs = PackedInputs(static.embeds, static.positions, cu, bucket, dense_causal=True)
+            inputs = PackedInputs(static.embeds, static.positions, cu, bucket, dense=DenseLayout(1, bucket))
         else:
             cu = torch.arange(0, bucket + cap, cap, dtype=torch.int32, device=dev).clamp_(max=bucket)
             cu = torch.cat([cu, cu.new_full((self._slots(bucket, cap) - cu.numel(),), bucket)])  # (slots,)

@@ -70,11 +70,12 @@ class MoeTiles:
 
 SMALL = MoeTiles(gate_up=Tiles(64, 64, 64, 4, 4), down=Tiles(64, 128, 64, 4, 4))
 """Few rows per expert (a lone request): weight-read bound. One full-size layer, 800 tokens, uniform
-routing, graph replays on the H200 (`bench.moe_kernels`): 328.9 us (3.67 TB/s of weights) against
-443.9 us unfused."""
-LARGE = MoeTiles(gate_up=Tiles(128, 128, 64, 8, 3), down=Tiles(128, 256, 64, 8, 3))
-"""Many rows per expert (large batches): tensor-core bound. Same bench: 819.1 / 2,718.4 / 10,372.0 us
-at 4,096 / 16,384 / 65,536 tokens against 886.3 / 2,990.0 / 10,520.0 us unfused."""
+routing, graph replays on the H200 (`bench.moe_kernels`): 319.9 us (3.78 TB/s of weights) against
+442.0 us unfused; TMA loads made no difference here (317.9 us)."""
+LARGE = MoeTiles(gate_up=Tiles(128, 128, 64, 8, 4, tma=True), down=Tiles(128, 256, 64, 8, 3, tma=True))
+"""Many rows per expert (large batches): tensor-core bound, weights (and the down projection's rows)
+through TMA. Same bench: 767.9 / 9,788.3 us at 4,096 / 65,536 tokens against 831.9 / 10,293.2 us
+unfused and 823.2 / 10,455.0 us for the same tiles with pointer loads."""
 LARGE_FROM_ROWS_PER_EXPERT = 192
 """Average rows per expert from which `LARGE` is used."""
 

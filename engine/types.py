@@ -61,6 +61,7 @@ class EncodedRequest:
 def map_tensor_fields(obj: _D, fn: Callable[[torch.Tensor], torch.Tensor]) -> _D:
     """A copy of dataclass `obj` with `fn` applied to every field holding a tensor (e.g. a device move)."""
     import torch
+
     moved = {f.name: fn(v) for f in fields(obj) if isinstance(v := getattr(obj, f.name), torch.Tensor)}
     return replace(obj, **moved)
 

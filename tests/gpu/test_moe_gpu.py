@@ -80,18 +80,19 @@ def _ids_of(order: torch.Tensor, counts: torch.Tensor, t: int, k: int) -> torch.
     return ids.view(t, k)
 
 
-def test_dense_causal_attention_matches_varlen_for_one_record_cuda() -> None:
+def test_dense_layout_attention_matches_varlen_for_one_record_cuda() -> None:
     from torch.nn.attention.varlen import varlen_attn
 
-    from engine.fastpath import _dense_causal_attention
+    from engine import dense_attention
+    from engine.dense_attention import DenseLayout
 
     gen = torch.Generator(device="cuda").manual_seed(3)
-    n, pad, hq, hk, d = 700, 196, 32, 4, 128
+    n, pad, hq, hk, d = 700, 196, 32, 4, 128  # one record and the padding behind it, as graphs run it
     q, k, v = (torch.randn(n + pad, h, d, device="cuda", generator=gen).bfloat16() for h in (hq, hk, hk))
     cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
     want = varlen_attn(q[:n], k[:n], v[:n], cu, cu, n, n, window_size=(-1, 0))
     assert isinstance(want, torch.Tensor)
-    got = _dense_causal_attention(q, k, v)[:n]
+    got = dense_attention.attention(q, k, v, DenseLayout(1, n + pad))[:n]
     err = float((got.float() - want.float()).abs().max())
-    print(f"dense causal vs varlen, one record of {n} + {pad} padding: max |diff| = {err:.2e}")
+    print(f"dense layout (1 x {n + pad}) vs varlen, one record of {n}: max |diff| = {err:.2e}")
     assert err <= 2e-2

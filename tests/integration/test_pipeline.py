@@ -198,9 +198,7 @@ async def _run_until_committed(pipeline: Pipeline, total: int, timeout_s: float)
     try:
         while sum(pipeline.committed().values()) < total:
             assert not task.done(), f"pipeline stopped early: {task.exception() if task.done() else ''}"
-            assert time.monotonic() < deadline, (
-                f"only {sum(pipeline.committed().values())}/{total} committed"
-            )
+            assert time.monotonic() < deadline, f"only {sum(pipeline.committed().values())}/{total} committed"
             await asyncio.sleep(0.1)
     finally:
         pipeline.request_stop()

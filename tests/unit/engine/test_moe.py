@@ -1,7 +1,6 @@
-"""The fused MoE expert path (`engine.moe`) and the single-record dense attention of the fast path, on
-CPU: the PyTorch twin against transformers' own MoE block, the Triton kernels under Triton's interpreter
-against the twin, and dense causal attention with trailing padding against per-record attention. The
-CUDA kernels themselves are checked in tests/gpu/test_moe_gpu.py."""
+"""The fused MoE expert path (`engine.moe`) on CPU: the PyTorch twin against transformers' own MoE block,
+and the Triton kernels under Triton's interpreter against the twin. The CUDA kernels themselves are
+checked in tests/gpu/test_moe_gpu.py."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ import pytest
 import torch
 
 from engine import kernels, moe
-from engine.fastpath import PackedInputs, PackedTextDecoder
 from engine.release import LoadedModel
 
 REPO = Path(__file__).resolve().parents[3]
@@ -57,16 +55,3 @@ def test_triton_kernels_under_the_interpreter_match_the_reference() -> None:
     print(done.stdout)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("case ") == 9
-
-
-def test_dense_causal_attention_with_trailing_padding_equals_per_record(loaded: LoadedModel) -> None:
-    text_model = loaded.model.text_model
-    decoder = PackedTextDecoder(text_model)
-    ids = torch.randint(0, 800, (32,), generator=torch.Generator().manual_seed(4))
-    with torch.inference_mode():
-        emb = text_model.embed_tokens(ids)
-        pos = torch.arange(32)[None].expand(3, -1)
-        alone = decoder(PackedInputs(emb[:20], pos[:, :20], torch.tensor([0, 20]).int(), 20))
-        padded_emb = torch.cat([emb[:20], torch.zeros_like(emb[20:])])
-        dense = decoder(PackedInputs(padded_emb, pos, torch.tensor([0, 32]).int(), 32, dense_causal=True))
-    assert torch.allclose(dense[:20], alone, atol=1e-5, rtol=1e-4)
