@@ -162,15 +162,10 @@ class PackedTextDecoder:
         hist_in = flat.int() if flat.is_cuda else flat.float()
         counts = torch.histc(hist_in, bins=num_experts, min=0, max=num_experts - 1)  # (E,)
         q8 = self._fp8[i] if self._fp8_on else None
-        fused = self.fused_experts and x.is_cuda and moe.supported(x.shape[1], experts.down_proj.shape[2])
-        if fused and q8 is None:
+        inter = experts.down_proj.shape[2]
+        if q8 is None and self.fused_experts and x.is_cuda and moe.supported(x.shape[1], inter):
             # gather, SwiGLU and the inverse permutation inside two Triton GEMMs (`engine.moe`)
             return moe.experts_forward(x, order, counts, top_w, experts.gate_up_proj, experts.down_proj)
-        if fused and q8 is not None and moe.tiles_for(flat.numel(), num_experts) is moe.SMALL:
-            # FP8 with few rows per expert: bound by reading weights, so weight-only FP8 in the fused
-            # kernels (e4m3 weights widened in registers, activations unquantised)
-            scales = (q8.gate_up_scale, q8.down_scale)
-            return moe.experts_forward(x, order, counts, top_w, q8.gate_up, q8.down, scales=scales)
         offs = torch.cumsum(counts, dim=0, dtype=torch.int32)  # (E,)
         inv = torch.empty_like(order)
         inv[order] = torch.arange(order.numel(), device=order.device)  # (S,) sorted slot of each pair

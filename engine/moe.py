@@ -109,11 +109,8 @@ def experts_reference(
     top_w: torch.Tensor,
     gate_up_proj: torch.Tensor,
     down_proj: torch.Tensor,
-    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """PyTorch twin of `experts_forward`, one expert at a time (CPU, tests): (T, H)."""
-    if scales is not None:  # e4m3 weights: widen (exact), then the per-channel scale after the sum
-        gate_up_proj, down_proj = gate_up_proj.to(x.dtype), down_proj.to(x.dtype)
     t, hidden = x.shape
     k = top_w.shape[1]
     inter = down_proj.shape[2]
@@ -127,12 +124,9 @@ def experts_reference(
         pairs = order[start : start + n].long()
         start += n
         h = F.linear(x.index_select(0, pairs // k), gate_up_proj[expert])  # (n, 2I), rounded as the GEMM
-        if scales is not None:
-            h = (h.float() * scales[0][expert]).to(x.dtype)
         g, u = h[:, :inter].float(), h[:, inter:].float()
         act = (F.silu(g) * u * flat_w.index_select(0, pairs).float()[:, None]).to(x.dtype)  # (n, I)
-        out = F.linear(act, down_proj[expert])  # (n, H)
-        y[pairs] = out if scales is None else (out.float() * scales[1][expert]).to(x.dtype)
+        y[pairs] = F.linear(act, down_proj[expert])  # (n, H)
     return y.view(t, k, hidden).float().sum(dim=1).to(x.dtype)
 
 
@@ -144,20 +138,16 @@ def experts_forward(
     gate_up_proj: torch.Tensor,
     down_proj: torch.Tensor,
     tiles: MoeTiles | None = None,
-    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Sum over each token's k experts of weight * down(silu(gate(x)) * up(x)): (T, H).
 
     `x` (T, H) normalised hidden states; `order` (T k,) pair ids (token * k + j) sorted by expert;
     `counts` (E,) pairs per expert; `top_w` (T, k) float32 routing weights; `gate_up_proj` (E, 2I, H) and
     `down_proj` (E, H, I) as transformers stores them. `tiles` overrides the regime (benchmarks).
-    `scales`: the weights are e4m3 (`engine.fp8.Fp8Experts`) with these per-channel scales, (E, 2I) and
-    (E, H); they are widened in registers and the activations stay in x's dtype (weight-only FP8), with
-    pointer-load tiles (`SMALL`; TMA tiles are taken as their pointer twins).
     """
     if not (x.is_cuda and supported(x.shape[1], down_proj.shape[2])):
-        return experts_reference(x, order, counts, top_w, gate_up_proj, down_proj, scales)
-    return experts_triton(x, order, counts, top_w, gate_up_proj, down_proj, tiles, scales)
+        return experts_reference(x, order, counts, top_w, gate_up_proj, down_proj)
+    return experts_triton(x, order, counts, top_w, gate_up_proj, down_proj, tiles)
 
 
 def experts_triton(
@@ -168,7 +158,6 @@ def experts_triton(
     gate_up_proj: torch.Tensor,
     down_proj: torch.Tensor,
     tiles: MoeTiles | None = None,
-    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """`experts_forward` through the Triton kernels on `x`'s device (CUDA, or CPU under Triton's
     interpreter, `TRITON_INTERPRET=1`, for tests)."""
@@ -188,8 +177,7 @@ def experts_triton(
     gu_n, gu_k = _fit(gu.block_n, inter), _fit(gu.block_k, hidden)
     grid = (_row_tiles(pairs, experts, gu.block_m) * (inter // gu_n),)
     shapes = {"hidden": hidden, "inter": inter, "e": experts, "e_pad": e_pad}
-    gu_scale, dn_scale = scales if scales is not None else (gate_up_proj, down_proj)  # unread if unscaled
-    if gu.tma and scales is None:
+    if gu.tma:
         _moe_gate_up_tma_kernel[grid](
             x,
             TensorDescriptor.from_tensor(gate_up_proj, [1, gu_n, gu_k]),
@@ -210,7 +198,6 @@ def experts_triton(
         _moe_gate_up_kernel[grid](
             x,
             gate_up_proj,
-            gu_scale,
             order,
             counts,
             top_w,
@@ -220,14 +207,13 @@ def experts_triton(
             block_m=gu.block_m,
             block_n=gu_n,
             block_k=gu_k,
-            scaled=scales is not None,
             num_warps=gu.warps,
             num_stages=gu.stages,
         )
     dn = tl_.down
     dn_n, dn_k = _fit(dn.block_n, hidden), _fit(dn.block_k, inter)
     grid = (_row_tiles(pairs, experts, dn.block_m) * (hidden // dn_n),)
-    if dn.tma and scales is None:
+    if dn.tma:
         _moe_down_tma_kernel[grid](
             TensorDescriptor.from_tensor(act, [dn.block_m, dn_k]),
             TensorDescriptor.from_tensor(down_proj, [1, dn_n, dn_k]),
@@ -246,7 +232,6 @@ def experts_triton(
         _moe_down_kernel[grid](
             act,
             down_proj,
-            dn_scale,
             order,
             counts,
             y,
@@ -254,7 +239,6 @@ def experts_triton(
             block_m=dn.block_m,
             block_n=dn_n,
             block_k=dn_k,
-            scaled=scales is not None,
             num_warps=dn.warps,
             num_stages=dn.stages,
         )

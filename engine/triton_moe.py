@@ -37,7 +37,6 @@ def _tile_of_expert(counts_ptr, pid_m, block_m: tl.constexpr, e: tl.constexpr, e
 def _moe_gate_up_kernel(
     x_ptr,
     w_ptr,
-    ws_ptr,
     order_ptr,
     counts_ptr,
     topw_ptr,
@@ -50,13 +49,10 @@ def _moe_gate_up_kernel(
     block_m: tl.constexpr,
     block_n: tl.constexpr,
     block_k: tl.constexpr,
-    scaled: tl.constexpr,
 ):
     # out[r, n] = silu(g) * u * routing weight, g = x[tok(r)] . W[e, n], u = x[tok(r)] . W[e, inter + n]
     # for the sorted pair r (expert e), x (T, hidden), W (E, 2 inter, hidden), out (S, inter) sorted.
     # The token gather is part of the A load, and SwiGLU is the epilogue: (S, 2 inter) never exists.
-    # `scaled`: W is e4m3 with per-channel scales ws (E, 2 inter), widened to x's dtype in registers
-    # (exact) and scaled after the k-loop: half the weight bytes, activations never quantised.
     pid = tl.program_id(0)
     num_n: tl.constexpr = inter // block_n
     pid_m = pid // num_n
@@ -78,15 +74,11 @@ def _moe_gate_up_kernel(
     acc_u = tl.zeros([block_m, block_n], dtype=tl.float32)
     for _ in range(0, hidden, block_k):
         a = tl.load(a_ptrs, mask=rmask[:, None], other=0.0)
-        acc_g = tl.dot(a, tl.load(g_ptrs).to(a.dtype), acc_g)
-        acc_u = tl.dot(a, tl.load(u_ptrs).to(a.dtype), acc_u)
+        acc_g = tl.dot(a, tl.load(g_ptrs), acc_g)
+        acc_u = tl.dot(a, tl.load(u_ptrs), acc_u)
         a_ptrs += block_k
         g_ptrs += block_k
         u_ptrs += block_k
-    if scaled:
-        s_base = ws_ptr + expert.to(tl.int64) * (2 * inter)
-        acc_g = acc_g * tl.load(s_base + ns)[None, :]
-        acc_u = acc_u * tl.load(s_base + inter + ns)[None, :]
     # Round the projections to the activation dtype first, as the unfused path (GEMM, then SwiGLU) does.
     g = acc_g.to(out_ptr.dtype.element_ty).to(tl.float32)
     u = acc_u.to(out_ptr.dtype.element_ty).to(tl.float32)
@@ -100,7 +92,6 @@ def _moe_gate_up_kernel(
 def _moe_down_kernel(
     a_ptr,
     w_ptr,
-    ws_ptr,
     order_ptr,
     counts_ptr,
     out_ptr,
@@ -111,12 +102,10 @@ def _moe_down_kernel(
     block_m: tl.constexpr,
     block_n: tl.constexpr,
     block_k: tl.constexpr,
-    scaled: tl.constexpr,
 ):
     # out[pair(r), n] = a[r] . W[e, n] for the sorted pair r (expert e), a (S, inter) sorted,
     # W (E, hidden, inter), out (S, hidden) in pair order (token * k + j), so the combine that follows
-    # sums k contiguous rows per token and no inverse permutation is needed. `scaled`: as in
-    # `_moe_gate_up_kernel`, with scales ws (E, hidden).
+    # sums k contiguous rows per token and no inverse permutation is needed.
     pid = tl.program_id(0)
     num_n: tl.constexpr = hidden // block_n
     pid_m = pid // num_n
@@ -135,11 +124,9 @@ def _moe_down_kernel(
     acc = tl.zeros([block_m, block_n], dtype=tl.float32)
     for _ in range(0, inter, block_k):
         a = tl.load(a_ptrs, mask=rmask[:, None], other=0.0)
-        acc = tl.dot(a, tl.load(w_ptrs).to(a.dtype), acc)
+        acc = tl.dot(a, tl.load(w_ptrs), acc)
         a_ptrs += block_k
         w_ptrs += block_k
-    if scaled:
-        acc = acc * tl.load(ws_ptr + expert.to(tl.int64) * hidden + ns)[None, :]
     o_ptrs = out_ptr + pair[:, None] * hidden + ns[None, :]
     tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
 
