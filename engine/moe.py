@@ -1,8 +1,9 @@
 """The MoE experts of one layer after routing, fused for the GPU fast path (Triton), with a PyTorch twin.
 
-The unfused path (`fastpath`, CUTLASS grouped GEMMs) runs seven kernels between the router and the
-residual: gather the tokens into expert order, gate/up GEMM, SwiGLU, down GEMM, the inverse permutation
-and the weighted combine. Here there are three, and two intermediate tensors never exist:
+The unfused path (`fastpath`, CUTLASS grouped GEMMs) runs, between the router and the residual, the token
+gather into expert order, the gate/up GEMM, SwiGLU (after a gather of the routing weights), the down GEMM,
+the inverse permutation and the combine. Here there are three kernels, and two intermediate tensors never
+exist:
 
     order (S,) pairs sorted by expert, counts (E,)            [S = T * k token-expert pairs]
     gate_up: x[order // k] (gathered in the A load) . W_gate|up[e]  -> silu(g) * u * routing weight
@@ -18,7 +19,8 @@ accumulation order inside a tensor-core step. Shapes and their measured speed: B
 Contract: `experts_forward` takes contiguous CUDA tensors in the activation dtype for the Triton path
 (expert sizes for which `supported` holds); anything else (CPU tests) runs `experts_reference`, the same
 arithmetic in plain PyTorch, which syncs and so cannot be captured in a CUDA graph. `counts` must
-be the per-expert histogram of `top_i` and `order` a stable or unstable sort of its flattening by expert.
+be the per-expert histogram of the pairs' expert ids and `order` the pair ids sorted by expert (stably or
+not).
 """
 
 from __future__ import annotations
@@ -74,8 +76,9 @@ routing, graph replays on the H200 (`bench.moe_kernels`): 319.9 us (3.78 TB/s of
 442.0 us unfused; TMA loads made no difference here (317.9 us)."""
 LARGE = MoeTiles(gate_up=Tiles(128, 128, 64, 8, 4, tma=True), down=Tiles(128, 256, 64, 8, 3, tma=True))
 """Many rows per expert (large batches): tensor-core bound, weights (and the down projection's rows)
-through TMA. Same bench: 767.9 / 9,788.3 us at 4,096 / 65,536 tokens against 831.9 / 10,293.2 us
-unfused and 823.2 / 10,455.0 us for the same tiles with pointer loads."""
+through TMA. Same bench: 9,788.3 us at 65,536 tokens against 10,293.2 us unfused and 10,455.0 us for the same
+shapes with pointer loads; the sweep's best at 4,096 tokens (767.9 us against 831.9 unfused) differs only in
+the down kernel's stage count (4)."""
 LARGE_FROM_ROWS_PER_EXPERT = 192
 """Average rows per expert from which `LARGE` is used."""
 
