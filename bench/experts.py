@@ -128,6 +128,24 @@ def calibrate(
     return hot
 
 
+def biased_engine() -> tuple[Any, list[torch.Tensor], tuple[int, ...]]:
+    """(engine, router biases, graph buckets): the full-size engine at budget 65,536 with a zero bias on
+    every router, added before the CUDA graphs (up to 4,096 tokens) are captured, since they read the
+    bias tensors in place."""
+    from bench.workload import build_engine
+    from engine.fastpath import default_buckets
+    from engine.runner import EngineConfig
+
+    config = EngineConfig(
+        device="cuda", dtype="bfloat16", max_batch_tokens=65536, max_batch_records=256, graph_buckets=()
+    )
+    engine = build_engine(config)
+    biases = router_biases(engine)
+    buckets = default_buckets(4096)
+    engine.model.enable_fast_path(graph_buckets=buckets)
+    return engine, biases, buckets
+
+
 def measure(engine: Any, reqs512: Sequence[Any], one: Any) -> dict[str, float]:
     from bench.engine import latency, stream
 
@@ -195,18 +213,10 @@ def main() -> int:
 
     from bench.engine import stream
     from bench.load import make_pool
-    from bench.workload import build_engine, make_request
-    from engine.fastpath import default_buckets
-    from engine.runner import EngineConfig
+    from bench.workload import make_request
 
-    config = EngineConfig(
-        device="cuda", dtype="bfloat16", max_batch_tokens=65536, max_batch_records=256, graph_buckets=()
-    )
     t0 = time.perf_counter()
-    engine = build_engine(config)
-    biases = router_biases(engine)  # before the graphs are captured: they read these tensors in place
-    buckets = default_buckets(4096)
-    engine.model.enable_fast_path(graph_buckets=buckets)
+    engine, biases, buckets = biased_engine()
     emit(
         rows,
         kind="info",

@@ -49,17 +49,10 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows: list[str] = []
 
-    from bench.experts import level, router_biases
-    from bench.workload import build_engine, make_request
-    from engine.fastpath import default_buckets
-    from engine.runner import EngineConfig
+    from bench.experts import biased_engine, level
+    from bench.workload import make_request
 
-    config = EngineConfig(
-        device="cuda", dtype="bfloat16", max_batch_tokens=65536, max_batch_records=256, graph_buckets=()
-    )
-    engine = build_engine(config)
-    biases = router_biases(engine)
-    engine.model.enable_fast_path(graph_buckets=default_buckets(4096))
+    engine, biases, _ = biased_engine()
     rng = random.Random(0)
     probe = [engine.prepare(make_request(rng, engine, 512)).encoded for _ in range(16)]
     with torch.inference_mode():

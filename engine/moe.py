@@ -180,71 +180,26 @@ def experts_triton(
     gu_n, gu_k = _fit(gu.block_n, inter), _fit(gu.block_k, hidden)
     grid = (_row_tiles(pairs, experts, gu.block_m) * (inter // gu_n),)
     shapes = {"hidden": hidden, "inter": inter, "e": experts, "e_pad": e_pad}
+    # The TMA kernels take weight (and row) descriptors and pipeline their own k-loop (`stages`, `ws`);
+    # the pointer kernels take the tensors and Triton's launch-level `num_stages`.
+    gu_tiles = {"block_m": gu.block_m, "block_n": gu_n, "block_k": gu_k, "num_warps": gu.warps}
     if gu.tma:
-        _moe_gate_up_tma_kernel[grid](
-            x,
-            TensorDescriptor.from_tensor(gate_up_proj, [1, gu_n, gu_k]),
-            order,
-            counts,
-            top_w,
-            act,
-            **shapes,
-            top_k=k,
-            block_m=gu.block_m,
-            block_n=gu_n,
-            block_k=gu_k,
-            stages=gu.stages,
-            ws=gu.ws,
-            num_warps=gu.warps,
-        )
+        w_gu = TensorDescriptor.from_tensor(gate_up_proj, [1, gu_n, gu_k])
+        gu_kernel, gu_pipe = _moe_gate_up_tma_kernel, {"stages": gu.stages, "ws": gu.ws}
     else:
-        _moe_gate_up_kernel[grid](
-            x,
-            gate_up_proj,
-            order,
-            counts,
-            top_w,
-            act,
-            **shapes,
-            top_k=k,
-            block_m=gu.block_m,
-            block_n=gu_n,
-            block_k=gu_k,
-            num_warps=gu.warps,
-            num_stages=gu.stages,
-        )
+        w_gu, gu_kernel, gu_pipe = gate_up_proj, _moe_gate_up_kernel, {"num_stages": gu.stages}
+    gu_kernel[grid](x, w_gu, order, counts, top_w, act, **shapes, top_k=k, **gu_tiles, **gu_pipe)
     dn = tl_.down
     dn_n, dn_k = _fit(dn.block_n, hidden), _fit(dn.block_k, inter)
     grid = (_row_tiles(pairs, experts, dn.block_m) * (hidden // dn_n),)
+    dn_tiles = {"block_m": dn.block_m, "block_n": dn_n, "block_k": dn_k, "num_warps": dn.warps}
     if dn.tma:
-        _moe_down_tma_kernel[grid](
-            TensorDescriptor.from_tensor(act, [dn.block_m, dn_k]),
-            TensorDescriptor.from_tensor(down_proj, [1, dn_n, dn_k]),
-            order,
-            counts,
-            y,
-            **shapes,
-            block_m=dn.block_m,
-            block_n=dn_n,
-            block_k=dn_k,
-            stages=dn.stages,
-            ws=dn.ws,
-            num_warps=dn.warps,
-        )
+        a_dn: object = TensorDescriptor.from_tensor(act, [dn.block_m, dn_k])
+        w_dn: object = TensorDescriptor.from_tensor(down_proj, [1, dn_n, dn_k])
+        dn_kernel, dn_pipe = _moe_down_tma_kernel, {"stages": dn.stages, "ws": dn.ws}
     else:
-        _moe_down_kernel[grid](
-            act,
-            down_proj,
-            order,
-            counts,
-            y,
-            **shapes,
-            block_m=dn.block_m,
-            block_n=dn_n,
-            block_k=dn_k,
-            num_warps=dn.warps,
-            num_stages=dn.stages,
-        )
+        a_dn, w_dn, dn_kernel, dn_pipe = act, down_proj, _moe_down_kernel, {"num_stages": dn.stages}
+    dn_kernel[grid](a_dn, w_dn, order, counts, y, **shapes, **dn_tiles, **dn_pipe)
     block = 1024
     _sum_pairs_kernel[(triton.cdiv(t * hidden, block),)](
         y, out, t * hidden, hidden=hidden, k=k, block=block, num_warps=4
