@@ -3,8 +3,10 @@
 The transformers implementation runs a padded `(batch, length)` layout through generic modules. Here
 every record of a batch is concatenated into one token axis `T` and attention is variable-length
 (`torch.nn.attention.varlen.varlen_attn`, FlashAttention with cumulative sequence offsets), so no token
-ever attends outside its own record and no compute is spent on padding. The MoE block routes all `T * k`
-token-expert pairs of the batch through two grouped GEMMs (`torch.nn.functional.grouped_mm`).
+ever attends outside its own record and no compute is spent on padding (a lone record's CUDA graph runs
+one dense cuDNN attention instead, `engine.dense_attention`). The MoE block routes all `T * k`
+token-expert pairs of the batch through two fused Triton GEMMs (`engine.moe`; bf16), or through CUTLASS
+grouped GEMMs (`torch.nn.functional.grouped_mm`) in FP8 mode and when `fused_experts` is off.
 
 The module holds no weights of its own: it reads the parameters of an existing
 `Qwen3OmniMoeThinkerTextModel`, so the strict loader stays the single source of truth. Fused QKV weights
