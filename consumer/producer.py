@@ -62,6 +62,15 @@ class Producer:
     async def flush(self) -> None:
         await self._producer.flush()
 
+    @property
+    def dead(self) -> bool:
+        """Whether aiokafka's background sender has stopped with an error. It does so on some connection
+        errors of a transactional producer (a lost transaction coordinator: aiokafka issue #1151, seen
+        here on a broker kill -9); every later call of a dead producer fails, so it must be replaced."""
+        sender: Any = getattr(self._producer, "_sender", None)  # aiokafka keeps it private
+        task = getattr(sender, "sender_task", None)
+        return task is not None and task.done()
+
     def transaction(self) -> Any:
         """An async context manager: begins a transaction, commits it on exit, aborts it on an error."""
         return self._producer.transaction()

@@ -15,11 +15,12 @@ before it takes any record of it. Downstream consumers must read with `isolation
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.errors import ProducerFenced
+from aiokafka.errors import KafkaError, ProducerFenced
 
 from consumer.logging import get_logger
 from consumer.producer import Producer
@@ -40,18 +41,73 @@ class TransactionFencedError(RuntimeError):
     partition and must publish nothing more for it (its open transaction was aborted by the broker)."""
 
 
-class PartitionTransactions:
-    """The transactional producer of one input partition. `start()` before use, `stop()` at the end."""
+class ProducerDiedError(ConnectionError):
+    """The partition's producer died inside a transaction (`Producer.dead`); it has been replaced, and
+    the transaction is tried again as a new one (a `ConnectionError`, so the retry policy takes it)."""
 
-    def __init__(self, settings: KafkaSettings, tp: TopicPartition) -> None:
+
+RESTART_TRIES = 60
+RESTART_PAUSE_S = 1.0
+"""A replacement producer is started up to `RESTART_TRIES` times, `RESTART_PAUSE_S` apart, so a
+broker that is restarting (about 10 s here) is waited for."""
+
+
+class PartitionTransactions:
+    """The transactional producer of one input partition. `start()` before use, `stop()` at the end.
+
+    The owner of `_producer`: only this object replaces it, when aiokafka's sender dies under it."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        tp: TopicPartition,
+        producer_factory: Callable[[KafkaSettings, str], Producer] | None = None,
+    ) -> None:
         self.tp = tp
+        self._settings = settings
         self._group_id = settings.group_id
         self._attempts = settings.send_attempts
-        self._producer = Producer(settings, transactional_id=transactional_id(settings.group_id, tp))
+        self._factory = producer_factory or (lambda s, txn_id: Producer(s, transactional_id=txn_id))
+        self._producer = self._factory(settings, transactional_id(settings.group_id, tp))
+        self._replace = False  # set when the producer died; the next attempt starts a new one
 
     async def start(self) -> None:
         """Connect and initialise the transactional id (fences older producers with the same id)."""
         await self._producer.start()
+
+    async def _restart(self) -> None:
+        """Replace the dead producer: close it (errors only logged), then start a new one with the same
+        transactional id, which makes the broker abort the dead one's open transaction (its records stay
+        invisible to `read_committed` readers). Tries `RESTART_TRIES` times while the broker is away."""
+        try:
+            await self._producer.stop()
+        except Exception as exc:  # a dead producer may fail its own close
+            log.info(
+                "dead_producer_close_failed",
+                topic=self.tp.topic,
+                partition=self.tp.partition,
+                error=repr(exc),
+            )
+        for attempt in range(1, RESTART_TRIES + 1):
+            producer = self._factory(self._settings, transactional_id(self._group_id, self.tp))
+            try:
+                await producer.start()
+            except KafkaError as exc:
+                if attempt == RESTART_TRIES or isinstance(exc, ProducerFenced):
+                    raise
+                log.info(
+                    "producer_restart_retry",
+                    topic=self.tp.topic,
+                    partition=self.tp.partition,
+                    error=repr(exc),
+                )
+                await _close_quietly(producer)
+                await asyncio.sleep(RESTART_PAUSE_S)
+                continue
+            self._producer = producer
+            self._replace = False
+            log.warning("producer_replaced", topic=self.tp.topic, partition=self.tp.partition, starts=attempt)
+            return
 
     async def stop(self) -> None:
         """Close the producer (an open transaction is aborted by the broker when it times out or the next
@@ -67,11 +123,29 @@ class PartitionTransactions:
         try:
             async for attempt in transient_retry(self._attempts):
                 with attempt:
-                    async with self._producer.transaction():
-                        sent = await self._producer.send_batches(records)
-                        for future, _ in sent:
-                            await future  # a failed record fails the transaction, not just its batch
-                        await self._producer.send_offsets({self.tp: next_offset}, self._group_id)
+                    if self._replace or self._producer.dead:
+                        await self._restart()
+                    try:
+                        async with self._producer.transaction():
+                            sent = await self._producer.send_batches(records)
+                            for future, _ in sent:
+                                await future  # a failed record fails the transaction, not just its batch
+                            await self._producer.send_offsets({self.tp: next_offset}, self._group_id)
+                    except KafkaError as exc:
+                        if isinstance(exc, ProducerFenced) or not self._producer.dead:
+                            raise
+                        self._replace = True
+                        log.warning(
+                            "producer_died", topic=self.tp.topic, partition=self.tp.partition, error=repr(exc)
+                        )
+                        raise ProducerDiedError(repr(exc)) from exc
         except ProducerFenced as exc:
             log.warning("transaction_fenced", topic=self.tp.topic, partition=self.tp.partition)
             raise TransactionFencedError(str(exc)) from exc
+
+
+async def _close_quietly(producer: Producer) -> None:
+    try:
+        await producer.stop()
+    except Exception as exc:  # closing a producer that never started may fail
+        log.debug("producer_close_failed", error=repr(exc))
