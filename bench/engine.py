@@ -164,14 +164,36 @@ def baseline(engine: Engine, requests: Sequence[SystemOneRequest], batch_size: i
     return {"tokens": tokens, "tok_s": tokens / seconds, "batch_ms_p50": statistics.median(times)}
 
 
-def latency(engine: Engine, request: SystemOneRequest, reps: int) -> dict[str, float]:
+def timings(fn: Callable[[], object], reps: int) -> dict[str, float]:
+    """p50 / p99 / min milliseconds of `fn` over `reps` synchronised calls, after five warm-up calls."""
     for _ in range(5):
-        engine.decide([request])
-    ms = sorted(cuda_ms(lambda: engine.decide([request])) for _ in range(reps))
+        fn()
+    ms = sorted(cuda_ms(fn) for _ in range(reps))
     return {
         "ms_p50": statistics.median(ms),
         "ms_p99": ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))],
         "ms_min": ms[0],
+    }
+
+
+def latency(engine: Engine, request: SystemOneRequest, reps: int) -> dict[str, float]:
+    """`timings` of `Engine.decide` for one request."""
+    return timings(lambda: engine.decide([request]), reps)
+
+
+def run_info(build_started: float) -> dict[str, Any]:
+    """The `info` row of a GPU bench: date, versions, GPU, engine build seconds since `build_started`
+    (a `time.perf_counter()` value) and the weights' device memory."""
+    import transformers
+
+    return {
+        "kind": "info",
+        "date": time.strftime("%Y-%m-%d"),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "gpu": torch.cuda.get_device_name(),
+        "build_s": round(time.perf_counter() - build_started, 1),
+        "weights_gb": round(torch.cuda.memory_allocated() / 1e9, 1),
     }
 
 
@@ -238,7 +260,6 @@ def main(out_dir: str | None = None, quick: bool = False) -> int:
         raise RuntimeError("bench engine needs a CUDA GPU (run it on the H200)")
     out = Path(out_dir or os.environ.get("OUT") or "bench-out")
     out.mkdir(parents=True, exist_ok=True)
-    import transformers
 
     from engine.fastpath import default_buckets
 
@@ -249,15 +270,7 @@ def main(out_dir: str | None = None, quick: bool = False) -> int:
     t0 = time.perf_counter()
     engine = build_engine(config)
     b = Bench(engine, out, [])
-    b.emit(
-        kind="info",
-        date=time.strftime("%Y-%m-%d"),
-        torch=torch.__version__,
-        transformers=transformers.__version__,
-        gpu=torch.cuda.get_device_name(),
-        build_s=round(time.perf_counter() - t0, 1),
-        weights_gb=round(torch.cuda.memory_allocated() / 1e9, 1),
-    )
+    b.emit(**run_info(t0))
     rng = random.Random(0)
     n512 = 128 if quick else 1024
     reqs512 = [make_request(rng, engine, 512) for _ in range(n512)]

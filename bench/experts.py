@@ -209,24 +209,13 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows: list[str] = []
 
-    import transformers
-
-    from bench.engine import stream
+    from bench.engine import run_info, stream
     from bench.load import make_pool
     from bench.workload import make_request
 
     t0 = time.perf_counter()
     engine, biases, buckets = biased_engine()
-    emit(
-        rows,
-        kind="info",
-        date=time.strftime("%Y-%m-%d"),
-        torch=torch.__version__,
-        transformers=transformers.__version__,
-        gpu=torch.cuda.get_device_name(),
-        build_s=round(time.perf_counter() - t0, 1),
-        weights_gb=round(torch.cuda.memory_allocated() / 1e9, 1),
-    )
+    emit(rows, **run_info(t0))
     rng = random.Random(0)
     reqs512 = [make_request(rng, engine, 512) for _ in range(args.requests)]
     one = make_request(rng, engine, 800)

@@ -17,27 +17,14 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.engine import cuda_ms
+from bench.engine import timings
 from bench.report import emit_line as emit
-
-
-def spread(fn: Callable[[], object], reps: int) -> dict[str, float]:
-    """p50 / p99 / min milliseconds of `fn` over `reps` synchronised calls, after five warm-up calls."""
-    for _ in range(5):
-        fn()
-    ms = sorted(cuda_ms(fn) for _ in range(reps))
-    return {
-        "ms_p50": round(statistics.median(ms), 2),
-        "ms_p99": round(ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))], 2),
-        "ms_min": round(ms[0], 2),
-    }
 
 
 def main() -> int:
@@ -84,7 +71,7 @@ def main() -> int:
         "head": head,
     }
     for name, fn in stages.items():
-        emit(rows, kind="stage", stage=name, **spread(fn, args.reps))
+        emit(rows, kind="stage", stage=name, **{k: round(v, 2) for k, v in timings(fn, args.reps).items()})
     (out / "one_request.jsonl").write_text("\n".join(rows) + "\n")
     return 0
 

@@ -112,9 +112,7 @@ class Router:
             engine=self._engine,
         )
         added = decision_headers(route)
-        headers: Headers = (
-            (*passthrough_headers(record.headers), *added) if record.headers else tuple(added)
-        )
+        headers: Headers = (*passthrough_headers(record.headers), *added) if record.headers else tuple(added)
         key = record.key
         return [
             OutRecord(self._decisions, key, value, headers),

@@ -79,15 +79,7 @@ class PartitionTransactions:
         """Replace the dead producer: close it (errors only logged), then start a new one with the same
         transactional id, which makes the broker abort the dead one's open transaction (its records stay
         invisible to `read_committed` readers). Tries `RESTART_TRIES` times while the broker is away."""
-        try:
-            await self._producer.stop()
-        except Exception as exc:  # a dead producer may fail its own close
-            log.info(
-                "dead_producer_close_failed",
-                topic=self.tp.topic,
-                partition=self.tp.partition,
-                error=repr(exc),
-            )
+        await _close_quietly(self._producer)  # a dead producer may fail its own close
         for attempt in range(1, RESTART_TRIES + 1):
             producer = self._factory(self._settings, transactional_id(self._group_id, self.tp))
             try:
@@ -145,7 +137,8 @@ class PartitionTransactions:
 
 
 async def _close_quietly(producer: Producer) -> None:
+    """Close `producer`, logging instead of raising: a dead one, or one that never started, may fail."""
     try:
         await producer.stop()
-    except Exception as exc:  # closing a producer that never started may fail
-        log.debug("producer_close_failed", error=repr(exc))
+    except Exception as exc:  # the producer is dropped either way
+        log.info("producer_close_failed", error=repr(exc))

@@ -41,8 +41,6 @@ def register(commands: Commands) -> None:
     p.set_defaults(func=_dlq_replay)
 
 
-
-
 def _reason_codes() -> list[str]:
     from schemas.errors import DlqReason
 

@@ -67,5 +67,3 @@ async def _send_samples(settings: Settings, topic: str, items: list[dict[str, An
             futures.append(await producer.send(OutRecord(topic, key, value, headers)))
         await asyncio.gather(*futures)
         return len(futures)
-
-

@@ -186,6 +186,7 @@ async def _serve(settings: Settings, engine: ServingEngine[P, S, R]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
+
     async def watch_once_started() -> None:
         # after the preflight: a bad password or certificate is then one line, not also the watch's retries
         await pipeline.started_event.wait()
