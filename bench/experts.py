@@ -12,7 +12,8 @@ graphs up to 4,096 tokens) and measures, in one process:
    800-token request (CUDA graph, p50/p99 ms), and the load actually reached (hot / average, and the
    busiest expert / average, means over layers).
    At skew 1 the same two figures again with the bf16 experts unfused (CUTLASS grouped GEMMs with the
-   gather, SwiGLU and combine kernels around them) against the default fused Triton path (`engine.moe`).
+   gather, SwiGLU and combine kernels around them) against the default fused Triton path (`engine.moe`),
+   and with torch's varlen FlashAttention 2 against the packed Triton attention (`engine.packed_attention`).
 2. FP8 experts (`engine.fp8`), on the same weights at skew 1: the same two figures, the device memory
    the FP8 copies take, and the answer drift against bf16 (max and p99 |dp| over every option
    probability of `--drift` requests of the load mix, each decided in batches at budget 32,768).
@@ -262,6 +263,10 @@ def main() -> int:
             engine.model.enable_fast_path(graph_buckets=buckets, fused_experts=False)
             emit(rows, kind="skew", skew=skew, experts="unfused (CUTLASS)", **measure(engine, reqs512, one))
             profile_one(engine, one, out / "profile_800_unfused.txt")
+            # and through torch's varlen FlashAttention 2 instead of the packed Triton attention
+            engine.model.enable_fast_path(graph_buckets=buckets, triton_attention=False)
+            row = measure(engine, reqs512, one)
+            emit(rows, kind="skew", skew=skew, attention="varlen FlashAttention 2", **row)
             engine.model.enable_fast_path(graph_buckets=buckets)
     for b in biases:
         b.zero_()

@@ -10,7 +10,10 @@ random bf16, 1.2 GB, so every call reads them from HBM, not L2) and routes T tok
    CUTLASS gate/up, SwiGLU, CUTLASS down, combine) against fused (best shapes of the sweep, and the
    shapes `engine.moe` ships), with the weight-read rate and TFLOP/s, and max |diff| between them.
 3. `attention`: one causal record of 896 tokens (32 q heads, 4 kv heads, 128 dims) through varlen
-   FlashAttention (what the fast path runs) and through dense SDPA per backend.
+   FlashAttention and through dense SDPA per backend; 128 x 512 tokens through varlen FlashAttention
+   and dense cuDNN.
+4. `packed_attention` (alone with `--packed-attention-only`): the fast path's Triton attention
+   (`engine.packed_attention`) over a sweep of launch shapes against varlen FlashAttention 2.
 
 Writes `moe_kernels.jsonl` to `--out`. Not a test: it asserts nothing.
 """
@@ -140,6 +143,11 @@ def main() -> int:
     p.add_argument("--tokens", default="800,4096,16384,65536")
     p.add_argument("--max-candidates", type=int, default=60)
     p.add_argument("--attention-only", action="store_true", help="skip the expert kernels")
+    p.add_argument(
+        "--packed-attention-only",
+        action="store_true",
+        help="only the sweep of the packed Triton attention against varlen FlashAttention",
+    )
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -155,6 +163,11 @@ def main() -> int:
     )
     torch.manual_seed(0)
     gen = torch.Generator(device="cuda").manual_seed(0)
+    if args.packed_attention_only:
+        with torch.inference_mode():
+            packed_attention_sweep(rows, gen)
+        (out / "moe_kernels.jsonl").write_text("\n".join(rows) + "\n")
+        return 0
     with torch.inference_mode():
         gate_up = (torch.randn(EXPERTS, 2 * INTER, HIDDEN, device="cuda") * 0.02).bfloat16()
         down = (torch.randn(EXPERTS, HIDDEN, INTER, device="cuda") * 0.02).bfloat16()
@@ -214,8 +227,9 @@ def main() -> int:
                 }
             row["unfused_weight_tb_s"] = round(weight_bytes / us_ref / 1e6, 2)
             emit(rows, **row)
-        # 3. attention for one 896-token record
+        # 3. attention for one 896-token record, and for packed batches
         attention(rows)
+        packed_attention_sweep(rows, gen)
     (out / "moe_kernels.jsonl").write_text("\n".join(rows) + "\n")
     return 0
 
@@ -252,7 +266,6 @@ def attention(rows: list[str]) -> None:
         pass
     emit(rows, kind="sdpa_priority", before=before, after_set_priority=torch._C._get_sdp_priority_order())
     packed_batch(rows)
-    plan_cost(rows)
     for name, backend in (
         ("cudnn", SDPBackend.CUDNN_ATTENTION),
         ("flash", SDPBackend.FLASH_ATTENTION),
@@ -297,27 +310,74 @@ def packed_batch(rows: list[str], records: int = 128, n: int = 512) -> None:
             emit(rows, kind="attention_error", kernel=name, error=str(exc)[:200])
 
 
-def plan_cost(rows: list[str]) -> None:
-    """Wall milliseconds of the first and the second dense attention call of a never-seen shape: cuDNN
-    builds an execution plan on the first."""
-    import time
+ATTENTION_PACKS = {
+    "128x512": [512] * 128,
+    "one896": [896],
+    "drift320-704": [320 + (i * 37) % 385 for i in range(128)],
+    "16x807": [807] * 16,
+}
+"""Record lengths of the packs the attention sweep times: the throughput bench's batch, one lone request,
+lengths spread as `bench.experts --drift 192` spreads them, and a small batch of long requests."""
+SWEEP_PACKS = ("128x512", "one896")
+"""The packs every candidate shape is timed on (the others: the shipped shape only)."""
 
-    from engine import dense_attention
-    from engine.dense_attention import DenseLayout
 
-    for records, n in ((8, 512), (16, 640), (40, 1024), (96, 576), (128, 512)):
-        t = records * n
-        q = torch.randn(t, 32, 128, device="cuda").bfloat16()
-        k = torch.randn(t, 4, 128, device="cuda").bfloat16()
-        v = torch.randn(t, 4, 128, device="cuda").bfloat16()
-        ms = []
-        for _ in range(3):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            dense_attention.attention(q, k, v, DenseLayout(records, n))
-            torch.cuda.synchronize()
-            ms.append(round((time.perf_counter() - t0) * 1000.0, 2))
-        emit(rows, kind="plan_cost", records=records, tokens=n, first_ms=ms[0], then_ms=ms[1:])
+def packed_attention_sweep(rows: list[str], gen: torch.Generator) -> None:
+    """`engine.packed_attention`'s Triton kernel over a sweep of launch shapes against varlen
+    FlashAttention 2, on the packs of `ATTENTION_PACKS` (32 q heads, 4 kv heads, 128 dims): microseconds
+    per call and max |diff| from FlashAttention."""
+    import itertools
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    from engine import packed_attention
+    from engine.packed_attention import AttentionTiles
+
+    hq, hk, d = 32, 4, 128
+    # The second sweep, around the first's best (64, 32, 4 warps, 3 stages, group 8 of 36 shapes:
+    # docs/bench/packed_attention_sweep1.jsonl): smaller blocks, deeper pipelines, 4 heads per program.
+    shapes = [
+        AttentionTiles(m, n, 4, s, 8) for m, n, s in itertools.product((32, 64, 128), (16, 32, 64), (3, 4))
+    ]
+    shapes += [AttentionTiles(64, 32, 4, 3, 4), AttentionTiles(128, 32, 8, 3, 8)]
+    for name, lengths in ATTENTION_PACKS.items():
+        t, longest = sum(lengths), max(lengths)
+        q = torch.randn(t, hq, d, device="cuda", generator=gen).bfloat16()
+        k = torch.randn(t, hk, d, device="cuda", generator=gen).bfloat16()
+        v = torch.randn(t, hk, d, device="cuda", generator=gen).bfloat16()
+        cu = torch.tensor([0, *lengths], device="cuda").cumsum(0).to(torch.int32)
+        per_graph = 2 if t > 10_000 else 5
+        ref = varlen_attn(q, k, v, cu, cu, longest, longest, window_size=(-1, 0))
+        assert isinstance(ref, torch.Tensor)
+        flash = partial(varlen_attn, q, k, v, cu, cu, longest, longest, window_size=(-1, 0))
+        us_ref = cuda_us(flash, per_graph=per_graph)
+        flops = sum(2.0 * 2 * hq * d * n * (n + 1) / 2 for n in lengths)
+        emit(
+            rows,
+            kind="packed_attention",
+            kernel="varlen_flash",
+            pack=name,
+            us=round(us_ref, 1),
+            tflop_s=round(flops / us_ref / 1e6, 1),
+        )
+        for tiles in shapes if name in SWEEP_PACKS else [packed_attention.TILES]:
+            call = partial(packed_attention.attention_triton, q, k, v, cu, longest, tiles)
+            try:
+                got = call()
+                us = cuda_us(call, per_graph=per_graph)
+            except Exception as exc:  # a shape Triton cannot build (shared memory) is skipped
+                emit(rows, kind="packed_attention_error", pack=name, tiles=repr(tiles), error=str(exc)[:200])
+                continue
+            emit(
+                rows,
+                kind="packed_attention",
+                kernel="triton",
+                pack=name,
+                tiles=[tiles.block_m, tiles.block_n, tiles.warps, tiles.stages, tiles.group],
+                us=round(us, 1),
+                tflop_s=round(flops / us / 1e6, 1),
+                max_abs_diff=float((got.float() - ref.float()).abs().max()),
+            )
 
 
 if __name__ == "__main__":

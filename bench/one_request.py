@@ -9,13 +9,17 @@ times, for one 800-token request, 30 times each (after warm-up), with CUDA synch
   replay, head, copy back) and `respond` (answers, CPU);
 - inside `run`: the decoder alone (`hidden_states`) and the head alone on its output.
 
-Prints JSON lines (p50/p99/min per stage) and writes `one_request.jsonl` to `--out`. Not a test.
+Prints JSON lines (p50/p99/min per stage) and writes `one_request.jsonl` to `--out`, and Python's
+profile of `--reps` `decide` calls (cumulative time) to `profile_decide.txt`. Not a test.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import os
+import pstats
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -73,6 +77,12 @@ def main() -> int:
     for name, fn in stages.items():
         emit(rows, kind="stage", stage=name, **{k: round(v, 2) for k, v in timings(fn, args.reps).items()})
     (out / "one_request.jsonl").write_text("\n".join(rows) + "\n")
+    # Where `decide`'s host time goes beyond its stages: Python's profiler over `reps` calls.
+    profiler = cProfile.Profile()
+    profiler.runcall(lambda: [engine.decide([one]) for _ in range(args.reps)])
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(45)
+    (out / "profile_decide.txt").write_text(text.getvalue())
     return 0
 
 

@@ -1,12 +1,15 @@
 """Padding-free forward of the Qwen3-Omni thinker's text decoder over packed records (GPU fast path).
 
 The transformers implementation runs a padded `(batch, length)` layout through generic modules. Here
-every record of a batch is concatenated into one token axis `T` and attention is variable-length
-(`torch.nn.attention.varlen.varlen_attn`, FlashAttention with cumulative sequence offsets), so no token
-ever attends outside its own record and no compute is spent on padding (a lone record's CUDA graph runs
-one dense cuDNN attention instead, `engine.dense_attention`). The MoE block routes all `T * k`
-token-expert pairs of the batch through two fused Triton GEMMs (`engine.moe`; bf16), or through CUTLASS
-grouped GEMMs (`torch.nn.functional.grouped_mm`) in FP8 mode and when `fused_experts` is off.
+every record of a batch is concatenated into one token axis `T` and attention is causal within each
+record (`engine.packed_attention`, one Triton kernel over cumulative sequence offsets), so no token ever
+attends outside its own record and no compute is spent on padding. `triton_attention = False` runs
+torch's variable-length FlashAttention 2 instead (`torch.nn.attention.varlen.varlen_attn`; benchmarks).
+The MoE block routes all `T * k` token-expert pairs of the batch through two fused Triton GEMMs
+(`engine.moe`; bf16), or through CUTLASS grouped GEMMs (`torch.nn.functional.grouped_mm`) in FP8 mode
+and when `fused_experts` is off. Around them, per MoE layer: the router GEMM, `kernels.route_topk`, one
+counting sort grouping the pairs by expert (`kernels.group_by_expert`), and the per-token sum of the k
+expert outputs folded into the residual add and the next RMSNorm (`kernels.add_pairs_rms_norm`).
 
 The module holds no weights of its own: it reads the parameters of an existing
 `Qwen3OmniMoeThinkerTextModel`, so the strict loader stays the single source of truth. Fused QKV weights
@@ -19,16 +22,14 @@ on the other records of the pack beyond floating-point rounding in shared GEMMs.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from engine import dense_attention, kernels, moe
 from engine import fp8 as fp8_mode
-from engine.dense_attention import DenseLayout
+from engine import kernels, moe, packed_attention
 
 
 def varlen_available() -> bool:
@@ -60,25 +61,9 @@ class PackedInputs:
     position_ids: torch.Tensor
     cu_seqlens: torch.Tensor
     max_seqlen: int
-    dense: DenseLayout | None = None
-    """Attention through this dense (rows, length) layout (cuDNN) instead of varlen FlashAttention: set by
-    `GraphedDecoder` for one record, (1, bucket), whose padding behind it the record never reads."""
 
 
 _rms_norm = kernels.rms_norm_reference
-
-
-def _causal_attention_per_record(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor
-) -> torch.Tensor:
-    """CPU stand-in for varlen attention: one causal SDPA call per record (tests and CPU runs)."""
-    bounds = cu_seqlens.tolist()
-    outs = []
-    for a, b in itertools.pairwise(bounds):
-        qi, ki, vi = (t[a:b].transpose(0, 1) for t in (q, k, v))  # (heads, n, d)
-        oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, enable_gqa=True)  # (heads, n, d)
-        outs.append(oi.transpose(0, 1))
-    return torch.cat(outs, dim=0)  # (T, hq, d)
 
 
 class PackedTextDecoder:
@@ -98,6 +83,9 @@ class PackedTextDecoder:
         self._qkv: list[torch.Tensor] = []
         self._fp8: list[fp8_mode.Fp8Experts | None] = []  # per layer, filled by `use_fp8_experts`
         self._fp8_on = False
+        self.triton_attention = True
+        """Attention through `engine.packed_attention`'s Triton kernel (False: torch's varlen FlashAttention
+        2, kept for comparison in `bench.experts`). Recapture graphs after switching."""
         self.fused_experts = True
         """bf16 experts through `engine.moe`'s fused Triton kernels (False: gather + CUTLASS grouped GEMMs +
         SwiGLU + combine, kept for comparison in `bench.experts`). Recapture graphs after switching."""
@@ -117,16 +105,14 @@ class PackedTextDecoder:
         qkv = F.linear(x, self._qkv[i])  # (T, (hq + 2 hk) d)
         qn, kn = att.q_norm.weight, att.k_norm.weight
         q, k, v = kernels.qk_norm_rope(qkv, qn, kn, cos, sin, hq, hk, self.eps)
-        if p.dense is not None:
-            out = dense_attention.attention(q, k, v, p.dense)
-        elif x.is_cuda:
+        if x.is_cuda and not (self.triton_attention and packed_attention.supported(d)):
             got = varlen_attn(
                 q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen, window_size=(-1, 0)
             )  # (T, hq, d)
             assert isinstance(got, torch.Tensor)
             out = got
-        else:
-            out = _causal_attention_per_record(q, k, v, p.cu_seqlens)
+        else:  # the Triton kernel on CUDA, one SDPA call per record on CPU
+            out = packed_attention.attention(q, k, v, p.cu_seqlens, p.max_seqlen)  # (T, hq, d)
         return att.o_proj(out.reshape(t, hq * d))  # type: ignore[no-any-return]
 
     def use_fp8_experts(self, on: bool = True) -> int:
@@ -148,7 +134,10 @@ class PackedTextDecoder:
                 ]
         return sum(q.nbytes for q in self._fp8 if q is not None)
 
-    def _moe(self, i: int, mlp: Any, x: torch.Tensor) -> torch.Tensor:
+    def _moe(self, i: int, mlp: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The experts' outputs for `x` (T, hidden), not yet summed per token (`kernels.add_pairs_rms_norm`
+        sums them into the residual): (T k, hidden) in pair order and None from the fused Triton experts,
+        else (S, hidden) in expert order and the (T k,) slot of each pair in it."""
         experts = mlp.experts
         num_experts = experts.gate_up_proj.shape[0]
         k = self.top_k
@@ -156,21 +145,15 @@ class PackedTextDecoder:
         # skew expert load).
         logits = F.linear(x, mlp.gate.weight, getattr(mlp.gate, "bias", None))  # (T, E)
         top_w, top_i = kernels.route_topk(logits, k, self.norm_topk)  # (T, k) each
-        flat = top_i.reshape(-1)  # (T k,)
-        # Sorting 1-byte keys takes one radix pass instead of eight for int64 expert ids.
-        keys = flat.to(torch.uint8) if num_experts <= 256 else flat.to(torch.int32)
-        order = torch.argsort(keys)  # (S,) token-expert pairs grouped by expert
-        # histc (not bincount) keeps shapes static, so the forward can be captured in a CUDA graph.
-        hist_in = flat.int() if flat.is_cuda else flat.float()
-        counts = torch.histc(hist_in, bins=num_experts, min=0, max=num_experts - 1)  # (E,)
         q8 = self._fp8[i] if self._fp8_on else None
         inter = experts.down_proj.shape[2]
         if q8 is None and self.fused_experts and x.is_cuda and moe.supported(x.shape[1], inter):
             # gather, SwiGLU and the inverse permutation inside two Triton GEMMs (`engine.moe`)
-            return moe.experts_forward(x, order, counts, top_w, experts.gate_up_proj, experts.down_proj)
-        offs = torch.cumsum(counts, dim=0, dtype=torch.int32)  # (E,)
-        inv = torch.empty_like(order)
-        inv[order] = torch.arange(order.numel(), device=order.device)  # (S,) sorted slot of each pair
+            order, counts = kernels.group_by_expert(top_i, num_experts)  # (S,) by expert, (E,)
+            y = moe.experts_pairs(x, order, counts, top_w, experts.gate_up_proj, experts.down_proj)
+            return y, None  # (T k, hidden) pair order
+        # (S,) pairs by expert, (E,) cumulative counts (grouped_mm's offs), (S,) sorted slot of each pair
+        order, offs, inv = kernels.group_by_expert_inverse(top_i, num_experts)
         if q8 is not None:
             xq, x_scale = fp8_mode.quantize_rows(x)  # (T, hidden) e4m3, (T,)
             src = order // k  # (S,) token of each sorted pair
@@ -183,12 +166,12 @@ class PackedTextDecoder:
             )  # (S, 2I) bf16
             aq, a_scale = fp8_mode.swiglu_quantized(h8, top_w.reshape(-1)[order])  # (S, I) e4m3, (S,)
             y8 = fp8_mode.grouped_mm(aq, a_scale, q8.down, q8.down_scale, offs)  # (S, hidden) bf16
-            return kernels.combine(y8, inv, k)  # (T, hidden)
+            return y8, inv  # (S, hidden) expert order
         xs = x.index_select(0, order // k)  # (S, hidden)
         h = _grouped_mm(xs, experts.gate_up_proj.transpose(-2, -1), offs)  # (S, 2I)
         a = kernels.swiglu_weighted(h, top_w.reshape(-1)[order])  # (S, I)
         y = _grouped_mm(a, experts.down_proj.transpose(-2, -1), offs)  # (S, hidden)
-        return kernels.combine(y, inv, k)  # (T, hidden)
+        return y, inv  # (S, hidden) expert order
 
     def __call__(self, p: PackedInputs) -> torch.Tensor:
         """Final RMS-normalised hidden states (T, hidden) for every packed token."""
@@ -204,9 +187,12 @@ class PackedTextDecoder:
             att = self._attention(i, layer, h, cos, sin, p)
             x, h = kernels.add_rms_norm(x, att, layer.post_attention_layernorm.weight, self.eps)
             mlp = layer.mlp
-            delta = self._moe(i, mlp, h) if hasattr(mlp, "experts") else mlp(h)
             nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else tm.norm.weight
-            x, h = kernels.add_rms_norm(x, delta, nxt, self.eps)
+            if hasattr(mlp, "experts"):  # the per-token sum of the k experts inside the residual add
+                rows, inv = self._moe(i, mlp, h)
+                x, h = kernels.add_pairs_rms_norm(x, rows, inv, self.top_k, nxt, self.eps)
+            else:
+                x, h = kernels.add_rms_norm(x, mlp(h), nxt, self.eps)
         return h
 
 
@@ -234,17 +220,14 @@ class _LaunchPacer:
             self._events.pop(0).synchronize()
 
 
-SINGLE = 0
-"""Graph key cap of a bucket's single-record graph (dense causal attention, `PackedInputs.dense`)."""
-
 SEQLEN_CAPS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
-"""Longest-record caps a graph is captured for: FlashAttention sizes its grid by the max record length."""
+"""Longest-record caps a graph is captured for: the attention kernel sizes its grid by the longest record."""
 
 
-GRAPH_BUCKETS = (512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096)
+GRAPH_BUCKETS = (512, 576, 640, 704, 768, 832, 896, 960, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096)
 """Token counts graphs are captured for. A replay computes the whole bucket, so the steps bound the padding
-(at most 127 tokens below 1,024, 255 below 2,048, 511 above): one 800-token request replays 896 tokens,
-not 1,024."""
+(at most 63 tokens below 1,024, 255 below 2,048, 511 above): one 800-token request (807 tokens with its
+prompt) replays 832 tokens, not 896."""
 
 
 def default_buckets(max_tokens: int) -> tuple[int, ...]:
@@ -273,9 +256,7 @@ class GraphedDecoder:
     """CUDA-graph replay of a `PackedTextDecoder`, one graph per (token bucket, longest-record cap).
 
     Records are packed into the first tokens; the tail of the bucket is padding, split into records of
-    at most the cap each (own cu_seqlens segments), so it never touches real records. A lone record
-    replays its bucket's `SINGLE` graph instead: the padding simply follows it under one dense causal
-    attention (`PackedInputs.dense`). Graphs are captured
+    at most the cap each (own cu_seqlens segments), so it never touches real records. Graphs are captured
     lazily, largest first is not required, and share one memory pool: replays must not overlap (call
     `run` from one thread, under inference mode) and each result must be consumed before the next `run`.
     Launch overhead vanishes: eager Python launches ~40 kernels per layer, which at large batches
@@ -302,7 +283,7 @@ class GraphedDecoder:
             1,
         )
         for bucket in self.buckets:
-            for cap in (SINGLE, *caps_for(bucket)):
+            for cap in caps_for(bucket):
                 if (bucket, cap) not in self._graphs:
                     self._graphs[(bucket, cap)] = self._build(bucket, cap, like)
         return len(self._graphs)
@@ -329,13 +310,9 @@ class GraphedDecoder:
                 torch.zeros(3, bucket, dtype=like.position_ids.dtype, device=dev),
             )
             self._static[bucket] = static
-        if cap == SINGLE:  # one record, then padding: one dense causal attention over the bucket
-            cu = torch.tensor([0, bucket], dtype=torch.int32, device=dev)
-            inputs = PackedInputs(static.embeds, static.positions, cu, bucket, dense=DenseLayout(1, bucket))
-        else:
-            cu = torch.arange(0, bucket + cap, cap, dtype=torch.int32, device=dev).clamp_(max=bucket)
-            cu = torch.cat([cu, cu.new_full((self._slots(bucket, cap) - cu.numel(),), bucket)])  # (slots,)
-            inputs = PackedInputs(static.embeds, static.positions, cu, cap)
+        cu = torch.arange(0, bucket + cap, cap, dtype=torch.int32, device=dev).clamp_(max=bucket)
+        cu = torch.cat([cu, cu.new_full((self._slots(bucket, cap) - cu.numel(),), bucket)])  # (slots,)
+        inputs = PackedInputs(static.embeds, static.positions, cu, cap)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
@@ -357,7 +334,7 @@ class GraphedDecoder:
         cap = next((c for c in SEQLEN_CAPS if p.max_seqlen <= c), None)
         if bucket is None or cap is None or n > self.max_records:
             return self.decoder(p)
-        cap = SINGLE if n == 1 else min(cap, bucket)
+        cap = min(cap, bucket)
         key = (bucket, cap)
         if key not in self._graphs:
             self._graphs[key] = self._build(bucket, cap, p)
@@ -367,10 +344,7 @@ class GraphedDecoder:
         static.embeds[t:].zero_()
         static.positions[:, :t].copy_(p.position_ids)
         pad = bucket - t
-        static.positions[:, t:].copy_((torch.arange(pad, device=cu.device) % (cap or bucket)).expand(3, -1))
-        if cap == SINGLE:  # nothing but the record can reach the record's tokens: no boundaries to set
-            graph.replay()
-            return out[:t]
+        static.positions[:, t:].copy_((torch.arange(pad, device=cu.device) % cap).expand(3, -1))
         # Real boundaries, then padding records of <= cap tokens up to the bucket end, then empty records.
         pad_bounds = torch.arange(t + cap, bucket + cap, cap, dtype=torch.int32, device=cu.device)
         pad_bounds.clamp_(max=bucket)

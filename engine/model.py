@@ -49,6 +49,7 @@ class ClefOmniModel(nn.Module):
         max_graph_records: int = 16,
         fp8_experts: bool = False,
         fused_experts: bool = True,
+        triton_attention: bool = True,
     ) -> bool:
         """Use the padding-free varlen decoder (`engine.fastpath`) for text-only batches on CUDA.
 
@@ -57,7 +58,8 @@ class ClefOmniModel(nn.Module):
         experts in FP8 (`engine.fp8`, opt-in; the release is bf16). Calling again switches either and
         recaptures the graphs. Returns False (and changes nothing) off CUDA or when this torch lacks
         varlen attention / grouped GEMMs. `fused_experts=False` runs bf16 experts unfused (CUTLASS grouped
-        GEMMs; benchmarks compare the two, see `engine.moe`).
+        GEMMs; benchmarks compare the two, see `engine.moe`), `triton_attention=False` runs attention through
+        torch's varlen FlashAttention 2 instead of `engine.packed_attention` (likewise).
         """
         if self.device.type != "cuda" or not varlen_available():
             return False
@@ -65,6 +67,7 @@ class ClefOmniModel(nn.Module):
             self._fast = PackedTextDecoder(self.text_model)
         self._fast.use_fp8_experts(fp8_experts)
         self._fast.fused_experts = fused_experts
+        self._fast.triton_attention = triton_attention
         self._graphed = (
             GraphedDecoder(self._fast, graph_buckets, max_graph_records) if graph_buckets else None
         )

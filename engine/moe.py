@@ -2,25 +2,29 @@
 
 The unfused path (`fastpath`, CUTLASS grouped GEMMs) runs, between the router and the residual, the token
 gather into expert order, the gate/up GEMM, SwiGLU (after a gather of the routing weights), the down GEMM,
-the inverse permutation and the combine. Here there are three kernels, and two intermediate tensors never
-exist:
+and the per-token sum read through the inverse permutation. Here there are two kernels, and two
+intermediate tensors never exist:
 
-    order (S,) pairs sorted by expert, counts (E,)            [S = T * k token-expert pairs]
+    order (S,) pairs sorted by expert, counts (E,)            [S = T * k token-expert pairs;
+                                                              `kernels.group_by_expert`]
     gate_up: x[order // k] (gathered in the A load) . W_gate|up[e]  -> silu(g) * u * routing weight
              (S, I) in expert order                              [(S, 2I) never written]
     down:    (S, I) . W_down[e] -> (S, H) written in pair order (token * k + j)   [no inverse index]
-    sum:     out[t] = sum_j y[t * k + j]                         (T, H)
+
+`experts_pairs` returns those (S, H) pair-order rows: the fast path sums each token's k rows inside its
+residual add and RMSNorm (`kernels.add_pairs_rms_norm`). `experts_forward` adds the per-token sum,
+out[t] = sum_j y[t * k + j] (T, H) (`kernels.combine`), for callers that want the block's output.
 
 Tile shapes are picked per call from the average rows per expert: a lone request (~50 rows per expert)
 is bound by reading the weights, a large batch (thousands of rows) by the tensor cores; both use the
 same k step, so a record's result does not depend on the tile shape chosen for its batch beyond
 accumulation order inside a tensor-core step. Shapes and their measured speed: BENCHMARKS.md.
 
-Contract: `experts_forward` takes contiguous CUDA tensors in the activation dtype for the Triton path
-(expert sizes for which `supported` holds); anything else (CPU tests) runs `experts_reference`, the same
-arithmetic in plain PyTorch, which syncs and so cannot be captured in a CUDA graph. `counts` must
-be the per-expert histogram of the pairs' expert ids and `order` the pair ids sorted by expert (stably or
-not).
+Contract: `experts_pairs` and `experts_forward` take contiguous CUDA tensors in the activation dtype for
+the Triton path (expert sizes for which `supported` holds); anything else (CPU tests) runs
+`experts_pairs_reference`, the same arithmetic in plain PyTorch, which syncs and so cannot be captured
+in a CUDA graph. `counts` must be the per-expert histogram of the pairs' expert ids and `order` the pair
+ids sorted by expert (stably or not).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F  # noqa: N812
+
+from engine import kernels
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs fall back to PyTorch.
     import triton
@@ -39,7 +45,6 @@ try:  # Triton ships with CUDA builds of torch; CPU-only installs fall back to P
         _moe_down_tma_kernel,
         _moe_gate_up_kernel,
         _moe_gate_up_tma_kernel,
-        _sum_pairs_kernel,
     )
 
     HAVE_TRITON = True
@@ -105,7 +110,7 @@ def _row_tiles(pairs: int, experts: int, block_m: int) -> int:
     return (pairs + experts * (block_m - 1)) // block_m
 
 
-def experts_reference(
+def experts_pairs_reference(
     x: torch.Tensor,
     order: torch.Tensor,
     counts: torch.Tensor,
@@ -113,7 +118,7 @@ def experts_reference(
     gate_up_proj: torch.Tensor,
     down_proj: torch.Tensor,
 ) -> torch.Tensor:
-    """PyTorch twin of `experts_forward`, one expert at a time (CPU, tests): (T, H)."""
+    """PyTorch twin of `experts_pairs`, one expert at a time (CPU, tests): (T k, H) in pair order."""
     t, hidden = x.shape
     k = top_w.shape[1]
     inter = down_proj.shape[2]
@@ -130,7 +135,42 @@ def experts_reference(
         g, u = h[:, :inter].float(), h[:, inter:].float()
         act = (F.silu(g) * u * flat_w.index_select(0, pairs).float()[:, None]).to(x.dtype)  # (n, I)
         y[pairs] = F.linear(act, down_proj[expert])  # (n, H)
-    return y.view(t, k, hidden).float().sum(dim=1).to(x.dtype)
+    return y
+
+
+def experts_reference(
+    x: torch.Tensor,
+    order: torch.Tensor,
+    counts: torch.Tensor,
+    top_w: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+) -> torch.Tensor:
+    """PyTorch twin of `experts_forward` (CPU, tests): (T, H)."""
+    y = experts_pairs_reference(x, order, counts, top_w, gate_up_proj, down_proj)  # (T k, H)
+    return kernels.sum_pairs_reference(y, None, top_w.shape[1])
+
+
+def experts_pairs(
+    x: torch.Tensor,
+    order: torch.Tensor,
+    counts: torch.Tensor,
+    top_w: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    tiles: MoeTiles | None = None,
+) -> torch.Tensor:
+    """weight * down(silu(gate(x)) * up(x)) for every token-expert pair: (T k, H) in pair order
+    (token * k + j), not yet summed over a token's k experts (`kernels.add_pairs_rms_norm` does that).
+
+    `x` (T, H) normalised hidden states; `order` (T k,) pair ids (token * k + j) sorted by expert;
+    `counts` (E,) pairs per expert (both as `kernels.group_by_expert` returns them); `top_w` (T, k)
+    float32 routing weights; `gate_up_proj` (E, 2I, H) and `down_proj` (E, H, I) as transformers stores
+    them. `tiles` overrides the regime (benchmarks).
+    """
+    if not (x.is_cuda and supported(x.shape[1], down_proj.shape[2])):
+        return experts_pairs_reference(x, order, counts, top_w, gate_up_proj, down_proj)
+    return experts_pairs_triton(x, order, counts, top_w, gate_up_proj, down_proj, tiles)
 
 
 def experts_forward(
@@ -142,15 +182,9 @@ def experts_forward(
     down_proj: torch.Tensor,
     tiles: MoeTiles | None = None,
 ) -> torch.Tensor:
-    """Sum over each token's k experts of weight * down(silu(gate(x)) * up(x)): (T, H).
-
-    `x` (T, H) normalised hidden states; `order` (T k,) pair ids (token * k + j) sorted by expert;
-    `counts` (E,) pairs per expert; `top_w` (T, k) float32 routing weights; `gate_up_proj` (E, 2I, H) and
-    `down_proj` (E, H, I) as transformers stores them. `tiles` overrides the regime (benchmarks).
-    """
-    if not (x.is_cuda and supported(x.shape[1], down_proj.shape[2])):
-        return experts_reference(x, order, counts, top_w, gate_up_proj, down_proj)
-    return experts_triton(x, order, counts, top_w, gate_up_proj, down_proj, tiles)
+    """Sum over each token's k experts of `experts_pairs`: (T, H) (arguments as `experts_pairs`)."""
+    y = experts_pairs(x, order, counts, top_w, gate_up_proj, down_proj, tiles)  # (T k, H)
+    return kernels.combine(y, None, top_w.shape[1])
 
 
 def experts_triton(
@@ -162,8 +196,22 @@ def experts_triton(
     down_proj: torch.Tensor,
     tiles: MoeTiles | None = None,
 ) -> torch.Tensor:
-    """`experts_forward` through the Triton kernels on `x`'s device (CUDA, or CPU under Triton's
-    interpreter, `TRITON_INTERPRET=1`, for tests)."""
+    """`experts_forward` through the Triton kernels (see `experts_pairs_triton`): (T, H)."""
+    y = experts_pairs_triton(x, order, counts, top_w, gate_up_proj, down_proj, tiles)  # (T k, H)
+    return kernels.combine(y, None, top_w.shape[1])
+
+
+def experts_pairs_triton(
+    x: torch.Tensor,
+    order: torch.Tensor,
+    counts: torch.Tensor,
+    top_w: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    tiles: MoeTiles | None = None,
+) -> torch.Tensor:
+    """`experts_pairs` through the Triton kernels on `x`'s device (CUDA, or CPU under Triton's
+    interpreter, `TRITON_INTERPRET=1`, for tests): (T k, H)."""
     t, hidden = x.shape
     k = top_w.shape[1]
     experts, two_inter, _ = gate_up_proj.shape
@@ -172,9 +220,8 @@ def experts_triton(
     tl_ = tiles or tiles_for(pairs, experts)
     act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)  # expert order
     y = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)  # pair order
-    out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
     if not t:
-        return out
+        return y
     e_pad = triton.next_power_of_2(experts)
     gu = tl_.gate_up
     gu_n, gu_k = _fit(gu.block_n, inter), _fit(gu.block_k, hidden)
@@ -200,8 +247,4 @@ def experts_triton(
     else:
         a_dn, w_dn, dn_kernel, dn_pipe = act, down_proj, _moe_down_kernel, {"num_stages": dn.stages}
     dn_kernel[grid](a_dn, w_dn, order, counts, y, **shapes, **dn_tiles, **dn_pipe)
-    block = 1024
-    _sum_pairs_kernel[(triton.cdiv(t * hidden, block),)](
-        y, out, t * hidden, hidden=hidden, k=k, block=block, num_warps=4
-    )
-    return out
+    return y

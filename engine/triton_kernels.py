@@ -9,29 +9,54 @@ import triton.language as tl
 
 
 @triton.jit
-def _add_rms_norm_kernel(
+def _pair_row(rows_ptr, inv_ptr, pair, cols, mask, hidden: tl.constexpr, indexed: tl.constexpr):
+    # Row `pair` (token * k + j) of the expert outputs in float32: rows[inv[pair]] when `indexed`.
+    if indexed:  # noqa: SIM108 - a constexpr branch, resolved when Triton compiles
+        src = tl.load(inv_ptr + pair).to(tl.int64)
+    else:
+        src = pair
+    return tl.load(rows_ptr + src * hidden + cols, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _sum_rows_kernel(
+    rows_ptr,
+    inv_ptr,
     x_ptr,
-    d_ptr,
     w_ptr,
     y_ptr,
     n_ptr,
     eps,
     hidden: tl.constexpr,
+    k: tl.constexpr,
     block: tl.constexpr,
+    indexed: tl.constexpr,
+    residual: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
+    # One program per token t: d = sum_j rows[r_j] in float32, in j order, with r_j = inv[t k + j] when
+    # `indexed` (rows in expert order) or t k + j (pair order; k = 1: a plain (T, H) delta), rounded to
+    # the rows' dtype as a separate sum kernel would store it. With `residual`: y = x + d and
+    # n = RMSNorm(y) * w (`x_ptr`, `w_ptr`, `n_ptr` are unused without it); else y = d.
+    t = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, block)
     mask = cols < hidden
-    base = row * hidden
-    x = tl.load(x_ptr + base + cols, mask=mask, other=0.0)
-    d = tl.load(d_ptr + base + cols, mask=mask, other=0.0)
-    y = (x.to(tl.float32) + d.to(tl.float32)).to(x.dtype)
-    tl.store(y_ptr + base + cols, y, mask=mask)
-    yf = y.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(yf * yf, axis=0) / hidden + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-    normed = (yf * rstd).to(x.dtype).to(tl.float32) * w.to(tl.float32)
-    tl.store(n_ptr + base + cols, normed.to(x.dtype), mask=mask)
+    # The first row starts the sum (no 0 + d: with k = 1 this is exactly a plain residual add).
+    acc = _pair_row(rows_ptr, inv_ptr, t * k, cols, mask, hidden, indexed)
+    for j in tl.static_range(1, k):
+        acc += _pair_row(rows_ptr, inv_ptr, t * k + j, cols, mask, hidden, indexed)
+    d = acc.to(rows_ptr.dtype.element_ty)
+    base = t * hidden
+    if residual:
+        x = tl.load(x_ptr + base + cols, mask=mask, other=0.0)
+        y = (x.to(tl.float32) + d.to(tl.float32)).to(x.dtype)
+        tl.store(y_ptr + base + cols, y, mask=mask)
+        yf = y.to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(yf * yf, axis=0) / hidden + eps)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+        normed = (yf * rstd).to(x.dtype).to(tl.float32) * w.to(tl.float32)
+        tl.store(n_ptr + base + cols, normed.to(x.dtype), mask=mask)
+    else:
+        tl.store(y_ptr + base + cols, d, mask=mask)
 
 
 @triton.jit
@@ -55,24 +80,51 @@ def _swiglu_kernel(
 
 
 @triton.jit
-def _combine_kernel(
-    y_ptr,
+def _group_by_expert_kernel(
+    ids_ptr,
+    order_ptr,
     inv_ptr,
-    out_ptr,
-    total,
-    hidden: tl.constexpr,
-    k: tl.constexpr,
+    counts_ptr,
+    ends_ptr,
+    pairs,
+    e: tl.constexpr,
     block: tl.constexpr,
+    inverse: tl.constexpr,
 ):
-    idx = tl.program_id(0).to(tl.int64) * block + tl.arange(0, block)
-    mask = idx < total
-    t = idx // hidden
-    col = idx % hidden
-    acc = tl.zeros([block], dtype=tl.float32)
-    for j in tl.static_range(k):
-        row = tl.load(inv_ptr + t * k + j, mask=mask, other=0).to(tl.int64)
-        acc += tl.load(y_ptr + row * hidden + col, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    # A counting sort of the S = `pairs` expert ids, one program per expert `ex`: pass 1 counts the ids
+    # below ex (where its pairs start in `order`) and equal to it; pass 2 writes the ids of its pairs at
+    # start + their running rank, in ascending pair id (a stable sort), and with `inverse` each pair's
+    # slot in `inv`. Every program reads all S ids (4 S bytes, L2-resident) twice; the grid is (E,)
+    # whatever S, so a CUDA graph can capture it.
+    ex = tl.program_id(0)
+    offs = tl.arange(0, block)
+    below = tl.zeros([block], dtype=tl.int32)
+    mine = tl.zeros([block], dtype=tl.int32)
+    # `while`, not `range`, over the runtime pair count: Triton's interpreter cannot take a runtime
+    # scalar as a `range` bound (tests run this kernel under it).
+    b = 0
+    while b < pairs:
+        p = b + offs
+        key = tl.load(ids_ptr + p, mask=p < pairs, other=e)  # padding: an id past every expert
+        below += (key < ex).to(tl.int32)
+        mine += (key == ex).to(tl.int32)
+        b += block
+    start = tl.sum(below, axis=0)
+    count = tl.sum(mine, axis=0)
+    tl.store(counts_ptr + ex, count)
+    tl.store(ends_ptr + ex, start + count)
+    placed = start
+    b = 0
+    while b < pairs:
+        p = b + offs
+        hit = tl.load(ids_ptr + p, mask=p < pairs, other=e) == ex
+        hits = hit.to(tl.int32)
+        slot = placed + tl.cumsum(hits, axis=0) - 1  # (block,) inclusive running rank
+        tl.store(order_ptr + slot, p, mask=hit)
+        if inverse:
+            tl.store(inv_ptr + p, slot, mask=hit)
+        placed += tl.sum(hits, axis=0)
+        b += block
 
 
 @triton.jit

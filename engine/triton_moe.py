@@ -6,7 +6,9 @@ expert, `counts` (E,) how many pairs each expert got. Expert e owns ceil(counts[
 tile ids run over the experts in order, and the launch grid covers an upper bound of the tile count (a
 static shape, so a CUDA graph can capture it): programs past the last tile return at once. Every row of
 the result depends only on its own input row and the expert's weights, with a fixed k-loop, so results
-are independent of the other records of a batch (batch invariance holds exactly).
+are independent of the other records of a batch (batch invariance holds exactly). The pointer-load and
+TMA variants of each kernel share their prologue (`_tile_of_program`, `_tile_pairs`) and epilogue
+(`_store_swiglu`, `_store_pairs`); only their k-loops differ.
 
 Triton's JIT reads kernel arguments without Python annotations, so this module alone is checked without
 `disallow_untyped_defs` (see pyproject.toml); nothing outside `engine.moe` calls it.
@@ -34,6 +36,46 @@ def _tile_of_expert(counts_ptr, pid_m, block_m: tl.constexpr, e: tl.constexpr, e
 
 
 @triton.jit
+def _tile_of_program(
+    counts_ptr, num_n: tl.constexpr, block_m: tl.constexpr, e: tl.constexpr, e_pad: tl.constexpr
+):
+    # (expert, output column tile, first row, end row of the expert) of this program: the grid runs over
+    # row tiles (in expert order) x `num_n` column tiles; expert >= e past the last row tile.
+    pid = tl.program_id(0)
+    expert, row0, row_end = _tile_of_expert(counts_ptr, pid // num_n, block_m, e, e_pad)
+    return expert, pid % num_n, row0, row_end
+
+
+@triton.jit
+def _tile_pairs(order_ptr, row0, row_end, block_m: tl.constexpr):
+    # The tile's sorted rows (BM,), which of them belong to its expert, and their pair ids (token * k + j).
+    rows = row0 + tl.arange(0, block_m)
+    rmask = rows < row_end
+    pair = tl.load(order_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    return rows, rmask, pair
+
+
+@triton.jit
+def _store_swiglu(acc_g, acc_u, topw_ptr, out_ptr, rows, rmask, pair, ns, inter: tl.constexpr):
+    # Gate/up epilogue: out[r, n] = silu(g) * u * routing weight for the tile's (BM, BN) float32
+    # accumulators, out (S, inter) in expert order.
+    # Round the projections to the activation dtype first, as the unfused path (GEMM, then SwiGLU) does.
+    g = acc_g.to(out_ptr.dtype.element_ty).to(tl.float32)
+    u = acc_u.to(out_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(topw_ptr + pair, mask=rmask, other=0.0).to(tl.float32)
+    act = g / (1.0 + tl.exp(-g)) * u * w[:, None]
+    o_ptrs = out_ptr + rows.to(tl.int64)[:, None] * inter + ns[None, :]
+    tl.store(o_ptrs, act.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
+
+
+@triton.jit
+def _store_pairs(acc, out_ptr, rmask, pair, ns, hidden: tl.constexpr):
+    # Down epilogue: the tile's (BM, BN) float32 accumulator to out (S, hidden) in pair order.
+    o_ptrs = out_ptr + pair[:, None] * hidden + ns[None, :]
+    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
+
+
+@triton.jit
 def _moe_gate_up_kernel(
     x_ptr,
     w_ptr,
@@ -53,16 +95,10 @@ def _moe_gate_up_kernel(
     # out[r, n] = silu(g) * u * routing weight, g = x[tok(r)] . W[e, n], u = x[tok(r)] . W[e, inter + n]
     # for the sorted pair r (expert e), x (T, hidden), W (E, 2 inter, hidden), out (S, inter) sorted.
     # The token gather is part of the A load, and SwiGLU is the epilogue: (S, 2 inter) never exists.
-    pid = tl.program_id(0)
-    num_n: tl.constexpr = inter // block_n
-    pid_m = pid // num_n
-    pid_n = pid % num_n
-    expert, row0, row_end = _tile_of_expert(counts_ptr, pid_m, block_m, e, e_pad)
+    expert, pid_n, row0, row_end = _tile_of_program(counts_ptr, inter // block_n, block_m, e, e_pad)
     if expert >= e:
         return
-    rows = row0 + tl.arange(0, block_m)
-    rmask = rows < row_end
-    pair = tl.load(order_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    rows, rmask, pair = _tile_pairs(order_ptr, row0, row_end, block_m)
     tok = pair // top_k
     ks = tl.arange(0, block_k)
     ns = pid_n * block_n + tl.arange(0, block_n)
@@ -79,13 +115,7 @@ def _moe_gate_up_kernel(
         a_ptrs += block_k
         g_ptrs += block_k
         u_ptrs += block_k
-    # Round the projections to the activation dtype first, as the unfused path (GEMM, then SwiGLU) does.
-    g = acc_g.to(out_ptr.dtype.element_ty).to(tl.float32)
-    u = acc_u.to(out_ptr.dtype.element_ty).to(tl.float32)
-    w = tl.load(topw_ptr + pair, mask=rmask, other=0.0).to(tl.float32)
-    act = g / (1.0 + tl.exp(-g)) * u * w[:, None]
-    o_ptrs = out_ptr + rows.to(tl.int64)[:, None] * inter + ns[None, :]
-    tl.store(o_ptrs, act.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
+    _store_swiglu(acc_g, acc_u, topw_ptr, out_ptr, rows, rmask, pair, ns, inter)
 
 
 @triton.jit
@@ -104,18 +134,12 @@ def _moe_down_kernel(
     block_k: tl.constexpr,
 ):
     # out[pair(r), n] = a[r] . W[e, n] for the sorted pair r (expert e), a (S, inter) sorted,
-    # W (E, hidden, inter), out (S, hidden) in pair order (token * k + j), so the combine that follows
-    # sums k contiguous rows per token and no inverse permutation is needed.
-    pid = tl.program_id(0)
-    num_n: tl.constexpr = hidden // block_n
-    pid_m = pid // num_n
-    pid_n = pid % num_n
-    expert, row0, row_end = _tile_of_expert(counts_ptr, pid_m, block_m, e, e_pad)
+    # W (E, hidden, inter), out (S, hidden) in pair order (token * k + j), so the per-token sum that
+    # follows reads k contiguous rows per token and no inverse permutation is needed.
+    expert, pid_n, row0, row_end = _tile_of_program(counts_ptr, hidden // block_n, block_m, e, e_pad)
     if expert >= e:
         return
-    rows = row0 + tl.arange(0, block_m)
-    rmask = rows < row_end
-    pair = tl.load(order_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    rows, rmask, pair = _tile_pairs(order_ptr, row0, row_end, block_m)
     ks = tl.arange(0, block_k)
     ns = pid_n * block_n + tl.arange(0, block_n)
     a_ptrs = a_ptr + rows.to(tl.int64)[:, None] * inter + ks[None, :]  # (BM, BK)
@@ -127,28 +151,7 @@ def _moe_down_kernel(
         acc = tl.dot(a, tl.load(w_ptrs), acc)
         a_ptrs += block_k
         w_ptrs += block_k
-    o_ptrs = out_ptr + pair[:, None] * hidden + ns[None, :]
-    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
-
-
-@triton.jit
-def _sum_pairs_kernel(
-    y_ptr,
-    out_ptr,
-    total,
-    hidden: tl.constexpr,
-    k: tl.constexpr,
-    block: tl.constexpr,
-):
-    # out[t, c] = sum_j y[t k + j, c] in float32, y (T k, hidden) in pair order.
-    idx = tl.program_id(0).to(tl.int64) * block + tl.arange(0, block)
-    mask = idx < total
-    t = idx // hidden
-    col = idx % hidden
-    acc = tl.zeros([block], dtype=tl.float32)
-    for j in tl.static_range(k):
-        acc += tl.load(y_ptr + (t * k + j) * hidden + col, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    _store_pairs(acc, out_ptr, rmask, pair, ns, hidden)
 
 
 @triton.jit
@@ -172,16 +175,10 @@ def _moe_gate_up_tma_kernel(
 ):
     # `_moe_gate_up_kernel` with the weight tiles brought in by the tensor-memory accelerator (TMA):
     # `w_desc` describes W (E, 2 inter, hidden) in (1, block_n, block_k) boxes.
-    pid = tl.program_id(0)
-    num_n: tl.constexpr = inter // block_n
-    pid_m = pid // num_n
-    pid_n = pid % num_n
-    expert, row0, row_end = _tile_of_expert(counts_ptr, pid_m, block_m, e, e_pad)
+    expert, pid_n, row0, row_end = _tile_of_program(counts_ptr, inter // block_n, block_m, e, e_pad)
     if expert >= e:
         return
-    rows = row0 + tl.arange(0, block_m)
-    rmask = rows < row_end
-    pair = tl.load(order_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    rows, rmask, pair = _tile_pairs(order_ptr, row0, row_end, block_m)
     tok = pair // top_k
     ks = tl.arange(0, block_k)
     n0 = pid_n * block_n
@@ -193,13 +190,7 @@ def _moe_gate_up_tma_kernel(
         u = w_desc.load([expert, inter + n0, kk]).reshape(block_n, block_k)
         acc_g = tl.dot(a, g.T, acc_g)
         acc_u = tl.dot(a, u.T, acc_u)
-    g = acc_g.to(out_ptr.dtype.element_ty).to(tl.float32)
-    u = acc_u.to(out_ptr.dtype.element_ty).to(tl.float32)
-    w = tl.load(topw_ptr + pair, mask=rmask, other=0.0).to(tl.float32)
-    act = g / (1.0 + tl.exp(-g)) * u * w[:, None]
-    ns = n0 + tl.arange(0, block_n)
-    o_ptrs = out_ptr + rows.to(tl.int64)[:, None] * inter + ns[None, :]
-    tl.store(o_ptrs, act.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
+    _store_swiglu(acc_g, acc_u, topw_ptr, out_ptr, rows, rmask, pair, n0 + tl.arange(0, block_n), inter)
 
 
 @triton.jit
@@ -223,22 +214,14 @@ def _moe_down_tma_kernel(
     # expert-sorted activations (`a_desc`, (S, inter) in (block_m, block_k) boxes; rows past the
     # expert's end belong to the next expert or are zero-filled past S, and are never stored) and
     # `w_desc` describes W (E, hidden, inter) in (1, block_n, block_k) boxes.
-    pid = tl.program_id(0)
-    num_n: tl.constexpr = hidden // block_n
-    pid_m = pid // num_n
-    pid_n = pid % num_n
-    expert, row0, row_end = _tile_of_expert(counts_ptr, pid_m, block_m, e, e_pad)
+    expert, pid_n, row0, row_end = _tile_of_program(counts_ptr, hidden // block_n, block_m, e, e_pad)
     if expert >= e:
         return
-    rows = row0 + tl.arange(0, block_m)
-    rmask = rows < row_end
-    pair = tl.load(order_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    _, rmask, pair = _tile_pairs(order_ptr, row0, row_end, block_m)
     n0 = pid_n * block_n
     acc = tl.zeros([block_m, block_n], dtype=tl.float32)
     for kk in tl.range(0, inter, block_k, num_stages=stages, warp_specialize=ws):
         a = a_desc.load([row0, kk])
         w = w_desc.load([expert, n0, kk]).reshape(block_n, block_k)
         acc = tl.dot(a, w.T, acc)
-    ns = n0 + tl.arange(0, block_n)
-    o_ptrs = out_ptr + pair[:, None] * hidden + ns[None, :]
-    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
+    _store_pairs(acc, out_ptr, rmask, pair, n0 + tl.arange(0, block_n), hidden)

@@ -1,5 +1,5 @@
 """GPU: the fused MoE expert kernels (`engine.moe`) against the unfused CUTLASS path they replace, their
-row independence (batch invariance), and the single-record dense attention against varlen attention."""
+row independence (batch invariance)."""
 
 from __future__ import annotations
 
@@ -80,19 +80,96 @@ def _ids_of(order: torch.Tensor, counts: torch.Tensor, t: int, k: int) -> torch.
     return ids.view(t, k)
 
 
-def test_dense_layout_attention_matches_varlen_for_one_record_cuda() -> None:
-    from torch.nn.attention.varlen import varlen_attn
+def _routed_ids(t: int, k: int, experts: int, seed: int, skewed: bool) -> torch.Tensor:
+    """(T, k) int32 expert ids from `kernels.route_topk` on random logits; `skewed`: expert 0 never
+    chosen, expert 1 by every token, as an untrained router does."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    logits = torch.randn(t, experts, device="cuda", generator=gen)
+    if skewed:
+        logits[:, 0] = -1e4
+        logits[:, 1] += 1e4
+    return kernels.route_topk(logits.bfloat16(), k, True)[1]
 
-    from engine import dense_attention
-    from engine.dense_attention import DenseLayout
 
-    gen = torch.Generator(device="cuda").manual_seed(3)
-    n, pad, hq, hk, d = 700, 196, 32, 4, 128  # one record and the padding behind it, as graphs run it
-    q, k, v = (torch.randn(n + pad, h, d, device="cuda", generator=gen).bfloat16() for h in (hq, hk, hk))
-    cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
-    want = varlen_attn(q[:n], k[:n], v[:n], cu, cu, n, n, window_size=(-1, 0))
-    assert isinstance(want, torch.Tensor)
-    got = dense_attention.attention(q, k, v, DenseLayout(1, n + pad))[:n]
-    err = float((got.float() - want.float()).abs().max())
-    print(f"dense layout (1 x {n + pad}) vs varlen, one record of {n}: max |diff| = {err:.2e}")
-    assert err <= 2e-2
+@pytest.mark.parametrize("tokens", [807, 65536])
+@pytest.mark.parametrize("skewed", [False, True])
+def test_group_by_expert_is_a_stable_argsort_and_bincount_cuda(tokens: int, skewed: bool) -> None:
+    """The counting sort against torch, exactly (k = 8 of E = 128), eager and replayed in a CUDA graph
+    on ids it was not captured with."""
+    k, experts = 8, 128
+    top_i = _routed_ids(tokens, k, experts, seed=5, skewed=skewed)
+
+    def check(ids: torch.Tensor, got: tuple[torch.Tensor, ...]) -> None:
+        order, counts, order2, ends, inv = got
+        flat = ids.reshape(-1)
+        want_counts = torch.bincount(flat, minlength=experts)
+        assert torch.equal(order.long(), torch.argsort(flat, stable=True))
+        assert torch.equal(counts.long(), want_counts)
+        assert torch.equal(order2, order)
+        assert torch.equal(ends.long(), torch.cumsum(want_counts, 0))
+        assert torch.equal(order.long()[inv.long()], torch.arange(flat.numel(), device="cuda"))
+
+    def group(ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (*kernels.group_by_expert(ids, experts), *kernels.group_by_expert_inverse(ids, experts))
+
+    check(top_i, group(top_i))
+    static = top_i.clone()
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        group(static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = group(static)
+    other = _routed_ids(tokens, k, experts, seed=6, skewed=not skewed)
+    static.copy_(other)
+    graph.replay()
+    torch.cuda.synchronize()
+    check(other, out)
+    print(
+        f"{tokens} tokens x {k}, skewed {skewed}: {int((torch.bincount(other.reshape(-1)) == 0).sum())} empty"
+    )
+
+
+@pytest.mark.parametrize("tokens", [807, 65536])
+def test_pair_sums_fold_into_the_residual_rms_norm_cuda(tokens: int) -> None:
+    """`add_pairs_rms_norm` against `combine` then `add_rms_norm` (the same numbers: bit for bit), both
+    row layouts against each other, and against a float32 reference within bf16 rounding."""
+    hidden, k = 2048, 8
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(tokens, hidden, device="cuda", generator=gen).bfloat16()
+    w = (1.0 + 0.1 * torch.randn(hidden, device="cuda", generator=gen)).bfloat16()
+    rows = (0.3 * torch.randn(tokens * k, hidden, device="cuda", generator=gen)).bfloat16()  # pair order
+    inv = torch.randperm(tokens * k, device="cuda", generator=gen).int()
+    by_expert = torch.empty_like(rows)
+    by_expert[inv.long()] = rows  # pair p in row inv[p]
+    y, h = kernels.add_pairs_rms_norm(x, rows, None, k, w, 1e-6)
+    two_step = kernels.add_rms_norm(x, kernels.combine(rows, None, k), w, 1e-6)
+    assert torch.equal(y, two_step[0])
+    assert torch.equal(h, two_step[1])
+    y2, h2 = kernels.add_pairs_rms_norm(x, by_expert, inv, k, w, 1e-6)
+    assert torch.equal(y2, y)
+    assert torch.equal(h2, h)
+    want_y = x.float() + rows.float().view(tokens, k, hidden).sum(dim=1)
+    want_h = kernels.rms_norm_reference(want_y, w.float(), 1e-6)
+    # bf16 rounding (half a unit in the last place: at most 2^-8 of a value): of the sum (|sum| < ~5),
+    # then of the add; the norm carries y's error and rounds twice more (normed, then * w)
+    torch.testing.assert_close(y.float(), want_y, rtol=2**-6, atol=2**-5)
+    torch.testing.assert_close(h.float(), want_h, rtol=2**-5, atol=2**-5)
+
+
+def test_moe_glue_matches_the_argsort_histc_path_cuda() -> None:
+    """One full-size MoE layer at 807 tokens: counting sort -> fused experts (pair rows) -> summed into
+    the residual add + RMSNorm gives the bits of argsort + histc -> experts_forward -> add_rms_norm."""
+    x, old_order, old_counts, top_w, gate_up, down = _case(807, 2048, 768, 128, 8, seed=8)  # argsort, histc
+    top_i = _ids_of(old_order, old_counts, 807, 8)
+    residual = torch.randn_like(x)
+    w = (1.0 + 0.1 * torch.randn_like(x[0])).bfloat16()
+    old = moe.experts_forward(x, old_order, old_counts, top_w, gate_up, down)
+    want = kernels.add_rms_norm(residual, old, w, 1e-6)
+    order, counts = kernels.group_by_expert(top_i, 128)
+    pairs = moe.experts_pairs(x, order, counts, top_w, gate_up, down)  # (T k, H)
+    got = kernels.add_pairs_rms_norm(residual, pairs, None, 8, w, 1e-6)
+    assert torch.equal(got[0], want[0])
+    assert torch.equal(got[1], want[1])

@@ -11,7 +11,9 @@ from bench import moe_kernels
 from engine import moe
 
 
-@pytest.mark.parametrize("module", ["bench.experts", "bench.moe_kernels", "bench.one_request"])
+@pytest.mark.parametrize(
+    "module", ["bench.experts", "bench.moe_glue", "bench.moe_kernels", "bench.one_request"]
+)
 def test_gpu_bench_modules_import_without_a_gpu(module: str) -> None:
     assert callable(importlib.import_module(module).main)
 
