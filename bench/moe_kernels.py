@@ -12,7 +12,8 @@ random bf16, 1.2 GB, so every call reads them from HBM, not L2) and routes T tok
 3. `attention`: one causal record of 896 tokens (32 q heads, 4 kv heads, 128 dims) through varlen
    FlashAttention and through dense SDPA per backend; 128 x 512 tokens through varlen FlashAttention
    and dense cuDNN.
-4. `packed_attention` (alone with `--packed-attention-only`): the fast path's Triton attention
+4. `dense` (alone with `--dense-only`): the attention layer's dense GEMMs at each graph bucket's rows.
+5. `packed_attention` (alone with `--packed-attention-only`): the fast path's Triton attention
    (`engine.packed_attention`) over a sweep of launch shapes against varlen FlashAttention 2.
 
 Writes `moe_kernels.jsonl` to `--out`. Not a test: it asserts nothing.
@@ -144,6 +145,11 @@ def main() -> int:
     p.add_argument("--max-candidates", type=int, default=60)
     p.add_argument("--attention-only", action="store_true", help="skip the expert kernels")
     p.add_argument(
+        "--dense-only",
+        action="store_true",
+        help="only the attention layer's dense GEMMs (cuBLAS) at the token counts graph buckets replay",
+    )
+    p.add_argument(
         "--packed-attention-only",
         action="store_true",
         help="only the sweep of the packed Triton attention against varlen FlashAttention",
@@ -163,6 +169,11 @@ def main() -> int:
     )
     torch.manual_seed(0)
     gen = torch.Generator(device="cuda").manual_seed(0)
+    if args.dense_only:
+        with torch.inference_mode():
+            dense_gemms(rows, gen)
+        (out / "moe_kernels.jsonl").write_text("\n".join(rows) + "\n")
+        return 0
     if args.packed_attention_only:
         with torch.inference_mode():
             packed_attention_sweep(rows, gen)
@@ -191,7 +202,7 @@ def main() -> int:
                     )
                     try:
                         us_all = cuda_us(
-                            partial(moe.experts_triton, x, order, counts, top_w, gate_up, down, pair), 10
+                            partial(moe.experts_forward, x, order, counts, top_w, gate_up, down, pair), 10
                         )
                     except Exception as exc:  # a shape Triton cannot build is skipped
                         emit(rows, kind="sweep_error", kernel=kind, tiles=repr(tiles), error=str(exc)[:200])
@@ -214,8 +225,8 @@ def main() -> int:
             tuned = moe.MoeTiles(best[("gate_up", t)][1], best[("down", t)][1])
             row: dict[str, object] = {"kind": "layer", "tokens": t, "unfused_us": round(us_ref, 1)}
             for name, pair in (("shipped", moe.tiles_for(t * TOP_K, EXPERTS)), ("best", tuned)):
-                got = moe.experts_triton(x, order, counts, top_w, gate_up, down, pair)
-                us = cuda_us(partial(moe.experts_triton, x, order, counts, top_w, gate_up, down, pair))
+                got = moe.experts_forward(x, order, counts, top_w, gate_up, down, pair)
+                us = cuda_us(partial(moe.experts_forward, x, order, counts, top_w, gate_up, down, pair))
                 flops = 2.0 * t * TOP_K * 3 * HIDDEN * INTER
                 row |= {
                     f"{name}_us": round(us, 1),
@@ -308,6 +319,27 @@ def packed_batch(rows: list[str], records: int = 128, n: int = 512) -> None:
             emit(rows, kind="attention", kernel=name, records=records, tokens=n, us=round(us, 1))
         except RuntimeError as exc:
             emit(rows, kind="attention_error", kernel=name, error=str(exc)[:200])
+
+
+DENSE_TOKENS = (512, 576, 640, 704, 768, 800, 807, 832, 864, 896, 960, 1024, 1152, 1280)
+"""Token counts (GEMM rows) the dense GEMMs are timed at: the graph buckets and a lone request's 807."""
+
+
+def dense_gemms(rows: list[str], gen: torch.Generator) -> None:
+    """The fast path's per-layer dense GEMMs through `F.linear` (cuBLAS picks the kernel per shape):
+    fused QKV (2,048 -> 5,120), the output projection (4,096 -> 2,048) and the router (2,048 -> 128)."""
+    shapes = {"qkv": (HIDDEN, 5120), "o_proj": (4096, HIDDEN), "router": (HIDDEN, EXPERTS)}
+    weights = {
+        name: torch.randn(n, k, device="cuda", generator=gen).bfloat16() for name, (k, n) in shapes.items()
+    }
+    for t in DENSE_TOKENS:
+        row: dict[str, object] = {"kind": "dense", "tokens": t}
+        for name, w in weights.items():
+            x = torch.randn(t, w.shape[1], device="cuda", generator=gen).bfloat16()
+            us = cuda_us(partial(F.linear, x, w))
+            row[f"{name}_us"] = round(us, 1)
+            row[f"{name}_tflop_s"] = round(2.0 * t * w.numel() / us / 1e6, 1)
+        emit(rows, **row)
 
 
 ATTENTION_PACKS = {

@@ -21,10 +21,11 @@ same k step, so a record's result does not depend on the tile shape chosen for i
 accumulation order inside a tensor-core step. Shapes and their measured speed: BENCHMARKS.md.
 
 Contract: `experts_pairs` and `experts_forward` take contiguous CUDA tensors in the activation dtype for
-the Triton path (expert sizes for which `supported` holds); anything else (CPU tests) runs
-`experts_pairs_reference`, the same arithmetic in plain PyTorch, which syncs and so cannot be captured
-in a CUDA graph. `counts` must be the per-expert histogram of the pairs' expert ids and `order` the pair
-ids sorted by expert (stably or not).
+the Triton path (`experts_pairs_triton`, for expert sizes `supported` accepts; it also runs under
+Triton's interpreter on CPU, for tests); anything else (CPU tests) runs `experts_pairs_reference`, the
+same arithmetic in plain PyTorch, which syncs and so cannot be captured in a CUDA graph. `counts` must
+be the per-expert histogram of the pairs' expert ids and `order` the pair ids sorted by expert (stably
+or not).
 """
 
 from __future__ import annotations
@@ -138,19 +139,6 @@ def experts_pairs_reference(
     return y
 
 
-def experts_reference(
-    x: torch.Tensor,
-    order: torch.Tensor,
-    counts: torch.Tensor,
-    top_w: torch.Tensor,
-    gate_up_proj: torch.Tensor,
-    down_proj: torch.Tensor,
-) -> torch.Tensor:
-    """PyTorch twin of `experts_forward` (CPU, tests): (T, H)."""
-    y = experts_pairs_reference(x, order, counts, top_w, gate_up_proj, down_proj)  # (T k, H)
-    return kernels.sum_pairs_reference(y, None, top_w.shape[1])
-
-
 def experts_pairs(
     x: torch.Tensor,
     order: torch.Tensor,
@@ -184,20 +172,6 @@ def experts_forward(
 ) -> torch.Tensor:
     """Sum over each token's k experts of `experts_pairs`: (T, H) (arguments as `experts_pairs`)."""
     y = experts_pairs(x, order, counts, top_w, gate_up_proj, down_proj, tiles)  # (T k, H)
-    return kernels.combine(y, None, top_w.shape[1])
-
-
-def experts_triton(
-    x: torch.Tensor,
-    order: torch.Tensor,
-    counts: torch.Tensor,
-    top_w: torch.Tensor,
-    gate_up_proj: torch.Tensor,
-    down_proj: torch.Tensor,
-    tiles: MoeTiles | None = None,
-) -> torch.Tensor:
-    """`experts_forward` through the Triton kernels (see `experts_pairs_triton`): (T, H)."""
-    y = experts_pairs_triton(x, order, counts, top_w, gate_up_proj, down_proj, tiles)  # (T k, H)
     return kernels.combine(y, None, top_w.shape[1])
 
 

@@ -1,6 +1,7 @@
 """Run by `test_moe.py` in a child process under `TRITON_INTERPRET=1`: the fused MoE Triton kernels
-(`engine.moe.experts_triton`) on CPU tensors against `engine.moe.experts_reference`. Prints one line per
-case, `case <args> max_abs_diff <d> scale <s>`, and exits 1 when a case differs by more than 1e-5."""
+(`engine.moe.experts_pairs_triton`) on CPU tensors against `engine.moe.experts_pairs_reference`, row by
+row in pair order. Prints one line per case, `case <args> max_abs_diff <d> scale <s>`, and exits 1 when
+a case differs by more than 1e-5."""
 
 from __future__ import annotations
 
@@ -35,9 +36,9 @@ def main() -> int:
         flat = top_i.reshape(-1)
         order = torch.argsort(flat)
         counts = torch.bincount(flat, minlength=experts).to(torch.int32)
-        ref = moe.experts_reference(x, order, counts, top_w, gate_up, down)
+        ref = moe.experts_pairs_reference(x, order, counts, top_w, gate_up, down)
         for tile in tiles:
-            got = moe.experts_triton(x, order, counts, top_w, gate_up, down, tile)
+            got = moe.experts_pairs_triton(x, order, counts, top_w, gate_up, down, tile)
             diff = float((got - ref).abs().max())
             scale = float(ref.abs().max())
             print(f"case {(t, hidden, inter, experts, k)} max_abs_diff {diff:.3e} scale {scale:.3f}")

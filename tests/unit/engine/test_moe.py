@@ -29,7 +29,7 @@ def test_reference_experts_match_the_transformers_moe_block(loaded: LoadedModel)
     with torch.inference_mode():
         top_w, top_i = kernels.route_topk(torch.nn.functional.linear(x, mlp.gate.weight), k, True)
         order, counts = kernels.group_by_expert(top_i, mlp.experts.gate_up_proj.shape[0])
-        got = moe.experts_reference(x, order, counts, top_w, mlp.experts.gate_up_proj, mlp.experts.down_proj)
+        got = moe.experts_forward(x, order, counts, top_w, mlp.experts.gate_up_proj, mlp.experts.down_proj)
         want = mlp(x[None])[0]  # transformers' block: router, top-k, experts, weighted sum
     assert got.shape == want.shape == x.shape
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
