@@ -109,8 +109,9 @@ class EvidenceLayer(nn.Module):
         self.feedforward_norm = nn.LayerNorm(width)
         self.feedforward = _two_layer(width, feedforward, width)
 
-    def forward(self, q: torch.Tensor, memory: torch.Tensor, memory_pad: torch.Tensor) -> torch.Tensor:
-        """q: (B, O, w) option queries; memory: (B, L, w); memory_pad: (B, L) True = padding."""
+    def forward(self, q: torch.Tensor, memory: torch.Tensor, memory_pad: torch.Tensor | None) -> torch.Tensor:
+        """q: (B, O, w) option queries; memory: (B, L, w); memory_pad: (B, L) True = padding, or None
+        when no row has padding."""
         m = self.memory_norm(memory)  # (B, L, w)
         attn, _ = self.attention(
             self.query_norm(q), m, m, key_padding_mask=memory_pad, need_weights=False
@@ -197,7 +198,12 @@ class JointSchemaHead(nn.Module):
             index.num_records,
             index.max_length,
         )  # (B, L, w)
-        mem_pad = index.memory_padding  # (B, L) bool, True = padding
+        # (B, L) and (B, K) bool, True = padding. A lone record has none: without a mask SDPA may take
+        # FlashAttention instead of the masked memory-efficient kernel, which took 0.27 ms of one 807-token
+        # request's six head attentions on the H200 (BENCHMARKS.md, "Engine, round four").
+        lone = index.num_records == 1
+        mem_pad = None if lone else index.memory_padding
+        q_pad = None if lone else index.question_padding
 
         opt_q = index.option_question
         o = (
@@ -228,7 +234,7 @@ class JointSchemaHead(nn.Module):
         )  # (B, K, w)
         for layer in self.layers:
             f_pad = layer(
-                f_pad, mem, tgt_key_padding_mask=index.question_padding, memory_key_padding_mask=mem_pad
+                f_pad, mem, tgt_key_padding_mask=q_pad, memory_key_padding_mask=mem_pad
             )  # (B, K, w)
         f = self.field_norm(f_pad[index.question_record, index.question_slot])[opt_q]  # (N, w)
         on = self.option_norm(o)  # (N, w)

@@ -67,7 +67,7 @@ def _attend_block(
     return acc, m_i, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_m_blocks"])  # one compiled kernel whatever the longest record
 def _packed_attention_kernel(
     q_ptr,
     k_ptr,

@@ -186,7 +186,7 @@ def _qk_norm_rope_kernel(
     tl.store(v_out + half + cols, o2, mask=v_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows"])  # one compiled kernel whatever the batch size
 def _route_topk_kernel(
     logits_ptr,
     w_ptr,
