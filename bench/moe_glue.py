@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from bench.moe_kernels import EXPERTS, HIDDEN, TOP_K, cuda_us
+from bench.moe_kernels import EXPERTS, HIDDEN, TOP_K, cuda_us, kernel_info
 from bench.report import emit_line as emit
 from engine import kernels
 
@@ -109,15 +109,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[str] = []
-    import triton
-
-    emit(
-        rows,
-        kind="info",
-        torch=torch.__version__,
-        triton=triton.__version__,
-        gpu=torch.cuda.get_device_name(),
-    )
+    emit(rows, **kernel_info())
     gen = torch.Generator(device="cuda").manual_seed(0)
     with torch.inference_mode():
         for t in (int(t) for t in args.tokens.split(",")):

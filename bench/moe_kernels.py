@@ -138,6 +138,18 @@ def useful(tiles: moe.Tiles, tokens: int) -> bool:
     return not ((tiles.block_m <= 64 and tokens > 16384) or (tiles.block_m >= 128 and tokens < 4096))
 
 
+def kernel_info() -> dict[str, str]:
+    """The `info` row of a kernel bench: torch and Triton versions and the GPU."""
+    import triton
+
+    return {
+        "kind": "info",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "gpu": torch.cuda.get_device_name(),
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
@@ -158,15 +170,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[str] = []
-    import triton
-
-    emit(
-        rows,
-        kind="info",
-        torch=torch.__version__,
-        triton=triton.__version__,
-        gpu=torch.cuda.get_device_name(),
-    )
+    emit(rows, **kernel_info())
     torch.manual_seed(0)
     gen = torch.Generator(device="cuda").manual_seed(0)
     if args.dense_only:
