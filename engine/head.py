@@ -198,12 +198,13 @@ class JointSchemaHead(nn.Module):
             index.num_records,
             index.max_length,
         )  # (B, L, w)
-        # (B, L) and (B, K) bool, True = padding. A lone record has none: without a mask SDPA may take
+        # (B, L) and (B, K) bool, True = padding, or None where no record is padded (a lone record, or
+        # records of one length: the sizes alone tell, no sync). Without a mask SDPA may take
         # FlashAttention instead of the masked memory-efficient kernel, which took 0.27 ms of one 807-token
         # request's six head attentions on the H200 (BENCHMARKS.md, "Engine, round four").
-        lone = index.num_records == 1
-        mem_pad = None if lone else index.memory_padding
-        q_pad = None if lone else index.question_padding
+        records = index.num_records
+        mem_pad = None if h.shape[0] == records * index.max_length else index.memory_padding
+        q_pad = None if index.num_questions == records * index.max_questions else index.question_padding
 
         opt_q = index.option_question
         o = (

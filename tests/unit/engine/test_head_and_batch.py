@@ -72,6 +72,19 @@ def test_batch_invariance_float32(loaded: LoadedModel, records: list[EncodedRequ
     assert _max_diff([together[i] for i in order], shuffled) <= 1e-5
 
 
+def test_records_of_one_length_run_the_head_unmasked_and_match_alone(loaded: LoadedModel) -> None:
+    """Records of equal length and question count have no padding: the head then attends without masks
+    (as for a lone record), and each record still gets its answer alone."""
+    rng = random.Random(11)
+    same = [make_record(rng, 120, 2) for _ in range(3)]
+    assert len({r.num_tokens for r in same}) == 1
+    assert len({len(r.question_spans) for r in same}) == 1
+    model = loaded.model
+    alone = [model.forward_batch(collate([r]))[0] for r in same]
+    together = model.forward_batch(collate(same))
+    assert _max_diff(alone, together) <= 1e-5
+
+
 def test_layouts_agree_and_padding_is_invisible(loaded: LoadedModel, records: list[EncodedRequest]) -> None:
     model = loaded.model
     packed = model.forward_batch(collate(records, layout="packed"))
