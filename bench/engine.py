@@ -54,16 +54,21 @@ def cuda_ms(fn: Callable[[], object]) -> float:
 
 
 def stream(
-    engine: Engine, requests: Sequence[SystemOneRequest], budget: int, max_records: int
+    engine: Engine,
+    requests: Sequence[SystemOneRequest],
+    budget: int,
+    max_records: int,
+    timed_run: TimedRun | None = None,
 ) -> dict[str, float]:
     """Whole path, streamed the way the service runs it: one tokenizer thread (`Engine.prepare`) feeds
     batches filled to `budget`; each batch is staged (collate + copy) on this thread, run on one GPU
     thread (at most two batches queued there) and answered on a third thread, so staging and answers
     overlap the forward of the neighbouring batches.
 
-    Returns `req_s` and `TimedRun.figures`, timed from the first request submitted to the last answer.
+    Returns `req_s` and `TimedRun.figures`, timed from the first request submitted to the last answer;
+    `timed_run` (a fresh one by default) keeps each run's span for callers that want them.
     """
-    timed_run = TimedRun(engine)
+    timed_run = timed_run or TimedRun(engine)
     tokens = 0
 
     if torch.cuda.is_available():

@@ -111,6 +111,11 @@ _GATE_UP = (
     (128, 128, 64, 8, 3, True, True),
     (128, 128, 64, 8, 4, True, True),
     (128, 64, 64, 4, 4, True, True),
+    (128, 64, 64, 8, 5, True),
+    (256, 64, 64, 8, 3, True),
+    (256, 64, 64, 8, 4, True),
+    (128, 128, 32, 8, 6, True),
+    (128, 128, 128, 8, 2, True),
 )
 _DOWN = (
     (64, 128, 64, 4, 4),
@@ -125,6 +130,10 @@ _DOWN = (
     (128, 128, 64, 8, 4, True),
     (128, 256, 64, 8, 3, True, True),
     (128, 128, 64, 4, 4, True, True),
+    (256, 128, 64, 8, 3, True),
+    (256, 128, 64, 8, 4, True),
+    (128, 256, 32, 8, 6, True),
+    (128, 256, 128, 8, 2, True),
 )
 
 
@@ -156,6 +165,7 @@ def main() -> int:
     p.add_argument("--tokens", default="800,4096,16384,65536")
     p.add_argument("--max-candidates", type=int, default=60)
     p.add_argument("--attention-only", action="store_true", help="skip the expert kernels")
+    p.add_argument("--experts-only", action="store_true", help="skip the attention kernels")
     p.add_argument(
         "--dense-only",
         action="store_true",
@@ -242,9 +252,13 @@ def main() -> int:
                 }
             row["unfused_weight_tb_s"] = round(weight_bytes / us_ref / 1e6, 2)
             emit(rows, **row)
+        for t in (t for t in tokens if t >= 4096):
+            x, *routing = cases[t]
+            expert_ceiling(rows, t, x, tuple(routing), (gate_up, down))
         # 3. attention for one 896-token record, and for packed batches
-        attention(rows)
-        packed_attention_sweep(rows, gen)
+        if not args.experts_only:
+            attention(rows)
+            packed_attention_sweep(rows, gen)
     (out / "moe_kernels.jsonl").write_text("\n".join(rows) + "\n")
     return 0
 
@@ -323,6 +337,51 @@ def packed_batch(rows: list[str], records: int = 128, n: int = 512) -> None:
             emit(rows, kind="attention", kernel=name, records=records, tokens=n, us=round(us, 1))
         except RuntimeError as exc:
             emit(rows, kind="attention_error", kernel=name, error=str(exc)[:200])
+
+
+def expert_ceiling(
+    rows: list[str],
+    t: int,
+    x: torch.Tensor,
+    routing: tuple[torch.Tensor, ...],
+    weights: tuple[torch.Tensor, ...],
+) -> None:
+    """Each fused expert kernel's own GPU time (torch profiler, shipped tiles) at `t` tokens, against
+    cuBLAS batched GEMMs of the same shapes with the rows split evenly over the experts (no gather, no
+    epilogue): what the card gives these GEMM shapes at the clocks of this run."""
+    from torch.profiler import ProfilerActivity, profile
+
+    top_w, order, counts, _ = routing
+    gate_up, down = weights
+    m = t * TOP_K // EXPERTS
+    call = partial(moe.experts_pairs, x, order, counts, top_w, gate_up, down)
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    calls = 10
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    fused = {"gate_up": 0.0, "down": 0.0}
+    for ev in prof.key_averages():
+        for name in fused:
+            if f"_moe_{name}" in ev.key:
+                fused[name] += float(ev.device_time_total) / calls
+    a1 = torch.randn(EXPERTS, m, HIDDEN, device="cuda").bfloat16()
+    a2 = torch.randn(EXPERTS, m, INTER, device="cuda").bfloat16()
+    bmm = {
+        "gate_up": cuda_us(partial(torch.bmm, a1, gate_up.transpose(1, 2)), per_graph=2),
+        "down": cuda_us(partial(torch.bmm, a2, down.transpose(1, 2)), per_graph=2),
+    }
+    flops = {"gate_up": 2.0 * t * TOP_K * HIDDEN * 2 * INTER, "down": 2.0 * t * TOP_K * INTER * HIDDEN}
+    row: dict[str, object] = {"kind": "expert_ceiling", "tokens": t, "rows_per_expert": m}
+    for name in fused:
+        row[f"{name}_fused_us"] = round(fused[name], 1)
+        row[f"{name}_fused_tflop_s"] = round(flops[name] / fused[name] / 1e6, 1)
+        row[f"{name}_cublas_bmm_us"] = round(bmm[name], 1)
+        row[f"{name}_cublas_bmm_tflop_s"] = round(flops[name] / bmm[name] / 1e6, 1)
+    emit(rows, **row)
 
 
 DENSE_TOKENS = (512, 576, 640, 704, 768, 800, 807, 832, 864, 896, 960, 1024, 1152, 1280)
