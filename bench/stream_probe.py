@@ -8,7 +8,9 @@ several budgets, some twice, and prints per stream:
 - the Triton kernels compiled in this process during the stream (disk-cache hits included: Triton's
   `jit_cache_hook` fires on every in-memory cache miss), with the batch each one fell in;
 - the CUDA caching allocator's counters over the stream (device mallocs and frees, retries after a
-  failed malloc, and syncs of all streams), from `torch.cuda.memory_stats`.
+  failed malloc, and syncs of all streams), from `torch.cuda.memory_stats`;
+- Python's garbage collections during the stream (count per generation, total ms, and each one over
+  5 ms with its generation and batch); the last passes run after `gc.freeze()`.
 
 Then, for the joint head's SDPA attentions: one 800-token request's `Engine.decide` p50 and the batch
 invariance (`bench.engine.invariance`) with torch's default kernel choice against the memory-efficient
@@ -20,6 +22,7 @@ Writes `stream_probe.jsonl` to `--out`. Not a test: it asserts nothing.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import time
@@ -36,9 +39,31 @@ from bench.workload import build_engine, make_request
 from engine.runner import EngineConfig
 
 ALLOCATOR_COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
-PASSES = (4096, 4096, 65536, 65536, 131072, 65536)
+PASSES = (4096, 4096, 65536, 65536, 131072, 65536, 65536, 131072)
 """Budgets streamed, in order: each first pass at a budget is followed by a second at the same budget
-(65,536 a third time after 131,072), so first-time costs and recurring ones show apart."""
+(65,536 a third time after 131,072), so first-time costs and recurring ones show apart; the last two
+after `gc.freeze()` (`FREEZE_BEFORE`)."""
+FREEZE_BEFORE = 6
+
+
+@contextmanager
+def collections() -> Iterator[list[tuple[float, int, float]]]:
+    """Record (start time, generation, ms) of every garbage collection of Python's cyclic collector."""
+    seen: list[tuple[float, int, float]] = []
+    started: list[float] = []
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            t = started.pop()
+            seen.append((t, info["generation"], (time.perf_counter() - t) * 1000.0))
+
+    gc.callbacks.append(callback)
+    try:
+        yield seen
+    finally:
+        gc.callbacks.remove(callback)
 
 
 @contextmanager
@@ -94,9 +119,13 @@ def main() -> int:
     one = make_request(rng, engine, 800)
     stream(engine, reqs512[:64], 32768, 256)  # bench.engine's warm-up
     for i, budget in enumerate(PASSES):
+        if i == FREEZE_BEFORE:
+            gc.collect()
+            gc.freeze()
+            emit(rows, kind="gc_freeze", frozen=gc.get_freeze_count())
         timed = TimedRun(engine)
         before = allocator()
-        with compiles() as seen:
+        with compiles() as seen, collections() as collected:
             r = stream(engine, reqs512, budget, 256, timed)
         after = allocator()
         emit(
@@ -109,6 +138,9 @@ def main() -> int:
             batch_ms=[round((b - a) * 1000.0, 1) for a, b in timed.spans],
             compiles=[[name, batch_of(t, timed.spans)] for t, name in seen],
             allocator={k: after[k] - before[k] for k in ALLOCATOR_COUNTERS},
+            gc_collections=[sum(1 for _, g, _ in collected if g == gen) for gen in range(3)],
+            gc_ms_total=round(sum(ms for _, _, ms in collected), 1),
+            gc_over_5ms=[[g, round(ms, 1), batch_of(t, timed.spans)] for t, g, ms in collected if ms > 5.0],
         )
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

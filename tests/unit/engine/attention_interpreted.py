@@ -9,29 +9,15 @@ import os
 import sys
 
 import torch
-from triton.runtime import interpreter
 
 from engine import packed_attention
 from engine.packed_attention import AttentionTiles
-
-
-def _index_scalars_as_numpy_2_4_allows() -> None:
-    # Triton 3.6's interpreter holds scalars as 1-element arrays and turns them into loop bounds with
-    # `int(array)`, which NumPy 2.4 refuses for arrays of one dimension: a kernel loop with a runtime
-    # bound (the key blocks of a record) then fails under the interpreter alone. `.item()` does the same
-    # conversion for every NumPy version.
-    original = interpreter._patch_lang_tensor
-
-    def patch(tensor: object, scope: interpreter._LangPatchScope) -> None:
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
-
-    interpreter._patch_lang_tensor = patch
+from tests.unit.engine.interpreter_patch import index_scalars_as_numpy_2_4_allows
 
 
 def main() -> int:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run under TRITON_INTERPRET=1"
-    _index_scalars_as_numpy_2_4_allows()
+    index_scalars_as_numpy_2_4_allows()
     gen = torch.Generator().manual_seed(0)
     failed = 0
     # Lengths: one token, shorter than a block, block multiples, a long record after short ones, and an

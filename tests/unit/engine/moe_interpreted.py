@@ -11,15 +11,20 @@ import sys
 import torch
 
 from engine import moe
+from tests.unit.engine.interpreter_patch import index_scalars_as_numpy_2_4_allows
 
 
 def main() -> int:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run under TRITON_INTERPRET=1"
+    index_scalars_as_numpy_2_4_allows()
     gen = torch.Generator().manual_seed(0)
     tiles = (
         moe.MoeTiles(moe.Tiles(16, 32, 32, 4, 2), moe.Tiles(16, 32, 16, 4, 2)),
         moe.MoeTiles(moe.Tiles(32, 16, 64, 4, 2), moe.Tiles(64, 64, 32, 4, 2)),
         moe.MoeTiles(moe.Tiles(16, 32, 32, 4, 2, tma=True), moe.Tiles(16, 32, 16, 4, 2, tma=True)),
+        moe.MoeTiles(
+            moe.Tiles(16, 32, 32, 4, 2, persistent=True), moe.Tiles(16, 32, 16, 4, 2, persistent=True)
+        ),
     )
     failed = 0
     # (tokens, hidden, inter, experts, k): a non-power-of-two expert count, an empty expert, an expert
