@@ -116,11 +116,6 @@ _GATE_UP = (
     (256, 64, 64, 8, 4, True),
     (128, 128, 32, 8, 6, True),
     (128, 128, 128, 8, 2, True),
-    # persistent (one program per SM): plain, flattened across tiles, warp-specialised
-    (128, 128, 64, 8, 4, True, False, True, False),
-    (128, 128, 64, 8, 4, True, False, True, True),
-    (128, 128, 64, 8, 3, True, False, True, True),
-    (128, 128, 64, 8, 4, True, True, True, False),
 )
 _DOWN = (
     (64, 128, 64, 4, 4),
@@ -139,17 +134,12 @@ _DOWN = (
     (256, 128, 64, 8, 4, True),
     (128, 256, 32, 8, 6, True),
     (128, 256, 128, 8, 2, True),
-    (128, 256, 64, 8, 3, True, False, True, False),
-    (128, 256, 64, 8, 3, True, False, True, True),
-    (128, 256, 64, 8, 4, True, False, True, True),
-    (128, 256, 64, 8, 3, True, True, True, False),
-    (128, 256, 64, 8, 4, True, True, True, False),
 )
 
 
 def candidates(kind: str) -> list[moe.Tiles]:
     """Tile shapes to try for `kind` ("gate_up" or "down"): (block_m, block_n, block_k, warps, stages,
-    tma, ws, persistent, flatten)."""
+    tma, ws)."""
     return [moe.Tiles(*t) for t in (_GATE_UP if kind == "gate_up" else _DOWN)]
 
 
@@ -275,7 +265,7 @@ def main() -> int:
 
 
 def _astuple(t: moe.Tiles) -> tuple[int | bool, ...]:
-    return (t.block_m, t.block_n, t.block_k, t.warps, t.stages, t.tma, t.ws, t.persistent, t.flatten)
+    return (t.block_m, t.block_n, t.block_k, t.warps, t.stages, t.tma, t.ws)
 
 
 def attention(rows: list[str]) -> None:

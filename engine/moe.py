@@ -43,10 +43,8 @@ try:  # Triton ships with CUDA builds of torch; CPU-only installs fall back to P
 
     from engine.triton_moe import (
         _moe_down_kernel,
-        _moe_down_persistent_kernel,
         _moe_down_tma_kernel,
         _moe_gate_up_kernel,
-        _moe_gate_up_persistent_kernel,
         _moe_gate_up_tma_kernel,
     )
 
@@ -67,13 +65,7 @@ class Tiles:
     tma: bool = False
     """Weights (and the down projection's activations) through TMA descriptors instead of pointer loads."""
     ws: bool = False
-    """Triton's automatic warp specialisation of the k-loop (with `tma` only; of the tile loop with
-    `persistent`)."""
-    persistent: bool = False
-    """One program per SM walking the tile list (implies `tma`), instead of one program per tile."""
-    flatten: bool = False
-    """With `persistent`: software-pipeline across tiles (Triton's `flatten`), so one tile's epilogue
-    overlaps the next one's loads."""
+    """Triton's automatic warp specialisation of the k-loop (with `tma` only)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,17 +197,14 @@ def experts_pairs_triton(
     if not t:
         return y
     e_pad = triton.next_power_of_2(experts)
-    shapes = {"hidden": hidden, "inter": inter, "e": experts, "e_pad": e_pad}
     gu = tl_.gate_up
     gu_n, gu_k = _fit(gu.block_n, inter), _fit(gu.block_k, hidden)
-    grid = _grid(_row_tiles(pairs, experts, gu.block_m) * (inter // gu_n), gu, x.device)
-    gu_tiles = {"block_m": gu.block_m, "block_n": gu_n, "block_k": gu_k, "num_warps": gu.warps}
+    grid = (_row_tiles(pairs, experts, gu.block_m) * (inter // gu_n),)
+    shapes = {"hidden": hidden, "inter": inter, "e": experts, "e_pad": e_pad}
     # The TMA kernels take weight (and row) descriptors and pipeline their own k-loop (`stages`, `ws`);
-    # the pointer and persistent kernels take Triton's launch-level `num_stages`.
-    if gu.persistent:
-        w_gu: object = TensorDescriptor.from_tensor(gate_up_proj, [1, gu_n, gu_k])
-        gu_kernel, gu_pipe = _moe_gate_up_persistent_kernel, _persistent_pipe(gu)
-    elif gu.tma:
+    # the pointer kernels take the tensors and Triton's launch-level `num_stages`.
+    gu_tiles = {"block_m": gu.block_m, "block_n": gu_n, "block_k": gu_k, "num_warps": gu.warps}
+    if gu.tma:
         w_gu = TensorDescriptor.from_tensor(gate_up_proj, [1, gu_n, gu_k])
         gu_kernel, gu_pipe = _moe_gate_up_tma_kernel, {"stages": gu.stages, "ws": gu.ws}
     else:
@@ -223,37 +212,13 @@ def experts_pairs_triton(
     gu_kernel[grid](x, w_gu, order, counts, top_w, act, **shapes, top_k=k, **gu_tiles, **gu_pipe)
     dn = tl_.down
     dn_n, dn_k = _fit(dn.block_n, hidden), _fit(dn.block_k, inter)
-    grid = _grid(_row_tiles(pairs, experts, dn.block_m) * (hidden // dn_n), dn, x.device)
+    grid = (_row_tiles(pairs, experts, dn.block_m) * (hidden // dn_n),)
     dn_tiles = {"block_m": dn.block_m, "block_n": dn_n, "block_k": dn_k, "num_warps": dn.warps}
-    if dn.tma or dn.persistent:
+    if dn.tma:
         a_dn: object = TensorDescriptor.from_tensor(act, [dn.block_m, dn_k])
         w_dn: object = TensorDescriptor.from_tensor(down_proj, [1, dn_n, dn_k])
-        if dn.persistent:
-            dn_kernel, dn_pipe = _moe_down_persistent_kernel, _persistent_pipe(dn)
-        else:
-            dn_kernel, dn_pipe = _moe_down_tma_kernel, {"stages": dn.stages, "ws": dn.ws}
+        dn_kernel, dn_pipe = _moe_down_tma_kernel, {"stages": dn.stages, "ws": dn.ws}
     else:
         a_dn, w_dn, dn_kernel, dn_pipe = act, down_proj, _moe_down_kernel, {"num_stages": dn.stages}
     dn_kernel[grid](a_dn, w_dn, order, counts, y, **shapes, **dn_tiles, **dn_pipe)
     return y
-
-
-PERSISTENT_PROGRAMS_OFF_CUDA = 3
-"""Programs of a persistent kernel under Triton's interpreter (CPU tests): few, so each walks several
-tiles."""
-
-
-def _grid(tiles: int, shape: Tiles, device: torch.device) -> tuple[int]:
-    # One program per tile (an upper bound of the tile count), or for persistent kernels one per SM.
-    if not shape.persistent:
-        return (tiles,)
-    programs = (
-        torch.cuda.get_device_properties(device).multi_processor_count
-        if device.type == "cuda"
-        else PERSISTENT_PROGRAMS_OFF_CUDA
-    )
-    return (max(1, min(tiles, programs)),)
-
-
-def _persistent_pipe(shape: Tiles) -> dict[str, object]:
-    return {"num_stages": shape.stages, "ws": shape.ws, "flatten": shape.flatten}

@@ -19,32 +19,20 @@ import triton.language as tl
 
 
 @triton.jit
-def _expert_table(counts_ptr, block_m: tl.constexpr, e: tl.constexpr, e_pad: tl.constexpr):
-    # The (E,) counts and their row-tile table, padded to e_pad: (expert ids, counts, tiles per expert,
-    # cumulative tiles, cumulative rows). Tiny: they stay in registers (and L1/L2).
+def _tile_of_expert(counts_ptr, pid_m, block_m: tl.constexpr, e: tl.constexpr, e_pad: tl.constexpr):
+    # (expert, first row of this tile, end row of the expert) for row tile `pid_m`; expert is >= e when
+    # the tile is past the last one. The (E,) counts are tiny and stay in L1/L2.
     ex = tl.arange(0, e_pad)
     counts = tl.load(counts_ptr + ex, mask=ex < e, other=0).to(tl.int32)
     tiles = (counts + block_m - 1) // block_m
-    return ex, counts, tiles, tl.cumsum(tiles, 0), tl.cumsum(counts, 0)
-
-
-@triton.jit
-def _tile_in_table(ex, counts, tiles, tile_end, row_end_all, pid_m, block_m: tl.constexpr, e: tl.constexpr):
-    # (expert, first row of this tile, end row of the expert) for row tile `pid_m` of the table; expert
-    # is >= e when the tile is past the last one.
+    tile_end = tl.cumsum(tiles, 0)
+    row_end_all = tl.cumsum(counts, 0)
     expert = tl.sum(((tile_end <= pid_m) & (ex < e)).to(tl.int32), 0)
     mine = ex == expert
     first_tile = tl.sum(tl.where(mine, tile_end - tiles, 0), 0)
     row_end = tl.sum(tl.where(mine, row_end_all, 0), 0)
     row_begin = row_end - tl.sum(tl.where(mine, counts, 0), 0)
     return expert, row_begin + (pid_m - first_tile) * block_m, row_end
-
-
-@triton.jit
-def _tile_of_expert(counts_ptr, pid_m, block_m: tl.constexpr, e: tl.constexpr, e_pad: tl.constexpr):
-    # `_tile_in_table` of row tile `pid_m`, the table read from the counts.
-    ex, counts, tiles, tile_end, row_end_all = _expert_table(counts_ptr, block_m, e, e_pad)
-    return _tile_in_table(ex, counts, tiles, tile_end, row_end_all, pid_m, block_m, e)
 
 
 @triton.jit
@@ -237,82 +225,3 @@ def _moe_down_tma_kernel(
         w = w_desc.load([expert, n0, kk]).reshape(block_n, block_k)
         acc = tl.dot(a, w.T, acc)
     _store_pairs(acc, out_ptr, rmask, pair, n0 + tl.arange(0, block_n), hidden)
-
-
-@triton.jit
-def _moe_gate_up_persistent_kernel(
-    x_ptr,
-    w_desc,
-    order_ptr,
-    counts_ptr,
-    topw_ptr,
-    out_ptr,
-    hidden: tl.constexpr,
-    inter: tl.constexpr,
-    e: tl.constexpr,
-    e_pad: tl.constexpr,
-    top_k: tl.constexpr,
-    block_m: tl.constexpr,
-    block_n: tl.constexpr,
-    block_k: tl.constexpr,
-    ws: tl.constexpr,
-    flatten: tl.constexpr,
-):
-    # `_moe_gate_up_tma_kernel`, persistent: a fixed grid of programs (one per SM) walks the exact tile
-    # list (tile, tile + programs, ...), so one tile's epilogue can overlap the next one's loads
-    # (`flatten` pipelines across tiles, `ws` specialises warps) and no program is launched for nothing.
-    ex, counts, tiles, tile_end, row_end_all = _expert_table(counts_ptr, block_m, e, e_pad)
-    num_n: tl.constexpr = inter // block_n
-    total = tl.sum(tiles, 0) * num_n
-    ks = tl.arange(0, block_k)
-    for tile in tl.range(tl.program_id(0), total, tl.num_programs(0), flatten=flatten, warp_specialize=ws):
-        expert, row0, row_end = _tile_in_table(
-            ex, counts, tiles, tile_end, row_end_all, tile // num_n, block_m, e
-        )
-        rows, rmask, pair = _tile_pairs(order_ptr, row0, row_end, block_m)
-        tok = pair // top_k
-        n0 = (tile % num_n) * block_n
-        acc_g = tl.zeros([block_m, block_n], dtype=tl.float32)
-        acc_u = tl.zeros([block_m, block_n], dtype=tl.float32)
-        for kk in range(0, hidden, block_k):
-            a = tl.load(x_ptr + tok[:, None] * hidden + kk + ks[None, :], mask=rmask[:, None], other=0.0)
-            g = w_desc.load([expert, n0, kk]).reshape(block_n, block_k)
-            u = w_desc.load([expert, inter + n0, kk]).reshape(block_n, block_k)
-            acc_g = tl.dot(a, g.T, acc_g)
-            acc_u = tl.dot(a, u.T, acc_u)
-        _store_swiglu(acc_g, acc_u, topw_ptr, out_ptr, rows, rmask, pair, n0 + tl.arange(0, block_n), inter)
-
-
-@triton.jit
-def _moe_down_persistent_kernel(
-    a_desc,
-    w_desc,
-    order_ptr,
-    counts_ptr,
-    out_ptr,
-    hidden: tl.constexpr,
-    inter: tl.constexpr,
-    e: tl.constexpr,
-    e_pad: tl.constexpr,
-    block_m: tl.constexpr,
-    block_n: tl.constexpr,
-    block_k: tl.constexpr,
-    ws: tl.constexpr,
-    flatten: tl.constexpr,
-):
-    # `_moe_down_tma_kernel`, persistent as `_moe_gate_up_persistent_kernel`.
-    ex, counts, tiles, tile_end, row_end_all = _expert_table(counts_ptr, block_m, e, e_pad)
-    num_n: tl.constexpr = hidden // block_n
-    total = tl.sum(tiles, 0) * num_n
-    for tile in tl.range(tl.program_id(0), total, tl.num_programs(0), flatten=flatten, warp_specialize=ws):
-        expert, row0, row_end = _tile_in_table(
-            ex, counts, tiles, tile_end, row_end_all, tile // num_n, block_m, e
-        )
-        _, rmask, pair = _tile_pairs(order_ptr, row0, row_end, block_m)
-        n0 = (tile % num_n) * block_n
-        acc = tl.zeros([block_m, block_n], dtype=tl.float32)
-        for kk in range(0, inter, block_k):
-            a = a_desc.load([row0, kk])
-            w = w_desc.load([expert, n0, kk]).reshape(block_n, block_k)
-            acc = tl.dot(a, w.T, acc)
-        _store_pairs(acc, out_ptr, rmask, pair, n0 + tl.arange(0, block_n), hidden)

@@ -22,9 +22,6 @@ def main() -> int:
         moe.MoeTiles(moe.Tiles(16, 32, 32, 4, 2), moe.Tiles(16, 32, 16, 4, 2)),
         moe.MoeTiles(moe.Tiles(32, 16, 64, 4, 2), moe.Tiles(64, 64, 32, 4, 2)),
         moe.MoeTiles(moe.Tiles(16, 32, 32, 4, 2, tma=True), moe.Tiles(16, 32, 16, 4, 2, tma=True)),
-        moe.MoeTiles(
-            moe.Tiles(16, 32, 32, 4, 2, persistent=True), moe.Tiles(16, 32, 16, 4, 2, persistent=True)
-        ),
     )
     failed = 0
     # (tokens, hidden, inter, experts, k): a non-power-of-two expert count, an empty expert, an expert
