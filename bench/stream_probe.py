@@ -1,7 +1,8 @@
 """Where a slow batch of `bench.engine`'s stream comes from, and what the head's attention kernel costs.
 
 `python3 -m bench.stream_probe --out DIR` builds the full-size engine as `bench.engine` does (random bf16
-weights, fast path, CUDA graphs), warms it the same way, then streams the same 512-token requests at
+weights, fast path, CUDA graphs; but Python's garbage collector left untuned), warms it the same way,
+then streams the same 512-token requests at
 several budgets, some twice, and prints per stream:
 
 - every batch's `Engine.run` time in order (`batch_ms`), so a slow batch shows where it falls;
@@ -111,7 +112,9 @@ def main() -> int:
         device="cuda", dtype="bfloat16", max_batch_tokens=65536, max_batch_records=256, graph_buckets=()
     )
     t0 = time.perf_counter()
-    engine = build_engine(config)
+    engine = build_engine(
+        config, tune_process=False
+    )  # the collector as Python leaves it, until FREEZE_BEFORE
     engine.model.enable_fast_path(graph_buckets=default_buckets(config.max_batch_tokens))
     emit(rows, **run_info(t0))
     rng = random.Random(0)

@@ -75,11 +75,15 @@ DEPARTMENTS = (
 )
 
 
-def build_engine(config: EngineConfig, num_layers: int | None = None) -> Engine:
+def build_engine(config: EngineConfig, num_layers: int | None = None, tune_process: bool = True) -> Engine:
     """Full-size thinker + joint head, random bf16 weights on CUDA, tiny-release tokenizer.
 
     `num_layers` (None: the full 48) builds fewer decoder layers, every other shape unchanged, for quick
-    probes of the code path; figures from such a build are not full-size figures."""
+    probes of the code path; figures from such a build are not full-size figures. With `tune_process`
+    the process's garbage collector is then tuned as the service tunes it at start-up
+    (`consumer.runtime.tune_gc` with the settings' defaults): without it, a full collection of the
+    ~500,000 objects start-up leaves alive stalled one 131,072-token stream for 346.3 ms
+    (`bench.stream_probe`, BENCHMARKS.md)."""
     from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeThinkerConfig
 
@@ -113,7 +117,14 @@ def build_engine(config: EngineConfig, num_layers: int | None = None) -> Engine:
         head = JointSchemaHead(JointHeadConfig(hidden_size=TEXT_CONFIG["hidden_size"])).to(torch.bfloat16)
     randomize_(head, seed=1)
     model = ClefOmniModel(thinker, head, pad_token_id=int(tokenizer.pad_token_id or 0)).eval()
-    return Engine(model, tokenizer, config)
+    engine = Engine(model, tokenizer, config)
+    if tune_process:
+        from consumer.runtime import tune_gc
+        from consumer.settings import Settings
+
+        fields = Settings.model_fields
+        tune_gc(int(fields["gc_gen0_threshold"].default), freeze=bool(fields["gc_freeze"].default))
+    return engine
 
 
 def make_request(rng: random.Random, engine: Engine, target_tokens: int) -> SystemOneRequest:

@@ -38,6 +38,7 @@ import math
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -114,22 +115,64 @@ class EvidenceLayer(nn.Module):
     def forward(self, q: torch.Tensor, memory: torch.Tensor, memory_pad: torch.Tensor | None) -> torch.Tensor:
         """q: (B, O, w) option queries; memory: (B, L, w); memory_pad: (B, L) True = padding, or None
         when no row has padding."""
-        m = self.memory_norm(memory)  # (B, L, w)
-        attn, _ = self.attention(
-            self.query_norm(q), m, m, key_padding_mask=memory_pad, need_weights=False
-        )  # (B, O, w)
-        q = q + attn  # (B, O, w)
+        q = q + attend(self.attention, self.query_norm(q), self.memory_norm(memory), memory_pad)  # (B, O, w)
         out: torch.Tensor = q + self.feedforward(self.feedforward_norm(q))  # (B, O, w)
         return out
 
 
+def attend(
+    attention: nn.MultiheadAttention, x: torch.Tensor, memory: torch.Tensor, memory_pad: torch.Tensor | None
+) -> torch.Tensor:
+    """`attention(x, memory, memory, key_padding_mask=memory_pad)` (batch first, no weights returned)
+    through one `F.scaled_dot_product_attention` call, masked or not: (B, n, w) for x (B, n, w) and
+    memory (B, L, w); memory_pad (B, L) True = padding, or None. Self-attention when `memory is x`.
+
+    nn.MultiheadAttention takes different kernels with and without a mask (its fused fast path for
+    self-attention without one; matmuls and a masked softmax with one), so a lone record and the same
+    record in a padded batch moved apart by up to 2.07e-03 in bf16 on the H200. One call keeps them on
+    the same arithmetic (`_one_attention_kernel` picks the same SDPA kernel for both).
+    """
+    width = x.shape[-1]
+    heads = attention.num_heads
+    w, b = attention.in_proj_weight, attention.in_proj_bias
+    if memory is x:
+        q, k, v = F.linear(x, w, b).chunk(3, dim=-1)  # (B, n, w) each
+    else:
+        q = F.linear(x, w[:width], None if b is None else b[:width])  # (B, n, w)
+        k, v = F.linear(memory, w[width:], None if b is None else b[width:]).chunk(2, dim=-1)  # (B, L, w)
+    mask = None if memory_pad is None else ~memory_pad[:, None, None, :]  # (B, 1, 1, L) True = attend
+    out = F.scaled_dot_product_attention(
+        _split_heads(q, heads), _split_heads(k, heads), _split_heads(v, heads), attn_mask=mask
+    )  # (B, heads, n, w / heads)
+    projected: torch.Tensor = attention.out_proj(out.transpose(1, 2).flatten(2))  # (B, n, w)
+    return projected
+
+
+def _split_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    return t.reshape(t.shape[0], t.shape[1], heads, -1).transpose(1, 2)  # (B, n, w) -> (B, heads, n, w/heads)
+
+
+def decoder_layer(
+    layer: nn.TransformerDecoderLayer,
+    x: torch.Tensor,
+    memory: torch.Tensor,
+    x_pad: torch.Tensor | None,
+    memory_pad: torch.Tensor | None,
+) -> torch.Tensor:
+    """`layer(x, memory, tgt_key_padding_mask=x_pad, memory_key_padding_mask=memory_pad)` for the head's
+    pre-norm GELU decoder layers (dropout 0), with every attention through `attend`: (B, K, w)."""
+    n1 = layer.norm1(x)
+    x = x + attend(layer.self_attn, n1, n1, x_pad)
+    x = x + attend(layer.multihead_attn, layer.norm2(x), memory, memory_pad)
+    out: torch.Tensor = x + layer.linear2(F.gelu(layer.linear1(layer.norm3(x))))
+    return out
+
+
 def _one_attention_kernel(device: torch.device) -> AbstractContextManager[None]:
     """On CUDA, every head attention runs SDPA's memory-efficient kernel, masked (padded batches) or not
-    (a lone record): left to itself SDPA takes FlashAttention for the unmasked case, and a record's
-    probabilities then moved up to 1.6e-3 between alone and in a padded batch. The same kernel either
-    way keeps them together; one 800-token request took 18.78 ms with it against 19.06 ms with
-    FlashAttention on the H200 (`bench.stream_probe`). Off CUDA torch's own choice stands (CPU tests and
-    the float32 conformance run)."""
+    (a lone record): left to itself SDPA takes FlashAttention when there is no mask. One 800-token
+    request took 18.78 ms with it against 19.06 ms with FlashAttention on the H200 (`bench.stream_probe`).
+    Off CUDA torch's own choice stands (CPU tests and the float32 conformance run)."""
     if device.type != "cuda":
         return nullcontext()
     return sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION)
@@ -253,8 +296,8 @@ class JointSchemaHead(nn.Module):
             field, index.question_record, index.question_slot, index.num_records, index.max_questions
         )  # (B, K, w)
         for layer in self.layers:
-            f_pad = layer(
-                f_pad, mem, tgt_key_padding_mask=q_pad, memory_key_padding_mask=mem_pad
+            f_pad = decoder_layer(
+                cast(nn.TransformerDecoderLayer, layer), f_pad, mem, q_pad, mem_pad
             )  # (B, K, w)
         f = self.field_norm(f_pad[index.question_record, index.question_slot])[opt_q]  # (N, w)
         on = self.option_norm(o)  # (N, w)

@@ -10,8 +10,8 @@ def index_scalars_as_numpy_2_4_allows() -> None:
 
     Triton 3.6's interpreter holds scalars as 1-element arrays and turns them into loop bounds with
     `int(array)`, which NumPy 2.4 refuses for arrays of one dimension: a kernel loop with a runtime
-    bound (the key blocks of a record) then fails under the interpreter
-    alone. `.item()` does the same conversion for every NumPy version.
+    bound (the key blocks of a record) then fails under the interpreter alone. `.item()` does the same
+    conversion for every NumPy version.
     """
     original = interpreter._patch_lang_tensor
 
