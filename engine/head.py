@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import math
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -43,7 +42,6 @@ from typing import cast
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.batch import SpanIndex, segment_mean, segment_softmax
 
@@ -127,10 +125,11 @@ def attend(
     through one `F.scaled_dot_product_attention` call, masked or not: (B, n, w) for x (B, n, w) and
     memory (B, L, w); memory_pad (B, L) True = padding, or None. Self-attention when `memory is x`.
 
-    nn.MultiheadAttention takes different kernels with and without a mask (its fused fast path for
-    self-attention without one; matmuls and a masked softmax with one), so a lone record and the same
-    record in a padded batch moved apart by up to 2.07e-03 in bf16 on the H200. One call keeps them on
-    the same arithmetic (`_one_attention_kernel` picks the same SDPA kernel for both).
+    nn.MultiheadAttention computes masked and unmasked attention differently (its fused native path for
+    self-attention treats a mask apart), so with it a lone record (no mask) and the same record in a
+    padded batch moved apart by up to 1.64e-03 in bf16 on the H200. Through this one call (and one SDPA
+    kernel on CUDA, see `ClefOmniModel.forward_probabilities`) they differ by 1.63e-06 on the fast path
+    and 5.96e-08 padded (tests/gpu/test_engine_gpu.py).
     """
     width = x.shape[-1]
     heads = attention.num_heads
@@ -166,16 +165,6 @@ def decoder_layer(
     x = x + attend(layer.multihead_attn, layer.norm2(x), memory, memory_pad)
     out: torch.Tensor = x + layer.linear2(F.gelu(layer.linear1(layer.norm3(x))))
     return out
-
-
-def _one_attention_kernel(device: torch.device) -> AbstractContextManager[None]:
-    """On CUDA, every head attention runs SDPA's memory-efficient kernel, masked (padded batches) or not
-    (a lone record): left to itself SDPA takes FlashAttention when there is no mask. One 800-token
-    request took 18.78 ms with it against 19.06 ms with FlashAttention on the H200 (`bench.stream_probe`).
-    Off CUDA torch's own choice stands (CPU tests and the float32 conformance run)."""
-    if device.type != "cuda":
-        return nullcontext()
-    return sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION)
 
 
 def _scale(param: torch.Tensor) -> torch.Tensor:
@@ -236,10 +225,6 @@ class JointSchemaHead(nn.Module):
         lexical_table: (V, hidden) the thinker's `lm_head.weight` (E).
         index: the batch's span tables, already on `hidden.device`.
         """
-        with _one_attention_kernel(hidden.device):
-            return self._forward(hidden, lexical_table, index)
-
-    def _forward(self, hidden: torch.Tensor, lexical_table: torch.Tensor, index: SpanIndex) -> torch.Tensor:
         dtype = hidden.dtype
         width = self.config.width
         h = self.hidden_norm(hidden)  # (T, H)
@@ -260,10 +245,8 @@ class JointSchemaHead(nn.Module):
             index.max_length,
         )  # (B, L, w)
         # (B, L) and (B, K) bool, True = padding, or None where no record is padded (a lone record, or
-        # records of one length: the sizes alone tell, no sync). Unmasked, the memory-efficient kernel
-        # (`_one_attention_kernel`) is as fast as FlashAttention for a lone request; masked, it took
-        # 0.27 ms of one 807-token request's six head attentions on the H200 (BENCHMARKS.md, "Engine,
-        # round four").
+        # records of one length: the sizes alone tell, no sync): the masks cost a lone request more
+        # than the attentions themselves (BENCHMARKS.md, "Engine, round four").
         records = index.num_records
         mem_pad = None if h.shape[0] == records * index.max_length else index.memory_padding
         q_pad = None if index.num_questions == records * index.max_questions else index.question_padding

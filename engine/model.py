@@ -26,7 +26,9 @@ _VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
 
 
 _HEAD_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-"""Every SDPA backend but cuDNN's, for the head (see `ClefOmniModel.forward_probabilities`)."""
+"""Every SDPA backend but cuDNN's, for the head off CUDA (see `ClefOmniModel.forward_probabilities`)."""
+_HEAD_SDPA_BACKENDS_CUDA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+"""The head's SDPA backends on CUDA: the memory-efficient kernel (math only for shapes it refuses)."""
 
 
 class ClefOmniModel(nn.Module):
@@ -191,9 +193,16 @@ class ClefOmniModel(nn.Module):
         shape; the other backends need no plan (11.6 ms cold, 10.4 ms warm). Transformers' padded path
         (media) keeps the default choice: without cuDNN its padded batches moved 2.10e-03 from the same
         records alone, above the SPEC's 2e-3 (tests/gpu/test_media_gpu.py).
+
+        On CUDA the head takes the memory-efficient kernel only: a padded batch's attentions are masked,
+        and FlashAttention, which SDPA prefers when there is no mask (a lone record, records of one
+        length), would give those records other roundings than the same records in a padded batch. One
+        800-token request took 18.78 ms with it against 19.06 ms with FlashAttention on the H200
+        (`bench.stream_probe`). Off CUDA (CPU tests, the float32 conformance run) torch's choice stands.
         """
         hidden = self.hidden_states(batch)  # (T, H)
-        with sdpa_kernel(_HEAD_SDPA_BACKENDS):
+        cuda = hidden.device.type == "cuda"
+        with sdpa_kernel(_HEAD_SDPA_BACKENDS_CUDA if cuda else _HEAD_SDPA_BACKENDS):
             probs: torch.Tensor = self.head(hidden, self.lexical_table(), batch.index)  # (N,)
         return probs
 
