@@ -1,9 +1,8 @@
-"""Where a slow batch of `bench.engine`'s stream comes from, and what the head's attention kernel costs.
+"""Where a slow batch of `bench.engine`'s stream comes from.
 
 `python3 -m bench.stream_probe --out DIR` builds the full-size engine as `bench.engine` does (random bf16
 weights, fast path, CUDA graphs; but Python's garbage collector left untuned), warms it the same way,
-then streams the same 512-token requests at
-several budgets, some twice, and prints per stream:
+then streams the same 512-token requests at several budgets, some twice, and prints per stream:
 
 - every batch's `Engine.run` time in order (`batch_ms`), so a slow batch shows where it falls;
 - the Triton kernels compiled in this process during the stream (disk-cache hits included: Triton's
@@ -12,10 +11,6 @@ several budgets, some twice, and prints per stream:
   failed malloc, and syncs of all streams), from `torch.cuda.memory_stats`;
 - Python's garbage collections during the stream (count per generation, total ms, and each one over
   5 ms with its generation and batch); the last passes run after `gc.freeze()`.
-
-Then, for the joint head's SDPA attentions: one 800-token request's `Engine.decide` p50 and the batch
-invariance (`bench.engine.invariance`) with torch's default kernel choice against the memory-efficient
-kernel forced (`sdpa_kernel(EFFICIENT_ATTENTION)`), which a padded batch's masked attentions use anyway.
 
 Writes `stream_probe.jsonl` to `--out`. Not a test: it asserts nothing.
 """
@@ -34,7 +29,7 @@ from typing import Any
 
 import torch
 
-from bench.engine import TimedRun, invariance, latency, run_info, stream
+from bench.engine import TimedRun, run_info, stream
 from bench.report import emit_line as emit
 from bench.workload import build_engine, make_request
 from engine.runner import EngineConfig
@@ -119,7 +114,6 @@ def main() -> int:
     emit(rows, **run_info(t0))
     rng = random.Random(0)
     reqs512 = [make_request(rng, engine, 512) for _ in range(1024)]
-    one = make_request(rng, engine, 800)
     stream(engine, reqs512[:64], 32768, 256)  # bench.engine's warm-up
     for i, budget in enumerate(PASSES):
         if i == FREEZE_BEFORE:
@@ -145,29 +139,8 @@ def main() -> int:
             gc_ms_total=round(sum(ms for _, _, ms in collected), 1),
             gc_over_5ms=[[g, round(ms, 1), batch_of(t, timed.spans)] for t, g, ms in collected if ms > 5.0],
         )
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    mixed = [make_request(rng, engine, n) for n in (300, 512, 700, 800, 450, 640)]
-    for name in ("default", "efficient"):
-        ctx = sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION) if name == "efficient" else _nothing()
-        with ctx:
-            lat = latency(engine, one, 30)
-            worst = invariance(engine, mixed)
-        emit(
-            rows,
-            kind="head_kernel",
-            sdpa=name,
-            one800_ms_p50=round(lat["ms_p50"], 2),
-            one800_ms_min=round(lat["ms_min"], 2),
-            invariance_max_abs_dp=worst,
-        )
     (out / "stream_probe.jsonl").write_text("\n".join(rows) + "\n")
     return 0
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 if __name__ == "__main__":

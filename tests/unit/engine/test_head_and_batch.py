@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.batch import Layout, collate, forward, plan_batches, segment_softmax
-from engine.head import JointHeadConfig, JointSchemaHead, head_state_dict_keys
+from engine.head import JointHeadConfig, JointSchemaHead, attend, decoder_layer, head_state_dict_keys
 from engine.release import LoadedModel
 from engine.types import EncodedRequest
 
@@ -112,6 +112,37 @@ def test_probabilities_shape_and_sum(loaded: LoadedModel, records: list[EncodedR
             assert np.isfinite(probs).all()
             assert (probs >= 0).all()
             assert abs(float(probs.sum()) - 1.0) <= 1e-5
+
+
+def _padding(lengths: list[int], width: int) -> torch.Tensor:
+    return torch.arange(width)[None, :] >= torch.tensor(lengths)[:, None]  # (B, width) True = padding
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_attend_and_decoder_layer_equal_the_torch_modules(masked: bool) -> None:
+    """The head's own attention forward is nn.MultiheadAttention's and nn.TransformerDecoderLayer's
+    (pre-norm, GELU, dropout 0), with and without padding masks, on the real rows."""
+    torch.manual_seed(0)
+    width, heads = 32, 4
+    mha = torch.nn.MultiheadAttention(width, heads, dropout=0.0, batch_first=True).eval()
+    layer = torch.nn.TransformerDecoderLayer(
+        width, heads, 64, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+    ).eval()
+    x, mem = torch.randn(3, 5, width), torch.randn(3, 9, width)
+    x_pad = _padding([5, 2, 4], 5) if masked else None
+    mem_pad = _padding([9, 3, 7], 9) if masked else None
+    with torch.inference_mode():
+        cross, _ = mha(x, mem, mem, key_padding_mask=mem_pad, need_weights=False)
+        self_attention, _ = mha(x, x, x, key_padding_mask=x_pad, need_weights=False)
+        decoded = layer(x, mem, tgt_key_padding_mask=x_pad, memory_key_padding_mask=mem_pad)
+        got = (
+            attend(mha, x, mem, mem_pad),
+            attend(mha, x, x, x_pad),
+            decoder_layer(layer, x, mem, x_pad, mem_pad),
+        )
+    real = ~x_pad if x_pad is not None else torch.ones(3, 5, dtype=torch.bool)
+    for want, have in zip((cross, self_attention, decoded), got, strict=True):
+        assert torch.allclose(want[real], have[real], atol=1e-5), float((want - have)[real].abs().max())
 
 
 def test_segment_softmax_matches_per_segment() -> None:
