@@ -1,7 +1,8 @@
 """Where one 800-token request's wall time goes on the H200: `Engine.decide` split into its stages.
 
 `python3 -m bench.one_request --out DIR` builds the full-size engine as `bench.experts` does (random bf16
-weights, fast path, CUDA graphs up to 4,096 tokens, routers levelled to near-uniform expert load) and
+weights, fast path, CUDA graphs up to 4,096 tokens, routers levelled to near-uniform expert load unless
+`--random-router`) and
 times, for one 800-token request, 30 times each (after warm-up), with CUDA synchronisation:
 
 - `decide`: the whole call, as `bench.engine.latency` measures it;
@@ -9,8 +10,13 @@ times, for one 800-token request, 30 times each (after warm-up), with CUDA synch
   replay, head, copy back) and `respond` (answers, CPU);
 - inside `run`: the decoder alone (`hidden_states`) and the head alone on its output.
 
-Prints JSON lines (p50/p99/min per stage) and writes `one_request.jsonl` to `--out`, and Python's
-profile of `--reps` `decide` calls (cumulative time) to `profile_decide.txt`. Not a test.
+Then the GPU's timeline of `--reps` `decide` calls (torch profiler, CUDA activity, idle between calls):
+per call the span from its first to its last kernel or copy, the busy time inside it, the idle gaps
+between them (launch and dependency latency inside the graph, host time the GPU waits for) and the
+count of kernels; and the largest gaps summed over the calls, by the pair of kernels around them.
+
+Prints JSON lines (p50/p99/min per stage, the timeline) and writes `one_request.jsonl` to `--out`, and
+Python's profile of `--reps` `decide` calls (cumulative time) to `profile_decide.txt`. Not a test.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import io
 import os
 import pstats
 import random
+import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +43,11 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     p.add_argument("--reps", type=int, default=30)
+    p.add_argument(
+        "--random-router",
+        action="store_true",
+        help="leave the routers as built (no levelling): the issue's setup",
+    )
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -46,8 +59,9 @@ def main() -> int:
     engine, biases, _ = biased_engine()
     rng = random.Random(0)
     probe = [engine.prepare(make_request(rng, engine, 512)).encoded for _ in range(16)]
-    with torch.inference_mode():
-        level(engine, biases, engine.model.collate(probe))
+    if not args.random_router:
+        with torch.inference_mode():
+            level(engine, biases, engine.model.collate(probe))
     one = make_request(random.Random(1), engine, 800)
     prepared = engine.prepare(one)
     staged = engine.stage([prepared])
@@ -76,6 +90,7 @@ def main() -> int:
     }
     for name, fn in stages.items():
         emit(rows, kind="stage", stage=name, **{k: round(v, 2) for k, v in timings(fn, args.reps).items()})
+    timeline(rows, lambda: engine.decide([one]), args.reps)
     (out / "one_request.jsonl").write_text("\n".join(rows) + "\n")
     # Where `decide`'s host time goes beyond its stages: Python's profiler over `reps` calls.
     profiler = cProfile.Profile()
@@ -84,6 +99,69 @@ def main() -> int:
     pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(45)
     (out / "profile_decide.txt").write_text(text.getvalue())
     return 0
+
+
+CALL_SEPARATOR_S = 0.005
+"""GPU idle left between two profiled calls, so a gap longer than 4 ms marks where one call ends."""
+
+
+def timeline(rows: list[str], call: Callable[[], object], reps: int) -> None:
+    """Emit the `timeline` row (per-call medians) and the twelve largest `gap` rows (see module doc)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            call()
+            torch.cuda.synchronize()
+            time.sleep(CALL_SEPARATOR_S)
+    events = sorted(
+        (float(e.time_range.start), float(e.time_range.end), str(e.name))
+        for e in prof.events()
+        if e.device_type.name == "CUDA"
+    )
+    spans, busy, kernels, gaps = per_call(events)
+    emit(
+        rows,
+        kind="timeline",
+        calls=len(spans),
+        span_ms_p50=round(statistics.median(spans), 2),
+        busy_ms_p50=round(statistics.median(busy), 2),
+        idle_ms_p50=round(statistics.median(s - b for s, b in zip(spans, busy, strict=True)), 2),
+        kernels_and_copies_p50=statistics.median(kernels),
+    )
+    for (before, after), us in sorted(gaps.items(), key=lambda kv: -kv[1])[:12]:
+        emit(rows, kind="gap", before=before, after=after, us_per_call=round(us / len(spans), 1))
+
+
+def per_call(
+    events: list[tuple[float, float, str]],
+) -> tuple[list[float], list[float], list[int], dict[tuple[str, str], float]]:
+    """From GPU events (start us, end us, name) sorted by start, split at idle gaps over 4 ms: per call the
+    span and busy ms and the event count, and the idle us between consecutive events summed over every
+    call by (event before, event after)."""
+    calls: list[list[tuple[float, float, str]]] = [[]]
+    last_end = events[0][0]
+    for ev in events:
+        if ev[0] - last_end > 4000.0:
+            calls.append([])
+        calls[-1].append(ev)
+        last_end = max(last_end, ev[1])
+    spans, busy, kernels = [], [], []
+    gaps: dict[tuple[str, str], float] = {}
+    for evs in calls:
+        end, used = evs[0][0], 0.0
+        for i, (start, stop, name) in enumerate(evs):
+            if i and start > end:
+                key = (evs[i - 1][2][:60], name[:60])
+                gaps[key] = gaps.get(key, 0.0) + start - end
+            used += max(0.0, stop - max(start, end))
+            end = max(end, stop)
+        spans.append((end - evs[0][0]) / 1000.0)
+        busy.append(used / 1000.0)
+        kernels.append(len(evs))
+    return spans, busy, kernels, gaps
 
 
 if __name__ == "__main__":
