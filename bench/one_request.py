@@ -44,6 +44,9 @@ def main() -> int:
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     p.add_argument("--reps", type=int, default=30)
     p.add_argument(
+        "--trace", action="store_true", help="also write decide_trace.json (two calls, chrome trace)"
+    )
+    p.add_argument(
         "--random-router",
         action="store_true",
         help="leave the routers as built (no levelling): the issue's setup",
@@ -90,7 +93,7 @@ def main() -> int:
     }
     for name, fn in stages.items():
         emit(rows, kind="stage", stage=name, **{k: round(v, 2) for k, v in timings(fn, args.reps).items()})
-    timeline(rows, lambda: engine.decide([one]), args.reps)
+    timeline(rows, lambda: engine.decide([one]), args.reps, out if args.trace else None)
     (out / "one_request.jsonl").write_text("\n".join(rows) + "\n")
     # Where `decide`'s host time goes beyond its stages: Python's profiler over `reps` calls.
     profiler = cProfile.Profile()
@@ -105,9 +108,17 @@ CALL_SEPARATOR_S = 0.005
 """GPU idle left between two profiled calls, so a gap longer than 4 ms marks where one call ends."""
 
 
-def timeline(rows: list[str], call: Callable[[], object], reps: int) -> None:
-    """Emit the `timeline` row (per-call medians) and the twelve largest `gap` rows (see module doc)."""
+def timeline(rows: list[str], call: Callable[[], object], reps: int, trace_dir: Path | None) -> None:
+    """Emit the `timeline` row (per-call medians) and the twelve largest `gap` rows (see module doc);
+    with `trace_dir`, also the chrome trace of two more calls there (`decide_trace.json`)."""
     from torch.profiler import ProfilerActivity, profile
+
+    if trace_dir is not None:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=False) as traced:
+            for _ in range(2):
+                call()
+                torch.cuda.synchronize()
+        traced.export_chrome_trace(str(trace_dir / "decide_trace.json"))
 
     call()
     torch.cuda.synchronize()
