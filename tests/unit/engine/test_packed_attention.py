@@ -6,6 +6,7 @@ checked in tests/gpu/test_attention_gpu.py."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from engine import packed_attention
-from engine.fastpath import PackedInputs, PackedTextDecoder
+from engine.fastpath import PackedInputs, PackedTextDecoder, graph_pieces
 from engine.release import LoadedModel
 
 REPO = Path(__file__).resolve().parents[3]
@@ -52,6 +53,31 @@ def test_decoder_with_padding_records_behind_a_record_equals_the_record_alone(lo
         cu = torch.tensor([0, 20, 28, 32, 32]).int()  # the record, padding records, an empty slot
         padded = decoder(PackedInputs(padded_emb, pos, cu, 20))
     assert torch.allclose(padded[:20], alone, atol=1e-5, rtol=1e-4)
+
+
+def test_decoder_in_pieces_equals_the_whole_forward(loaded: LoadedModel) -> None:
+    """Graphs capture the forward as `begin` and then layer ranges (`graph_pieces`): the pieces cover
+    every layer once, in order, and chained they give the whole forward's output bit for bit."""
+    text_model = loaded.model.text_model
+    decoder = PackedTextDecoder(text_model)
+    n = decoder.num_layers
+    for layers in (1, 2, 3, 10, 48):
+        pieces = graph_pieces(layers)
+        assert pieces[0][0] == 0
+        assert pieces[-1][1] == layers
+        assert all(a[1] == b[0] and a[0] < a[1] for a, b in itertools.pairwise(pieces))
+    ids = torch.randint(0, 800, (19,), generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        p = PackedInputs(
+            text_model.embed_tokens(ids),
+            torch.arange(19)[None].expand(3, -1),
+            torch.tensor([0, 7, 19]).int(),
+            12,
+        )
+        whole = decoder(p)
+        for split in range(n + 1):
+            state = decoder.layers(decoder.layers(decoder.begin(p), p, 0, split), p, split, n)
+            assert torch.equal(state.h, whole), split
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
