@@ -302,7 +302,8 @@ class _Static:
 
 
 class GraphedDecoder:
-    """CUDA-graph replay of a `PackedTextDecoder`, one graph per (token bucket, longest-record cap).
+    """CUDA-graph replay of a `PackedTextDecoder`, one set of graphs per (token bucket, longest-record cap):
+    the layer range in pieces (`graph_pieces`), replayed in order.
 
     Records are packed into the first tokens; the tail of the bucket is padding, split into records of
     at most the cap each (own cu_seqlens segments), so it never touches real records. Graphs are captured
