@@ -196,9 +196,10 @@ class ClefOmniModel(nn.Module):
 
         On CUDA the head takes the memory-efficient kernel only: a padded batch's attentions are masked,
         and FlashAttention, which SDPA prefers when there is no mask (a lone record, records of one
-        length), would give those records other roundings than the same records in a padded batch. One
-        800-token request took 18.78 ms with it against 19.06 ms with FlashAttention on the H200
-        (`bench.stream_probe`). Off CUDA (CPU tests, the float32 conformance run) torch's choice stands.
+        length), would give those records other roundings than the same records in a padded batch. The
+        price on the H200: 22.0 us per head attention against 9.1 us, 0.13 ms of GPU time for one
+        800-token request's ten (BENCHMARKS.md, "Engine, round five"). Off CUDA (CPU tests, the float32
+        conformance run) torch's choice stands.
         """
         hidden = self.hidden_states(batch)  # (T, H)
         cuda = hidden.device.type == "cuda"
