@@ -226,7 +226,8 @@ def group_by_expert_inverse(
 def _group(
     top_i: torch.Tensor, num_experts: int, inverse: bool, block: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    # (order, counts, ends, inv or None) of the flattened ids.
+    # (order, counts, ends, inv or None) of the flattened ids; without `inverse`, `ends` is unspecified
+    # (the caller drops it).
     flat = top_i.reshape(-1)  # (S,) pair p = token * k + j
     s = flat.numel()
     if not _use_triton(flat) or s > COUNTING_SORT_MAX_PAIRS:
@@ -237,9 +238,9 @@ def _group(
             counts = torch.histc(flat.int(), bins=num_experts, min=0, max=num_experts - 1).int()  # (E,)
         else:
             counts = torch.bincount(flat.long(), minlength=num_experts).to(torch.int32)  # (E,)
+        if not inverse:  # `group_by_expert` drops `ends`: no cumsum kernel for it
+            return order, counts, counts, None
         ends = torch.cumsum(counts, dim=0, dtype=torch.int32)  # (E,)
-        if not inverse:
-            return order, counts, ends, None
         inv = torch.empty_like(order)
         inv[order.long()] = torch.arange(s, dtype=torch.int32, device=flat.device)  # (S,)
         return order, counts, ends, inv
