@@ -1,8 +1,10 @@
 """Read a Clef-omni release directory and load the thinker + joint head (SPEC section 3).
 
-Only `thinker.*` tensors are read, one at a time with `safe_open` (memory-mapped: the bytes of `talker.*`
-and `code2wav.*` tensors are never touched, and shards holding only those are never opened). Keys and shapes
-are checked against the thinker from the safetensors headers before any tensor data is read.
+Keys, expert layouts (fused or one tensor per expert) and shapes are checked against the installed thinker
+from the index and the shard headers before any tensor data is read (`engine.release_plan`); then only the
+bytes of `thinker.*` tensors are read, in parallel, straight into the parameters (`engine.release_read`):
+the bytes of `talker.*` and `code2wav.*` tensors are never read, and shards holding only those are never
+opened.
 
 A release names its tensors as the checkpoint does (`thinker.model.layers.N.*`, `thinker.visual.*`,
 `thinker.audio_tower.*`, ...) whatever transformers is installed; `engine.thinker.checkpoint_names` maps
@@ -14,24 +16,23 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file
 
 from engine.head import JointHeadConfig, JointSchemaHead
 from engine.model import ClefOmniModel
-from engine.thinker import build_thinker, checkpoint_names, expected_tensors
+from engine.release_header import HeaderError, StoredTensor, read_header
+from engine.release_plan import Piece, PlanError, Target, names, plan_reads
+from engine.release_read import ReadOptions, ReadStats, read_pieces
+from engine.thinker import build_thinker, checkpoint_names
 
 log = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
-SKIPPED_PREFIXES = ("talker.", "code2wav.")
-_SHOW = 8  # keys named per error message
 
 
 class ReleaseError(Exception):
@@ -45,11 +46,8 @@ class LoadedModel:
     processor: Any | None  # Qwen3OmniMoeProcessor, or None when it cannot be built (e.g. no torchvision)
     config: Any  # Qwen3OmniMoeConfig
     path: Path
-
-
-def _names(keys: list[str]) -> str:
-    more = f" (+{len(keys) - _SHOW} more)" if len(keys) > _SHOW else ""
-    return ", ".join(keys[:_SHOW]) + more
+    phases: tuple[tuple[str, float], ...] = ()  # (phase, seconds) in order: config, build, plan, read, ...
+    read: ReadStats | None = None
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -87,74 +85,75 @@ def read_config(root: Path) -> Any:
     return config
 
 
-def check_keys(expected: dict[str, tuple[int, ...]], weight_map: dict[str, str], root: Path) -> None:
-    """Strict check of names (index) and shapes (shard headers, no tensor data read)."""
-    missing = sorted(set(expected) - set(weight_map))
-    if missing:
-        raise ReleaseError(f"missing thinker tensors in {INDEX_FILE}: {_names(missing)}")
-    unexpected = sorted(k for k in weight_map if k not in expected and not k.startswith(SKIPPED_PREFIXES))
-    if unexpected:
-        raise ReleaseError(
-            f"unexpected tensors in {INDEX_FILE}: {_names(unexpected)} (a release names thinker tensors "
-            "as the checkpoint does: thinker.model.layers.N.*, thinker.visual.*, thinker.audio_tower.*)"
-        )
-    by_shard: dict[str, list[str]] = defaultdict(list)
-    for key in expected:
-        by_shard[weight_map[key]].append(key)
-    bad: list[str] = []
-    for shard, keys in sorted(by_shard.items()):
+def thinker_targets(thinker: torch.nn.Module) -> dict[str, Target]:
+    """Release (checkpoint) name -> installed target, for every tensor the thinker needs."""
+    state = thinker.state_dict(keep_vars=True)
+    return {
+        name: Target(key, tuple(state[key].shape), state[key].dtype)
+        for key, name in checkpoint_names(thinker).items()
+    }
+
+
+def plan_thinker_reads(targets: dict[str, Target], weight_map: dict[str, str], root: Path) -> list[Piece]:
+    """The strict check (names, expert layouts, shapes from the shard headers; no tensor data read) and the
+    pieces to read. Raises ReleaseError naming the tensors or the shard at fault."""
+
+    def header(shard: str) -> dict[str, StoredTensor]:
         file = root / shard
         if not file.is_file():
-            raise ReleaseError(f"shard {shard} (holding {keys[0]}) is missing")
+            raise ReleaseError(f"shard {shard} is missing")
         try:
-            with safe_open(str(file), framework="pt") as f:
-                present = set(f.keys())
-                for key in keys:
-                    if key not in present:
-                        raise ReleaseError(
-                            f"{key}: listed in {INDEX_FILE} under {shard} but not in that shard"
-                        )
-                    shape = tuple(f.get_slice(key).get_shape())
-                    if shape != expected[key]:
-                        bad.append(f"{key}: release {list(shape)} vs model {list(expected[key])}")
-        except ReleaseError:
-            raise
-        except Exception as exc:
+            return read_header(file)
+        except (HeaderError, OSError) as exc:
             raise ReleaseError(f"shard {shard}: unreadable safetensors header ({exc})") from exc
-    if bad:
-        raise ReleaseError(f"mis-shaped thinker tensors: {_names(bad)}")
+
+    try:
+        return plan_reads(targets, weight_map, header)
+    except PlanError as exc:
+        raise ReleaseError(f"{INDEX_FILE}: {exc}") from exc
 
 
-def load_thinker_weights(thinker: torch.nn.Module, weight_map: dict[str, str], root: Path) -> None:
-    """Copy every `thinker.*` tensor into `thinker` (cast to its dtype), shard by shard, logging progress.
+def load_thinker_weights(
+    thinker: torch.nn.Module,
+    weight_map: dict[str, str],
+    root: Path,
+    options: ReadOptions | None = None,
+) -> ReadStats:
+    """Check the release against `thinker` and fill every thinker parameter from it (blocking).
 
-    `weight_map` must have passed `check_keys`: its thinker names are the checkpoint's, each one mapped here
-    onto the installed module's state-dict key."""
-    targets = thinker.state_dict(keep_vars=True)
-    installed = {name: key for key, name in checkpoint_names(thinker).items()}
-    by_shard: dict[str, list[str]] = defaultdict(list)
-    for key, shard in weight_map.items():
-        if key.startswith("thinker."):
-            by_shard[shard].append(key)
-    shards = sorted(by_shard)
-    start = time.monotonic()
+    Both expert layouts are accepted (`engine.release_plan`); bytes are read in parallel straight into the
+    parameters (`engine.release_read`). Raises ReleaseError for a missing, unexpected or mis-shaped tensor
+    (named) and for a shard that cannot be read."""
+    targets = thinker_targets(thinker)
+    return _read_thinker(thinker, targets, plan_thinker_reads(targets, weight_map, root), root, options)
+
+
+def _read_thinker(
+    thinker: torch.nn.Module,
+    targets: dict[str, Target],
+    pieces: list[Piece],
+    root: Path,
+    options: ReadOptions | None,
+) -> ReadStats:
+    state = thinker.state_dict(keep_vars=True)
     with torch.no_grad():
-        for i, shard in enumerate(shards, start=1):
-            nbytes = 0
-            with safe_open(str(root / shard), framework="pt") as f:
-                for key in by_shard[shard]:
-                    tensor = f.get_tensor(key)
-                    nbytes += tensor.numel() * tensor.element_size()
-                    targets[installed[key]].copy_(tensor)
-            log.info(
-                "loaded shard %d/%d %s: %d thinker tensors, %.1f MB, %.1fs",
-                i,
-                len(shards),
-                shard,
-                len(by_shard[shard]),
-                nbytes / 1e6,
-                time.monotonic() - start,
-            )
+        try:
+            stats = read_pieces({t.key: state[t.key].data for t in targets.values()}, pieces, root, options)
+        except OSError as exc:
+            raise ReleaseError(f"reading the release failed: {exc}") from exc
+    log.info(
+        "loaded %d thinker tensors (%d pieces) from %d shards: %.2f GB in %.2fs (%.1f GB/s, %d readers), "
+        "peak host RSS %.2f GB",
+        len(targets),
+        len(pieces),
+        len(stats.shards),
+        stats.bytes / 1e9,
+        stats.seconds,
+        stats.gb_per_s,
+        stats.workers,
+        stats.peak_rss_bytes / 1e9,
+    )
+    return stats
 
 
 def load_head(
@@ -187,13 +186,13 @@ def load_head(
     )
     if unexpected:  # first: a head saved under other module names (e.g. our pre-release ones) ends here
         raise ReleaseError(
-            f"joint_head.safetensors: {len(unexpected)} unexpected keys, first {_names(unexpected[:5])}; "
+            f"joint_head.safetensors: {len(unexpected)} unexpected keys, first {names(unexpected[:5])}; "
             f"a released head uses the SPEC section 4 names (hidden_norm, *_projection, evidence_layers.N.*, "
-            f"layers.N.*, residual_scorer.{{0,3}}, ...); missing [{_names(missing)}]"
+            f"layers.N.*, residual_scorer.{{0,3}}, ...); missing [{names(missing)}]"
         )
     if missing or shaped:
         raise ReleaseError(
-            f"joint_head.safetensors: missing [{_names(missing)}], mis-shaped [{_names(shaped)}]"
+            f"joint_head.safetensors: missing [{names(missing)}], mis-shaped [{names(shaped)}]"
         )
     head.load_state_dict(state, strict=True)
     return head.to(dtype=dtype).eval()
@@ -217,22 +216,38 @@ def load_release_model(
     *,
     attn_implementation: str = "sdpa",
     load_processor: bool = True,
+    read_options: ReadOptions | None = None,
 ) -> LoadedModel:
     """Load the thinker (text, vision and audio towers; no talker) and the joint head, in eval mode.
 
-    Blocking (seconds for the tiny release, minutes for the real one). Raises ReleaseError for a missing file
-    or a missing, unexpected (other than talker./code2wav.) or mis-shaped tensor, naming the key.
+    Blocking (seconds for the tiny release; for the full size, about its bytes over the read rate). Raises
+    ReleaseError for a missing file or a missing, unexpected (other than talker./code2wav.) or mis-shaped
+    tensor, naming the key. `phases` of the result times each step; `read` has the read's figures.
     """
     from transformers import PreTrainedTokenizerFast
 
     root = Path(path)
     if not root.is_dir():
         raise ReleaseError(f"release directory not found: {root}")
+    phases: list[tuple[str, float]] = []
+    clock = time.monotonic()
+
+    def phase(name: str) -> None:
+        nonlocal clock
+        now = time.monotonic()
+        phases.append((name, now - clock))
+        clock = now
+
     config = read_config(root)
     weight_map = read_weight_map(root)
+    phase("config")
     thinker = build_thinker(config.thinker_config, device, dtype, attn_implementation)
-    check_keys(expected_tensors(thinker), weight_map, root)
-    load_thinker_weights(thinker, weight_map, root)
+    targets = thinker_targets(thinker)
+    phase("build")
+    pieces = plan_thinker_reads(targets, weight_map, root)
+    phase("plan")
+    stats = _read_thinker(thinker, targets, pieces, root, read_options)
+    phase("read")
     text_config = config.thinker_config.text_config
     head = load_head(root, int(text_config.hidden_size), device, dtype)
     try:
@@ -243,5 +258,7 @@ def load_release_model(
         raise ReleaseError(f"tokenizer has {len(tokenizer)} ids but vocab_size is {text_config.vocab_size}")
     pad = tokenizer.pad_token_id
     model = ClefOmniModel(thinker, head, pad_token_id=int(pad) if pad is not None else 0).eval()
+    phase("head_tokenizer")
     processor = _load_processor(root) if load_processor else None
-    return LoadedModel(model=model, tokenizer=tokenizer, processor=processor, config=config, path=root)
+    phase("processor")
+    return LoadedModel(model, tokenizer, processor, config, root, tuple(phases), stats)

@@ -3,7 +3,9 @@
 `write_tiny_release(path, seed)` produces, deterministically from `seed` (same bytes for the same seed):
     config.json, generation_config.json            Qwen3OmniMoeConfig with thinker, talker, code2wav parts
     model-0000N-of-00004.safetensors + index       thinker.* (text MoE, vision, audio, lm_head), talker.*,
-                                                   code2wav.*; shards 3 and 4 hold only talker/code2wav
+                                                   code2wav.*; shards 3 and 4 hold only talker/code2wav;
+                                                   MoE experts one tensor per expert (`layout="per-expert"`,
+                                                   the published layout) or fused per layer (`"fused"`)
     joint_head.safetensors + joint_head_config.json
     tokenizer.json, tokenizer_config.json, chat_template.jinja   byte-level BPE with the Qwen3-Omni specials
     processor_config.json, preprocessor_config.json              Qwen vision processor + Whisper features
@@ -20,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from safetensors.torch import save_file
@@ -174,7 +176,32 @@ def _random_tensor(name: str, shape: torch.Size, gen: torch.Generator) -> torch.
     return 0.02 * noise if "gate.weight" not in name else 0.5 * noise
 
 
-def _write_shards(root: Path, tensors: dict[str, torch.Tensor]) -> None:
+Layout = Literal["per-expert", "fused"]
+"""How MoE experts are stored (SPEC section 3): one tensor per expert (the published layout) or fused."""
+LAYOUTS: tuple[Layout, ...] = ("per-expert", "fused")
+
+
+def per_expert_tensors(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
+    """A fused expert tensor (`*.mlp.experts.gate_up_proj` [E, 2I, H] or `*.mlp.experts.down_proj`
+    [E, H, I]) as the per-expert tensors of the published layout, or None for any other tensor."""
+    prefix, _, leaf = name.rpartition(".")
+    if tensor.ndim != 3 or not prefix.endswith(".mlp.experts"):
+        return None
+    if leaf == "down_proj":
+        return {f"{prefix}.{e}.down_proj.weight": tensor[e].contiguous() for e in range(tensor.shape[0])}
+    if leaf != "gate_up_proj":
+        return None
+    half = tensor.shape[1] // 2
+    out: dict[str, torch.Tensor] = {}
+    for e in range(tensor.shape[0]):
+        out[f"{prefix}.{e}.gate_proj.weight"] = tensor[e, :half].contiguous()
+        out[f"{prefix}.{e}.up_proj.weight"] = tensor[e, half:].contiguous()
+    return out
+
+
+def _write_shards(root: Path, tensors: dict[str, torch.Tensor], layout: Layout) -> None:
+    """Four shards, assigned on the fused names (so both layouts put every tensor in the same shard):
+    thinker in 1 and 2, talker in 2 (mixed shard) and 3, code2wav in 4."""
     thinker_names = [n for n in tensors if n.startswith("thinker.")]
     other = [n for n in tensors if not n.startswith("thinker.")]
     half = len(thinker_names) // 2
@@ -186,10 +213,14 @@ def _write_shards(root: Path, tensors: dict[str, torch.Tensor]) -> None:
         [n for n in other if n.startswith("code2wav.")],
     ]
     weight_map: dict[str, str] = {}
-    for i, names in enumerate(shards, start=1):
+    for i, shard_names in enumerate(shards, start=1):
         file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file({n: tensors[n] for n in names}, str(root / file), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(names, file))
+        stored: dict[str, torch.Tensor] = {}
+        for n in shard_names:
+            split = per_expert_tensors(n, tensors[n]) if layout == "per-expert" else None
+            stored.update(split if split is not None else {n: tensors[n]})
+        save_file(stored, str(root / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(stored, file))
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
@@ -210,8 +241,15 @@ def release_shapes(config: Any) -> dict[str, torch.Size]:
     return shapes
 
 
-def write_tiny_release(path: str | Path, seed: int = 0, spec: TinyReleaseSpec | None = None) -> Path:
-    """Write the tiny release into `path` (created if needed; existing files overwritten) and return it."""
+def write_tiny_release(
+    path: str | Path, seed: int = 0, spec: TinyReleaseSpec | None = None, layout: Layout = "per-expert"
+) -> Path:
+    """Write the tiny release into `path` (created if needed; existing files overwritten) and return it.
+
+    `layout` stores the MoE experts one tensor per expert (default, as published) or fused; the values are
+    the same either way."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     from transformers import Qwen3OmniMoeConfig
 
     spec = spec or TinyReleaseSpec()
@@ -240,7 +278,7 @@ def write_tiny_release(path: str | Path, seed: int = 0, spec: TinyReleaseSpec | 
     shapes = release_shapes(config)
     gen = torch.Generator().manual_seed(seed)
     tensors = {n: _random_tensor(n, s, gen).to(torch.bfloat16) for n, s in sorted(shapes.items())}
-    _write_shards(root, tensors)
+    _write_shards(root, tensors, layout)
 
     head_config = JointHeadConfig(
         hidden_size=spec.hidden_size,

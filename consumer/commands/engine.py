@@ -36,6 +36,12 @@ def register(commands: Commands) -> None:
     )
     tiny.add_argument("dir", metavar="DIR", type=Path, help="output directory (created if needed)")
     tiny.add_argument("--seed", type=int, default=0, help="random seed; same seed, same bytes (default 0)")
+    tiny.add_argument(
+        "--layout",
+        choices=("per-expert", "fused"),
+        default="per-expert",
+        help="MoE experts one tensor per expert (the published layout, default) or fused per layer",
+    )
     tiny.set_defaults(func=_make_tiny_release)
 
     decide = commands.add_parser("decide", help="Answer SystemOne requests with a Clef release")
@@ -63,7 +69,7 @@ def register(commands: Commands) -> None:
 def _make_tiny_release(args: argparse.Namespace) -> int:
     from engine.tiny import write_tiny_release
 
-    path = write_tiny_release(args.dir, seed=args.seed)
+    path = write_tiny_release(args.dir, seed=args.seed, layout=args.layout)
     for item in path.rglob("*"):  # safetensors writes 0600; a container's other uid must read the release
         item.chmod(0o755 if item.is_dir() else 0o644)
     print(str(path))

@@ -1,4 +1,5 @@
-"""Every fixture case through the engine on CPU in float32, against the vendor's reference runtime.
+"""Every fixture case through the engine on CPU in float32, against the vendor's reference runtime, on both
+of the fixture's release layouts (`release/` fused experts, `release-per-expert/` one tensor per expert).
 
 Per case (README.md in this directory): the exact input_ids, each raw option probability within 2e-4, a
 refusal (a client error with a message) where the reference refuses, and the response fields the README lists.
@@ -8,24 +9,32 @@ CLEF_CONFORMANCE_REPORT=path to also write it as JSON. Runs under every supporte
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 import torch
-from conformance_support import RELEASE, Case, Outcome, load_cases, run_case
+from conformance_support import FIXTURE, RELEASE, Case, Outcome, load_cases, run_case
 
 from engine.release import load_release_model
 from engine.runner import Engine
 
 CASES = load_cases()
+LAYOUTS = {"fused": RELEASE, "per-expert": FIXTURE / "release-per-expert"}
+"""The same weights in the two expert layouts a release may use (README.md); the answers must not differ."""
 OUTCOMES: dict[str, Outcome] = {}
-"""Filled as the cases run; read by conftest.py's terminal summary."""
+"""Filled as the cases run, keyed `layout/case`; read by conftest.py's terminal summary."""
+
+
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def layout(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def engine() -> Engine:
-    return Engine.from_release(RELEASE, device="cpu", dtype="float32")
+def engine(layout: str) -> Engine:
+    return Engine.from_release(LAYOUTS[layout], device="cpu", dtype="float32")
 
 
 def test_fixture_is_complete() -> None:
@@ -36,19 +45,33 @@ def test_fixture_is_complete() -> None:
     assert len(index["weight_map"]) == 109 + 197  # thinker, then talker + code2wav
 
 
-def test_fixture_release_loads_strictly() -> None:
-    loaded = load_release_model(RELEASE, device="cpu", dtype=torch.float32, load_processor=False)
-    assert loaded.model.head.config.width == 32
+def test_per_expert_fixture_stores_every_expert_alone() -> None:
+    index = json.loads((LAYOUTS["per-expert"] / "model.safetensors.index.json").read_text(encoding="utf-8"))
+    names = index["weight_map"]
+    assert not any(k.endswith(("experts.gate_up_proj", "experts.down_proj")) for k in names)
+    assert "thinker.model.layers.1.mlp.experts.3.up_proj.weight" in names
+
+
+def test_layouts_load_to_identical_parameters() -> None:
+    fused, per_expert = (
+        load_release_model(LAYOUTS[k], device="cpu", dtype=torch.float32, load_processor=False).model
+        for k in ("fused", "per-expert")
+    )
+    assert fused.head.config.width == 32
+    theirs = per_expert.thinker.state_dict()
+    for key, value in fused.thinker.state_dict().items():
+        assert torch.equal(value, theirs[key]), key
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_case(engine: Engine, case: Case) -> None:
+def test_case(engine: Engine, layout: str, case: Case) -> None:
+    key = f"{layout}/{case.name}"
     try:
         outcome = run_case(engine, case)
     except Exception as exc:  # recorded for the table, then reported by pytest as it is
-        OUTCOMES[case.name] = Outcome(case.name, problems=[f"crashed: {type(exc).__name__}: {exc}"])
+        OUTCOMES[key] = Outcome(key, problems=[f"crashed: {type(exc).__name__}: {exc}"])
         raise
-    OUTCOMES[case.name] = outcome
+    OUTCOMES[key] = dataclasses.replace(outcome, name=key)
     assert not outcome.problems, f"{case.name}:\n  " + "\n  ".join(outcome.problems)
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -12,8 +14,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-import engine.release as release
+import engine.release_read as release_read
 from engine.release import LoadedModel, ReleaseError, load_release_model
+from engine.release_read import ReadOptions
+from engine.tiny import write_tiny_release
 
 INDEX = "model.safetensors.index.json"
 
@@ -98,42 +102,157 @@ def test_talker_and_code2wav_bytes_never_read(
     raw = bytearray(mixed.read_bytes())
     header_len = int.from_bytes(raw[:8], "little")
     header = json.loads(raw[8 : 8 + header_len])
-    talker = [k for k in header if k.startswith("talker.")]
+    talker = [
+        (8 + header_len + v["data_offsets"][0], 8 + header_len + v["data_offsets"][1])
+        for k, v in header.items()
+        if k.startswith("talker.")
+    ]
     assert talker
-    for key in talker:
-        begin, end = header[key]["data_offsets"]
-        raw[8 + header_len + begin : 8 + header_len + end] = b"\xff" * (end - begin)
+    for begin, end in talker:
+        raw[begin:end] = b"\xff" * (end - begin)
     mixed.write_bytes(bytes(raw))
-    # Every tensor access goes through a recording wrapper.
-    touched: list[str] = []
-    real_open = release.safe_open
+    # Every data read goes through a recording wrapper of os.preadv.
+    reads: list[tuple[int, int, int]] = []
+    real_preadv = os.preadv
 
-    class Recording:
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            self._cm = real_open(*args, **kwargs)
+    def recording(fd: int, buffers: list[memoryview], offset: int) -> int:
+        n = real_preadv(fd, buffers, offset)
+        reads.append((os.fstat(fd).st_ino, offset, offset + n))
+        return n
 
-        def __enter__(self) -> Recording:
-            self._f = self._cm.__enter__()
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            self._cm.__exit__(*exc)
-
-        def keys(self) -> list[str]:
-            return list(self._f.keys())
-
-        def get_slice(self, key: str) -> Any:
-            touched.append(key)
-            return self._f.get_slice(key)
-
-        def get_tensor(self, key: str) -> torch.Tensor:
-            touched.append(key)
-            return self._f.get_tensor(key)
-
-    monkeypatch.setattr(release, "safe_open", Recording)
+    monkeypatch.setattr(release_read.os, "preadv", recording)
     fresh = _load(root)
-    assert touched
-    assert all(k.startswith("thinker.") for k in touched)
-    reference = loaded.model.thinker.state_dict()
-    for name, value in fresh.model.thinker.state_dict().items():
-        assert torch.equal(value, reference[name]), name
+    assert reads
+    mixed_inode = mixed.stat().st_ino
+    for inode, begin, end in reads:
+        if inode == mixed_inode:
+            assert all(end <= t0 or begin >= t1 for t0, t1 in talker), (begin, end)
+    _assert_same_thinker(fresh, loaded)
+
+
+def _assert_same_thinker(a: LoadedModel, b: LoadedModel) -> None:
+    theirs = b.model.thinker.state_dict()
+    for name, value in a.model.thinker.state_dict().items():
+        assert torch.equal(value, theirs[name]), name
+
+
+def _shard_of(root: Path, key: str) -> Path:
+    return root / json.loads((root / INDEX).read_text())["weight_map"][key]
+
+
+def test_fused_and_per_expert_layouts_load_the_same(
+    tiny_release: Path, tmp_path: Path, loaded: LoadedModel
+) -> None:
+    fused = write_tiny_release(tmp_path / "fused", seed=0, layout="fused")
+    names = json.loads((fused / INDEX).read_text())["weight_map"]
+    assert "thinker.model.layers.0.mlp.experts.gate_up_proj" in names
+    assert "thinker.model.layers.0.mlp.experts.0.gate_proj.weight" not in names
+    _assert_same_thinker(_load(fused), loaded)
+
+
+def test_fused_experts_are_gate_then_up(loaded: LoadedModel, tiny_release: Path) -> None:
+    """gate_up_proj[E] = cat(gate, up) on the output dim, down_proj[E] = down (SPEC section 3)."""
+    prefix = "thinker.model.layers.1.mlp.experts"
+    with safe_open(str(_shard_of(tiny_release, f"{prefix}.2.gate_proj.weight")), framework="pt") as f:
+        gate, up, down = (
+            f.get_tensor(f"{prefix}.2.{p}.weight").float() for p in ("gate_proj", "up_proj", "down_proj")
+        )
+    experts = loaded.model.text_model.layers[1].mlp.experts
+    assert torch.equal(experts.gate_up_proj[2], torch.cat([gate, up]))
+    assert torch.equal(experts.down_proj[2], down)
+
+
+def test_experts_spread_over_shards_load(tiny_release: Path, tmp_path: Path, loaded: LoadedModel) -> None:
+    """One layer's experts in three shards: expert 1 of layer 0 moved out of its shard into a new one."""
+    root = _copy(tiny_release, tmp_path / "r")
+    moved = [
+        f"thinker.model.layers.0.mlp.experts.1.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")
+    ]
+    shard = _shard_of(root, moved[0])
+    tensors = load_file(str(shard))
+    save_file({k: tensors.pop(k) for k in moved}, str(root / "model-extra.safetensors"))
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    _edit_index(root, lambda m: m.update(dict.fromkeys(moved, "model-extra.safetensors")))
+    _assert_same_thinker(_load(root), loaded)
+
+
+def test_fused_release_missing_an_expert_tensor_is_refused(tmp_path: Path) -> None:
+    root = write_tiny_release(tmp_path / "fused", seed=0, layout="fused")
+    _edit_index(root, lambda m: m.pop("thinker.model.layers.1.mlp.experts.down_proj"))
+    with pytest.raises(
+        ReleaseError, match=r"missing thinker tensors: thinker\.model\.layers\.1\.mlp\.experts\.down_proj"
+    ):
+        _load(root)
+
+
+def test_per_expert_release_missing_one_expert_is_refused(tiny_release: Path, tmp_path: Path) -> None:
+    root = _copy(tiny_release, tmp_path / "r")
+    key = "thinker.model.layers.0.mlp.experts.3.up_proj.weight"
+    _edit_index(root, lambda m: m.pop(key))
+    with pytest.raises(ReleaseError, match=f"missing thinker tensors: {re.escape(key)}$"):
+        _load(root)
+
+
+def test_both_layouts_for_one_layer_are_refused(tiny_release: Path, tmp_path: Path) -> None:
+    root = _copy(tiny_release, tmp_path / "r")
+    fused = write_tiny_release(tmp_path / "fused", seed=0, layout="fused")
+    key = "thinker.model.layers.0.mlp.experts.down_proj"
+    shutil.copy(_shard_of(fused, key), root / "model-fused.safetensors")
+    _edit_index(root, lambda m: m.__setitem__(key, "model-fused.safetensors"))
+    with pytest.raises(
+        ReleaseError, match=r"unexpected tensors: thinker\.model\.layers\.0\.mlp\.experts\.0\.down_proj"
+    ):
+        _load(root)
+
+
+def test_misshaped_per_expert_tensor_is_refused(tiny_release: Path, tmp_path: Path) -> None:
+    root = _copy(tiny_release, tmp_path / "r")
+    key = "thinker.model.layers.1.mlp.experts.0.gate_proj.weight"
+    shard = _shard_of(root, key)
+    tensors = load_file(str(shard))
+    tensors[key] = tensors[key][:, :-1].contiguous()
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    with pytest.raises(ReleaseError, match=f"mis-shaped thinker tensors: {re.escape(key)}: release"):
+        _load(root)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_float32_release_loads_in_either_dtype(
+    tiny_release: Path, tmp_path: Path, dtype: torch.dtype
+) -> None:
+    """A release stored in float32 (the tiny one is bf16) loads; values equal the bf16 ones, cast."""
+    root = _copy(tiny_release, tmp_path / "r")
+    for shard in sorted(root.glob("model-*.safetensors")):
+        save_file(
+            {k: v.float() for k, v in load_file(str(shard)).items()}, str(shard), metadata={"format": "pt"}
+        )
+    fresh = load_release_model(root, device="cpu", dtype=dtype, load_processor=False)
+    reference = load_release_model(tiny_release, device="cpu", dtype=dtype, load_processor=False)
+    _assert_same_thinker(fresh, reference)
+
+
+def test_small_chunks_and_many_readers_give_the_same_weights(tiny_release: Path, loaded: LoadedModel) -> None:
+    """Pieces cut across chunks of 1,000 bytes, read by 5 threads, land exactly where whole reads do."""
+    fresh = load_release_model(
+        tiny_release,
+        device="cpu",
+        dtype=torch.float32,
+        load_processor=False,
+        read_options=ReadOptions(workers=5, chunk_bytes=1000, depth=3),
+    )
+    assert fresh.read is not None
+    assert fresh.read.workers == 5
+    assert fresh.read.bytes == sum(v.numel() * 2 for v in loaded.model.thinker.state_dict().values())
+    assert [name for name, _ in fresh.phases][:4] == ["config", "build", "plan", "read"]
+    _assert_same_thinker(fresh, loaded)
+
+
+def test_truncated_shard_is_refused_naming_it(tiny_release: Path, tmp_path: Path) -> None:
+    root = _copy(tiny_release, tmp_path / "r")
+    shard = root / "model-00001-of-00004.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-10])
+    with pytest.raises(
+        ReleaseError,
+        match=r"shard model-00001-of-00004\.safetensors: unreadable safetensors header .*past the end",
+    ):
+        _load(root)

@@ -22,6 +22,7 @@ from engine.release import LoadedModel, ReleaseError, load_release_model
 from engine.thinker import CHECKPOINT_PARTS, checkpoint_names, part_paths, text_model
 
 FIXTURE = Path(__file__).resolve().parents[2] / "conformance" / "release"
+PER_EXPERT_FIXTURE = FIXTURE.parent / "release-per-expert"
 INDEX = "model.safetensors.index.json"
 
 
@@ -43,7 +44,8 @@ def fixture_model() -> LoadedModel:
 
 
 def test_tiny_release_has_the_fixture_names_and_shapes(tiny_release: Path) -> None:
-    ours, theirs = _shapes(tiny_release), _shapes(FIXTURE)
+    """The default tiny release is in the published layout: the per-expert fixture's names and shapes."""
+    ours, theirs = _shapes(tiny_release), _shapes(PER_EXPERT_FIXTURE)
     assert sorted(set(ours) - set(theirs)) == []
     assert sorted(set(theirs) - set(ours)) == []
     assert {k for k in ours if ours[k] != theirs[k]} == set()
@@ -150,10 +152,16 @@ def test_head_loads_the_fixture_values(fixture_model: LoadedModel) -> None:
         assert torch.equal(loaded[key], value.float()), key
 
 
-def test_tiny_release_seed_0_is_the_fixture(tiny_release: Path) -> None:
-    """The vendor built the fixture with this writer (seed 0): every file matches byte for byte, config.json
-    up to the transformers version that wrote it."""
-    for file in sorted(FIXTURE.iterdir()):
+@pytest.mark.parametrize("layout", ["per-expert", "fused"])
+def test_tiny_release_seed_0_is_the_fixture(tiny_release: Path, tmp_path: Path, layout: str) -> None:
+    """The vendor built both fixture layouts with this writer (seed 0): every file matches byte for byte,
+    config.json up to the transformers version that wrote it."""
+    from engine.tiny import write_tiny_release
+
+    fixture = PER_EXPERT_FIXTURE if layout == "per-expert" else FIXTURE
+    if layout == "fused":
+        tiny_release = write_tiny_release(tmp_path / "fused", seed=0, layout="fused")
+    for file in sorted(fixture.iterdir()):
         ours = (tiny_release / file.name).read_bytes()
         if file.name == "config.json":
             mine, theirs = json.loads(ours), json.loads(file.read_bytes())
