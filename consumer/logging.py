@@ -32,6 +32,8 @@ def configure_logging(level: str = "info", *, json: bool = True) -> None:
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr, format="%(name)s %(message)s")
+    # the engine's start-up progress (release shards read, GB/s, fast path and graphs) at the service's level
+    logging.getLogger("engine").setLevel(numeric)
 
 
 def get_logger(name: str) -> Any:

@@ -6,6 +6,8 @@ the thinker's `lm_head` is never applied, its weight rows are the head's lexical
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +25,8 @@ from engine.thinker import part_paths
 from engine.types import EncodedRequest
 
 _VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
+
+log = logging.getLogger(__name__)
 
 
 _HEAD_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -65,17 +69,27 @@ class ClefOmniModel(nn.Module):
         """
         if self.device.type != "cuda" or not varlen_available():
             return False
+        start = time.monotonic()
         if self._fast is None:  # built once: it holds fused QKV copies of the attention weights
             self._fast = PackedTextDecoder(self.text_model)
         self._fast.use_fp8_experts(fp8_experts)
         self._fast.fused_experts = fused_experts
         self._fast.triton_attention = triton_attention
+        built = time.monotonic()
         self._graphed = (
             GraphedDecoder(self._fast, graph_buckets, max_graph_records) if graph_buckets else None
         )
+        graphs = 0
         if self._graphed is not None:
             weight: torch.Tensor = self.text_model.embed_tokens.weight
-            self._graphed.capture_all(weight.shape[1], weight.dtype, weight.device)
+            graphs = self._graphed.capture_all(weight.shape[1], weight.dtype, weight.device)
+        log.info(
+            "fast path built in %.2fs (fp8 experts %s); %d CUDA graphs captured and replayed in %.2fs",
+            built - start,
+            fp8_experts,
+            graphs,
+            time.monotonic() - built,
+        )
         return True
 
     @property

@@ -181,6 +181,7 @@ class Engine:
         cfg = config if config is not None else EngineConfig()
         cfg = replace(cfg, device=device or cfg.device, dtype=dtype or cfg.dtype)
         loaded = load_release_model(path, device=cfg.device, dtype=cfg.torch_dtype)
+        log.info("release loaded from %s: %s", path, ", ".join(f"{k} {v:.2f}s" for k, v in loaded.phases))
         hook: MediaHook | None = None
         try:
             processors = MediaProcessors.from_release(path)

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Dev tool (not part of the product): the start-up benchmark on the GPU machine, in one device call.
+#
+#   device tool:  command  bash scripts/device-startup.sh [loads|restart]     carry  [".carry"]
+#
+# Needs .carry/ built by scripts/device-carry.sh (JRE, broker jars, wheels; see device-e2e.sh). Writes the
+# full-size random release in the published layout (`python -m bench.startup write`) to /dev/shm when it
+# has room, else to /tmp, then:
+#   loads    (default) the loader's GPU tests; three loads in fresh processes (engine.release twice with
+#            8 and 16 readers, the old one-tensor-at-a-time read once); `clef-router serve` from spawn to
+#            /readyz and its first answers, with a cold Triton cache and then warm
+#   restart  `clef-router run` with a 3,000-event backlog, kill -9, restart (warm Triton cache first)
+# Results: $OUT/startup.jsonl (one JSON line per step) and each step's stderr tail in $OUT/*.log.
+# The release is removed at the end, also on Ctrl-C.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+what="${1:-loads}"
+tmp="${DEVICE_STARTUP_TMP:-/tmp/clef-startup}"
+out="${OUT:-$repo/bench-out/startup}"
+began=$SECONDS
+[[ -f .carry/jre.tar.xz ]] || { echo "device-startup: no .carry/ (run scripts/device-carry.sh)" >&2; exit 1; }
+
+need_gb=70
+shm_gb=$(df -BG --output=avail /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9 || echo 0)
+if (( ${shm_gb:-0} >= need_gb )); then release=/dev/shm/clef-fullsize; else release="$tmp/release"; fi
+cleanup() { rm -rf "$release" "$tmp"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+rm -rf "$tmp"
+mkdir -p "$tmp/cache" "$out"
+tar -C "$tmp" -xJf .carry/jre.tar.xz
+tar -C "$tmp/cache" -xJf .carry/kafka-*.tar.xz
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$tmp/site" .carry/whl/*.whl
+export PYTHONPATH="$tmp/site${PYTHONPATH:+:$PYTHONPATH}" CLEF_CACHE_DIR="$tmp/cache" PATH="$tmp/jre/bin:$PATH"
+export PYTHONUNBUFFERED=1
+{
+    echo "device-startup: $what; unpacked in $((SECONDS - began)) s; release in $release (/dev/shm free ${shm_gb} GB)"
+    nvidia-smi --query-gpu=name,memory.used,clocks.sm,power.draw --format=csv,noheader || true
+    df -h /dev/shm /tmp | sed 's/^/  /'
+    free -g | sed 's/^/  /'
+    nproc
+} 2>&1 | tee "$out/machine.txt" >&2
+
+step() {  # step NAME TIMEOUT ARGS...: one bench.startup command, its stderr tail kept in $OUT/NAME.log
+    local name=$1 limit=$2 rc=0
+    shift 2
+    timeout -k 10 "$limit" python3 -m bench.startup "$@" --out "$out" --label "$name" 2>"$tmp/$name.err" || rc=$?
+    tail -c 400000 "$tmp/$name.err" >"$out/$name.log"
+    echo "device-startup: $name exit $rc at $((SECONDS - began)) s" >&2
+    tail -n 3 "$tmp/$name.err" >&2
+}
+
+if [[ $what == loads ]]; then
+    timeout -k 10 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_release_gpu.py \
+        >"$out/gpu-tests.log" 2>&1 || echo "device-startup: GPU tests FAILED" >&2
+    tail -n 3 "$out/gpu-tests.log" >&2
+fi
+step write 240 write --release "$release"
+if [[ $what == loads ]]; then
+    step load-8 90 load --release "$release" --workers 8
+    step load-16 90 load --release "$release" --workers 16
+    step load-legacy 150 load --release "$release" --legacy
+    step serve-cold 150 serve --release "$release" --triton-cache "$tmp/triton"
+    step serve-warm 120 serve --release "$release" --triton-cache "$tmp/triton"
+else
+    step serve-warmup 150 serve --release "$release" --triton-cache "$tmp/triton"
+    step restart 330 restart --release "$release" --triton-cache "$tmp/triton" --backlog 3000
+fi
+echo "device-startup: done in $((SECONDS - began)) s" >&2
