@@ -7,6 +7,8 @@ Subcommands (each prints JSON lines; `all` runs them in order and writes them un
                               (one tensor at a time with `safe_open` into pageable memory, then a copy)
     serve   --release DIR     process start of `clef-router serve` to `/readyz` 200 and to the first answer,
                               with the service's own start-up lines as a timeline (seconds since spawn)
+    engine  --release DIR     the engine bench's stream and one-request rows, engine from the release vs built
+                              on the GPU (same process)
     restart --release DIR     `clef-router run` against a local broker with a backlog; kill -9 mid-stream,
                               start it again, and time until decisions flow again; the ledger (sent, decided,
                               lost, duplicates) at the end
@@ -118,6 +120,42 @@ def load_cmd(args: argparse.Namespace) -> dict[str, Any]:
     return record
 
 
+def engine_cmd(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine bench's two headline rows (512-token stream at budget 65,536; one 800-token request) on
+    the engine loaded from the release and on `bench.workload`'s engine built on the GPU, in this process
+    one after the other: loading from disk must not change the speed."""
+    import gc
+    import random
+
+    import torch
+
+    from bench.engine import latency, stream
+    from bench.workload import build_engine, make_request
+    from engine.runner import Engine, EngineConfig
+
+    config = EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=65_536, max_batch_records=256)
+    rows: dict[str, Any] = {}
+    for name in ("release", "gpu_random", "release_again"):
+        engine = (
+            Engine.from_release(args.release, config=config) if name != "gpu_random" else build_engine(config)
+        )
+        rng = random.Random(0)
+        reqs = [make_request(rng, engine, 512) for _ in range(384)]
+        one = make_request(rng, engine, 800)
+        stream(engine, reqs[:64], 32_768, 256)  # warm-up
+        tput = stream(engine, reqs, 65_536, 256)
+        rows[name] = {
+            "stream_tok_s": round(tput.get("tok_s", 0.0)),
+            "stream": {k: round(v, 2) for k, v in tput.items()},
+            "one_800_ms": {k: round(v, 2) for k, v in latency(engine, one, 20).items()},
+        }
+        print(json.dumps({name: rows[name]}), file=sys.stderr, flush=True)
+        del engine
+        gc.collect()
+        torch.cuda.empty_cache()
+    return {"what": "engine", **rows}
+
+
 def storage(path: Path) -> str:
     """The filesystem type holding `path` (from /proc/mounts: the longest mount point that contains it)."""
     best, kind = "", "unknown"
@@ -131,7 +169,7 @@ def storage(path: Path) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.startup", description=__doc__.split("\n")[0])
-    p.add_argument("what", choices=("write", "load", "serve", "restart"))
+    p.add_argument("what", choices=("write", "load", "serve", "restart", "engine"))
     p.add_argument("--release", type=Path, required=True, help="release directory")
     p.add_argument("--out", type=Path, help="append the JSON lines to OUT/startup.jsonl")
     p.add_argument("--legacy", action="store_true", help="load: the old one-tensor-at-a-time read")
@@ -148,9 +186,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--timeout-s", type=float, default=300.0, help="serve/restart: give up after this long")
     args = p.parse_args(argv)
+    from bench.e2e import install_av_placeholder
+
+    install_av_placeholder()  # the engine imports PyAV; the H200 machine has none (no media here)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-    commands = {"write": write_cmd, "load": load_cmd, "serve": serve_run, "restart": restart_run}
+    commands = {
+        "write": write_cmd,
+        "load": load_cmd,
+        "serve": serve_run,
+        "restart": restart_run,
+        "engine": engine_cmd,
+    }
     record = commands[args.what](args)
     record.update(label=args.label, storage=storage(args.release) if args.release.exists() else "")
     emit(record, args.out)

@@ -376,9 +376,8 @@ class GraphedDecoder:
             self._pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self.decoder(inputs)
+        with torch.cuda.stream(side):  # one eager run first: lazy library set-up and Triton compiles
+            self.decoder(inputs)
         torch.cuda.current_stream().wait_stream(side)
         # One graph per piece of the layer range, captured (and replayed) in order in the shared pool: a
         # piece's state tensors are the next one's inputs.

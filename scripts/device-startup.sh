@@ -9,7 +9,9 @@
 #   loads    (default) the loader's GPU tests; three loads in fresh processes (engine.release twice with
 #            8 and 16 readers, the old one-tensor-at-a-time read once); `clef-router serve` from spawn to
 #            /readyz and its first answers, with a cold Triton cache and then warm
-#   restart  `clef-router run` with a 3,000-event backlog, kill -9, restart (warm Triton cache first)
+#   restart  where the import time goes (python -X importtime), `clef-router serve` cold and warm, then
+#            `clef-router run` with a 3,000-event backlog, kill -9, restart; the engine bench's two headline
+#            rows on the engine from the release and on one built on the GPU (same process)
 # Results: $OUT/startup.jsonl (one JSON line per step) and each step's stderr tail in $OUT/*.log.
 # The release is removed at the end, also on Ctrl-C.
 set -euo pipefail
@@ -54,8 +56,10 @@ step() {  # step NAME TIMEOUT ARGS...: one bench.startup command, its stderr tai
 }
 
 if [[ $what == loads ]]; then
-    timeout -k 10 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_release_gpu.py \
-        >"$out/gpu-tests.log" 2>&1 || echo "device-startup: GPU tests FAILED" >&2
+    # PyAV is missing there: bench.e2e's placeholder stands in (these tests read no media)
+    timeout -k 10 120 python3 -c 'import sys, pytest; from bench.e2e import install_av_placeholder
+install_av_placeholder(); sys.exit(pytest.main(sys.argv[1:]))' -q -m gpu -p no:cacheprovider \
+        tests/gpu/test_release_gpu.py >"$out/gpu-tests.log" 2>&1 || echo "device-startup: GPU tests FAILED" >&2
     tail -n 3 "$out/gpu-tests.log" >&2
 fi
 step write 240 write --release "$release"
@@ -66,7 +70,12 @@ if [[ $what == loads ]]; then
     step serve-cold 150 serve --release "$release" --triton-cache "$tmp/triton"
     step serve-warm 120 serve --release "$release" --triton-cache "$tmp/triton"
 else
-    step serve-warmup 150 serve --release "$release" --triton-cache "$tmp/triton"
-    step restart 330 restart --release "$release" --triton-cache "$tmp/triton" --backlog 3000
+    python3 -X importtime -c 'import torch; from transformers import Qwen3OmniMoeConfig' 2>"$tmp/imp.txt" || true
+    sort -t'|' -k2 -n -r "$tmp/imp.txt" | head -40 >"$out/importtime.txt"
+    head -8 "$out/importtime.txt" >&2
+    step serve-cold 150 serve --release "$release" --triton-cache "$tmp/triton"
+    step serve-warm 100 serve --release "$release" --triton-cache "$tmp/triton"
+    step restart 200 restart --release "$release" --triton-cache "$tmp/triton" --backlog 3000
+    step engine 150 engine --release "$release"
 fi
 echo "device-startup: done in $((SECONDS - began)) s" >&2
