@@ -20,7 +20,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,13 +103,17 @@ def _random(name: str, shape: torch.Size, device: torch.device, gen: torch.Gener
     return t.cpu()
 
 
-def _stored(name: str, value: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
-    split = per_expert_tensors(name, value)
-    yield from (split.items() if split is not None else [(name, value)])
+def stored_shapes(shapes: Mapping[str, torch.Size]) -> dict[str, torch.Size]:
+    """Release tensor shapes in the published layout: each fused expert tensor as its per-expert ones."""
+    out: dict[str, torch.Size] = {}
+    for name, shape in shapes.items():
+        split = per_expert_tensors(name, torch.empty(shape, device="meta"))
+        out.update({k: v.shape for k, v in split.items()} if split is not None else {name: shape})
+    return out
 
 
 def _plan_shards(shapes: Mapping[str, torch.Size], shard_bytes: int) -> list[list[str]]:
-    """Fused-layout names cut into shards of about `shard_bytes` in `_order` (experts split afterwards)."""
+    """Stored names cut into shards of about `shard_bytes` in `_order` (a layer may straddle two)."""
     shards: list[list[str]] = [[]]
     size = 0
     for name in sorted(shapes, key=_order):
@@ -152,7 +156,7 @@ def write_fullsize_release(
         generation = (tiny / "generation_config.json").read_bytes()
     config.save_pretrained(str(root))
     (root / "generation_config.json").write_bytes(generation)
-    shapes = release_shapes(config)
+    shapes = stored_shapes(release_shapes(config))
     plan = _plan_shards(shapes, shard_bytes)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     lock = threading.Lock()
@@ -162,9 +166,7 @@ def write_fullsize_release(
     def write(index: int, names: list[str]) -> None:
         gen = torch.Generator(device=device).manual_seed(seed * 1000 + index)
         file = f"model-{index:05d}-of-{len(plan):05d}.safetensors"
-        tensors: dict[str, torch.Tensor] = {}
-        for name in names:
-            tensors.update(_stored(name, _random(name, shapes[name], device, gen)))
+        tensors = {name: _random(name, shapes[name], device, gen) for name in names}
         save_file(tensors, str(root / file), metadata={"format": "pt"})
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         thinker = sum(t.numel() * t.element_size() for k, t in tensors.items() if k.startswith("thinker."))

@@ -173,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--release", type=Path, required=True, help="release directory")
     p.add_argument("--out", type=Path, help="append the JSON lines to OUT/startup.jsonl")
     p.add_argument("--legacy", action="store_true", help="load: the old one-tensor-at-a-time read")
-    p.add_argument("--workers", type=int, default=8, help="load: reader threads")
+    p.add_argument("--workers", type=int, default=16, help="load: reader threads")
     p.add_argument("--chunk-mb", type=int, default=64, help="load: buffer size per read")
     p.add_argument("--triton-cache", type=Path, help="serve/restart: TRITON_CACHE_DIR of the service")
     p.add_argument(

@@ -71,8 +71,8 @@ if [[ $what == loads ]]; then
     step serve-warm 120 serve --release "$release" --triton-cache "$tmp/triton"
 else
     python3 -X importtime -c 'import torch; from transformers import Qwen3OmniMoeConfig' 2>"$tmp/imp.txt" || true
-    sort -t'|' -k2 -n -r "$tmp/imp.txt" | head -40 >"$out/importtime.txt"
-    head -8 "$out/importtime.txt" >&2
+    sort -t'|' -k2 -n -r "$tmp/imp.txt" >"$tmp/imp-sorted.txt" || true
+    head -n 40 "$tmp/imp-sorted.txt" >"$out/importtime.txt" || true
     step serve-cold 150 serve --release "$release" --triton-cache "$tmp/triton"
     step serve-warm 100 serve --release "$release" --triton-cache "$tmp/triton"
     step restart 200 restart --release "$release" --triton-cache "$tmp/triton" --backlog 3000
