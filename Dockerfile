@@ -2,11 +2,14 @@
 # (nvidia-* packages): CUDA is in the image once. The same image runs on a GPU host (needs an NVIDIA driver
 # recent enough for CUDA 13 and the NVIDIA Container Toolkit) and on the CPU (docker-compose.yml's demo).
 #   docker build -t clef-router .
-# Size, estimated from the same pinned packages in the set-up virtualenv (5.2 GB there: 2.7 GB CUDA
-# libraries, 1.2 GB torch, 0.6 GB triton, the rest well under 0.5 GB) plus the slim base: about 5.3 GB
-# uncompressed. The image was not built here (no Docker daemon); `docker image ls` shows the real figure.
+# `docker images` showed 5.5GB for it (built by scripts/compose-smoke.sh on its debootstrap base).
+# A CPU-only image for the demo profile (torch without the CUDA libraries), from PyTorch's CPU wheel index,
+# whose address (pytorch.org's install page lists it) you pass in:
+#   docker build --build-arg TORCH_VARIANT=cpu --build-arg TORCH_INDEX_URL=<PyTorch CPU wheel index> -t clef-router:cpu .
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE}
+ARG TORCH_VARIANT=cuda
+ARG TORCH_INDEX_URL=
 
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -21,7 +24,13 @@ RUN apt-get update \
 WORKDIR /src
 # the large pinned dependencies first, in their own layer, so code changes do not reinstall torch
 COPY constraints.txt ./
-RUN pip install -c constraints.txt torch transformers
+RUN case "$TORCH_VARIANT" in \
+        cuda) ;; \
+        cpu) [ -n "$TORCH_INDEX_URL" ] || { echo "TORCH_VARIANT=cpu needs TORCH_INDEX_URL (PyTorch's CPU wheel index)" >&2; exit 2; }; \
+             pip install -c constraints.txt --index-url "$TORCH_INDEX_URL" torch ;; \
+        *) echo "TORCH_VARIANT must be cuda or cpu, not '$TORCH_VARIANT'" >&2; exit 2 ;; \
+    esac \
+    && pip install -c constraints.txt torch transformers
 COPY pyproject.toml README.md ./
 COPY schemas ./schemas
 COPY engine ./engine

@@ -2,7 +2,8 @@
 
 Routes: `POST /v1/systemone` (answered by the backend's shared batcher, so HTTP and Kafka requests share GPU
 batches), `GET /v1/models` (Jev's `{"models": [...]}`; `jev-latest` is listed as an alias), `GET /healthz`
-(progress watchdog), `GET /readyz`, `GET /metrics`, `GET /openapi.json` and `GET /docs`. GET routes also
+(progress watchdog), `GET /readyz`, `GET /metrics`, `GET /openapi.json` and `GET /docs` (Swagger UI with its
+assets served here, `consumer.http_docs`: it works offline). GET routes also
 answer HEAD (the server sends no body). Optional Bearer keys protect `/v1/*`.
 
 Errors (SPEC sections 2 and 8; shapes in `consumer.http_errors`): validation failures, a body that is
@@ -27,6 +28,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 
 from consumer.http_body import BodyError, read_body
+from consumer.http_docs import install_docs
 from consumer.http_errors import ApiError, install_error_handlers
 from consumer.http_middleware import RequestContext
 from consumer.logging import get_logger
@@ -184,9 +186,11 @@ def create_app(settings: HttpSettings, backend: Backend, metrics: Metrics, model
         title="clef-router SystemOne API",
         version="1",
         description="SystemOne decisions (noul, choice, score) by the Clef-omni model; Jev-compatible.",
+        docs_url=None,  # `consumer.http_docs` serves /docs and its assets itself (offline)
         redoc_url=None,
         swagger_ui_oauth2_redirect_url=None,
     )
+    install_docs(app)
     auth_codes = [401] if api.keys else []
     app.add_api_route(
         "/v1/systemone",

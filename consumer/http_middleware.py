@@ -26,6 +26,14 @@ REQUEST_ID_HEADER = b"x-typesafe-request-id"
 KNOWN_PATHS = frozenset(
     {"/v1/systemone", "/v1/models", "/healthz", "/readyz", "/metrics", "/openapi.json", "/docs"}
 )
+DOCS_ASSETS_PREFIX = "/docs/assets/"  # counted as one path label, whatever the file
+
+
+def _path_label(path: str) -> str:
+    """The metrics label of a request path: a known route, `/docs/assets`, or `other` (bounded set)."""
+    if path in KNOWN_PATHS:
+        return path
+    return DOCS_ASSETS_PREFIX.rstrip("/") if path.startswith(DOCS_ASSETS_PREFIX) else "other"
 
 
 def new_request_id() -> str:
@@ -61,6 +69,6 @@ class RequestContext:
         finally:
             path = scope.get("path", "")
             self._metrics.http_requests.labels(
-                path=path if path in KNOWN_PATHS else "other", status=str(status)
+                path=_path_label(path), status=str(status)
             ).inc()
             self._metrics.http_seconds.observe(time.perf_counter() - started)

@@ -5,8 +5,11 @@ The broker used by the integration tests and by ``clef-router kafka-local`` is t
 Kafka's POM leaves out on purpose. Maven resolves the whole runtime closure from one throw-away POM.
 
 Cache layout: ``${CLEF_CACHE_DIR:-~/.cache/clef-router}/kafka-<version>/`` holds every jar in one folder
-and a ``COMPLETE`` marker. A fetch downloads into a temporary sibling folder and renames it into place, so
-a half-finished download is never mistaken for a cache hit, and two concurrent fetches cannot corrupt it.
+and a ``COMPLETE`` marker. ``--with-tools`` (``tools=True``) fetches the broker plus Apache Kafka's command
+line tools (``org.apache.kafka:kafka-tools``: topics, broker API versions) into ``kafka-<version>-tools/``,
+for the compose smoke test's stand-in of the ``apache/kafka`` image. A fetch downloads into a temporary
+sibling folder and renames it into place, so a half-finished download is never mistaken for a cache hit,
+and two concurrent fetches cannot corrupt it.
 Maven's own repository lives in that temporary folder too (``-Dmaven.repo.local``), so a fetch writes
 nothing to ``~/.m2`` and nothing outside the cache root stays behind. While Maven runs, a progress line
 (files and megabytes downloaded so far) goes to stderr every few seconds.
@@ -51,24 +54,32 @@ def cache_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "clef-router"
 
 
-def jar_dir(version: str = KAFKA_VERSION) -> Path:
-    """Return the folder where the jars of ``version`` live once fetched (it may not exist yet)."""
-    return cache_root() / f"kafka-{version}"
+def jar_dir(version: str = KAFKA_VERSION, *, tools: bool = False) -> Path:
+    """Return the folder where the jars of ``version`` (with the command line tools if ``tools``) live once
+    fetched (it may not exist yet)."""
+    return cache_root() / (f"kafka-{version}-tools" if tools else f"kafka-{version}")
 
 
-def is_fetched(version: str = KAFKA_VERSION) -> bool:
-    """True when the jars of ``version`` are completely present in the cache."""
-    folder = jar_dir(version)
-    return (folder / _MARKER).is_file() and (folder / f"kafka_{SCALA_VERSION}-{version}.jar").is_file()
+def _needed_jars(version: str, tools: bool) -> list[str]:
+    names = [f"kafka_{SCALA_VERSION}-{version}.jar"]
+    return [*names, f"kafka-tools-{version}.jar"] if tools else names
 
 
-def _pom(version: str, log4j_version: str) -> str:
+def is_fetched(version: str = KAFKA_VERSION, *, tools: bool = False) -> bool:
+    """True when the jars of ``version`` (and the tools if ``tools``) are completely present in the cache."""
+    folder = jar_dir(version, tools=tools)
+    return (folder / _MARKER).is_file() and all((folder / n).is_file() for n in _needed_jars(version, tools))
+
+
+def _pom(version: str, log4j_version: str, tools: bool = False) -> str:
     deps = [
         ("org.apache.kafka", f"kafka_{SCALA_VERSION}", version),
         ("org.apache.logging.log4j", "log4j-api", log4j_version),
         ("org.apache.logging.log4j", "log4j-core", log4j_version),
         ("org.apache.logging.log4j", "log4j-slf4j-impl", log4j_version),
     ]
+    if tools:
+        deps.append(("org.apache.kafka", "kafka-tools", version))
     body = "\n".join(
         f"    <dependency><groupId>{g}</groupId><artifactId>{a}</artifactId>"
         f"<version>{v}</version></dependency>"
@@ -89,14 +100,16 @@ def ensure_kafka_jars(
     *,
     log4j_version: str = LOG4J_VERSION,
     timeout_s: float = MAVEN_TIMEOUT_S,
+    tools: bool = False,
 ) -> Path:
-    """Return the folder holding every broker jar of ``version``, fetching it with Maven if needed.
+    """Return the folder holding every broker jar of ``version`` (plus the command line tools' jars if
+    ``tools``), fetching it with Maven if needed.
 
     Blocking (runs ``mvn``, bounded by ``timeout_s``). A cache hit returns at once without running Maven.
     Raises ``KafkaFetchError`` when ``mvn`` is not installed, fails or times out.
     """
-    target = jar_dir(version)
-    if is_fetched(version):
+    target = jar_dir(version, tools=tools)
+    if is_fetched(version, tools=tools):
         return target
     mvn = shutil.which("mvn")
     if mvn is None:
@@ -105,7 +118,7 @@ def ensure_kafka_jars(
     root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".kafka-{version}-", dir=root))
     try:
-        (work / "pom.xml").write_text(_pom(version, log4j_version), encoding="utf-8")
+        (work / "pom.xml").write_text(_pom(version, log4j_version, tools), encoding="utf-8")
         out = work / "jars"
         cmd = [
             mvn, "-B", "dependency:copy-dependencies",
@@ -117,15 +130,16 @@ def ensure_kafka_jars(
             flush=True,
         )
         _run_maven(cmd, work, timeout_s, sys.stderr)
-        if not (out / f"kafka_{SCALA_VERSION}-{version}.jar").is_file():
-            raise KafkaFetchError(f"mvn finished but kafka_{SCALA_VERSION}-{version}.jar is missing")
+        missing = [name for name in _needed_jars(version, tools) if not (out / name).is_file()]
+        if missing:
+            raise KafkaFetchError(f"mvn finished but {', '.join(missing)} is missing")
         (out / _MARKER).write_text(f"kafka {version}\nlog4j {log4j_version}\n", encoding="utf-8")
-        if target.exists() and not is_fetched(version):
+        if target.exists() and not is_fetched(version, tools=tools):
             shutil.rmtree(target)  # a leftover from an older layout or a manual copy
         try:
             out.rename(target)
         except OSError:
-            if not is_fetched(version):  # not a concurrent fetch that won the race
+            if not is_fetched(version, tools=tools):  # not a concurrent fetch that won the race
                 raise
         return target
     finally:
@@ -172,10 +186,14 @@ def _run_maven(cmd: list[str], cwd: Path, timeout_s: float, progress: TextIO) ->
     print(f"  done: {files} files, {size / 1e6:.1f} MB in {time.monotonic() - began:.0f} s", file=progress)
 
 
-def main() -> int:
-    """``python -m devtools.kafka_jars``: fetch the pinned jars and print their folder."""
+def main(argv: list[str] | None = None) -> int:
+    """``python -m devtools.kafka_jars [--with-tools]``: fetch the pinned jars and print their folder."""
+    args = sys.argv[1:] if argv is None else argv
+    if args not in ([], ["--with-tools"]):
+        print("usage: python -m devtools.kafka_jars [--with-tools]", file=sys.stderr)
+        return 2
     try:
-        print(ensure_kafka_jars())
+        print(ensure_kafka_jars(tools=bool(args)))
     except KafkaFetchError as exc:
         print(f"kafka_jars: error: {exc}", file=sys.stderr)
         return 1

@@ -37,12 +37,13 @@ LegendValue = Annotated[
     JsonValue,
     WithJsonSchema(
         {
-            "anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}, {"type": "null"}],
-            "description": "the level's criteria value exactly as the request gave it",
+            "anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}],
+            "description": 'the level\'s criteria value as the request gave it; a null level is ""',
         }
     ),
 ]
-"""A score level's description in the legend: the request's value itself (string, object, array or null)."""
+"""A score level's description in the legend: the request's value itself (a string, object or array), or
+`""` for a level given as null (SPEC 2: the Jev contract allows no null there)."""
 
 DECIMALS: Final = 4
 _UNITS: Final = 10**DECIMALS
@@ -76,7 +77,7 @@ class ScoreAnswer(BaseModel):
     score: float = Field(ge=0.0, description="sum(i * p_i) over the returned probabilities")
     confidence: float = Field(ge=0.0, le=1.0)
     legend: dict[str, LegendValue] = Field(
-        description='level "i" -> its criteria value exactly as given (objects, arrays, "" and null kept)'
+        description='level "i" -> its criteria value as given (objects, arrays and "" kept; null is "")'
     )
     probabilities: dict[str, float]
 
@@ -199,6 +200,12 @@ def _choice_answer(
     )
 
 
+def legend_value(level: JsonValue) -> JsonValue:
+    """A score level as its legend answers it: the request's value itself, except null, which is `""`
+    (SPEC 2). Pure; never turns a value into text."""
+    return "" if level is None else level
+
+
 def _score_answer(question: ScoreQuestion, raw: Sequence[float], formula: ConfidenceFormula) -> ScoreAnswer:
     units = round_probabilities(raw)
     returned = [u / _UNITS for u in units]
@@ -206,7 +213,7 @@ def _score_answer(question: ScoreQuestion, raw: Sequence[float], formula: Confid
     return ScoreAnswer(
         score=round(score_units / _UNITS, DECIMALS),
         confidence=score_confidence(returned, formula),
-        legend={str(i): level for i, level in enumerate(question.criteria)},
+        legend={str(i): legend_value(level) for i, level in enumerate(question.criteria)},
         probabilities={str(i): _to_float(u) for i, u in enumerate(units)},
     )
 

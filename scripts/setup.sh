@@ -2,8 +2,12 @@
 # Bootstrap everything clef-router needs on a fresh Debian/Ubuntu machine, idempotently:
 #   - Java 17+ and Maven (apt-get install when missing and running as root),
 #   - a virtualenv outside the clone, keyed by a hash of pyproject.toml + constraints.txt
-#     (${CLEF_CACHE_DIR:-~/.cache/clef-router}/venv-<hash>; override with CLEF_VENV), reused when present,
+#     (${CLEF_CACHE_DIR:-~/.cache/clef-router}/venv-<hash>), reused when present,
 #   - the package installed editable from THIS clone with the dev extra and pinned torch/transformers,
+#   - or, with CLEF_VENV=<a virtualenv of your own that exists>: only what it lacks is installed (at the pinned
+#     versions), this clone is linked into it, and no package already there is upgraded or downgraded: when
+#     the dependencies need a change to one, it says which and why and stops, changing nothing
+#     (devtools/venv_plan.py); pip itself is left as it is,
 #   - the Apache Kafka broker jars (Maven Central) in ${CLEF_CACHE_DIR:-~/.cache/clef-router}/kafka-<version>.
 # The first run downloads and installs about 5 GB (torch with its CUDA libraries is most of it) and takes
 # several minutes; later runs reuse everything and take a second or two.
@@ -41,7 +45,8 @@ PY
 # with_ticker MESSAGE CMD...: run CMD, saying MESSAGE with the elapsed time and the virtualenv's size every
 # 30 s (pip prints nothing while it unpacks and installs torch's gigabytes); the ticker is stopped by pid
 ticker_pid=""
-trap '[[ -z "$ticker_pid" ]] || kill "$ticker_pid" 2>/dev/null || true' EXIT
+plan_dir=""
+trap '[[ -z "$ticker_pid" ]] || kill "$ticker_pid" 2>/dev/null || true; [[ -z "$plan_dir" ]] || rm -rf "$plan_dir"' EXIT
 with_ticker() {
     local message="$1" began=$SECONDS rc=0
     shift
@@ -69,7 +74,45 @@ key="$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)"
 venv="${CLEF_VENV:-$cache/venv-$key}"
 mkdir -p "$cache"
 
-if [[ ! -f "$venv/.clef-complete" ]]; then
+# sync_user_venv: CLEF_VENV names an existing virtualenv of the user's: install what it lacks, link this
+# clone, change nothing that is there (see the header); marks it with this set-up's key when done
+sync_user_venv() {
+    local rc=0
+    plan_dir="$(mktemp -d -t clef-setup-XXXXXX)"
+    say "CLEF_VENV=$venv: checking what it lacks (installed packages are kept as they are)"
+    "$venv/bin/python" - >"$plan_dir/installed.json" <<'PY'
+import importlib.metadata as metadata, json
+found = {}
+for dist in metadata.distributions():  # the first on sys.path is the one that imports
+    found.setdefault(dist.metadata["Name"], dist.version)
+print(json.dumps(found))
+PY
+    python3 devtools/venv_plan.py constraints "$plan_dir/installed.json" constraints.txt >"$plan_dir/constraints.txt"
+    timeout 900 "$venv/bin/python" -m pip install -q --dry-run --report "$plan_dir/report.json" \
+        -c "$plan_dir/constraints.txt" -e '.[dev]' >&2 \
+        || { say "pip could not work out what $venv lacks (pip >= 22.2 is needed for --report)"; exit 1; }
+    python3 devtools/venv_plan.py plan "$plan_dir/installed.json" "$plan_dir/report.json" clef-router \
+        >"$plan_dir/install.txt" || rc=$?
+    if ((rc != 0)); then
+        say "CLEF_VENV=$venv: these installed packages would have to change (nothing was changed):"
+        say "change them yourself, or unset CLEF_VENV to use the project's own virtualenv"
+        exit 1
+    fi
+    if [[ -s "$plan_dir/install.txt" ]]; then
+        say "installing $(wc -l <"$plan_dir/install.txt") missing packages into $venv"
+        with_ticker "still installing" timeout 3000 "$venv/bin/python" -m pip install --no-deps \
+            -r "$plan_dir/install.txt" >&2
+    else
+        say "nothing missing"
+    fi
+    say "linking $venv to $repo (editable clef-router, no dependencies touched)"
+    timeout 600 "$venv/bin/python" -m pip install -q --no-deps -e . >&2
+    echo "$key" >"$venv/.clef-complete"
+}
+
+if [[ -n "${CLEF_VENV:-}" && -x "$venv/bin/python" && "$(cat "$venv/.clef-complete" 2>/dev/null)" != "$key" ]]; then
+    sync_user_venv
+elif [[ ! -f "$venv/.clef-complete" ]]; then
     if [[ -z "${CLEF_VENV:-}" ]]; then
         rm -rf "$venv"  # ours, and incomplete (an interrupted install): start over
     fi

@@ -7,7 +7,29 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator, Mapping
+
 import pytest
+
+KEPT_CALLER_VARIABLES = frozenset({"CLEF_CACHE_DIR"})
+"""`CLEF_*` variables of the caller that tests keep: where the caller's caches (Kafka jars, ...) live."""
+
+
+def caller_clef_variables(environ: Mapping[str, str]) -> list[str]:
+    """The caller's `CLEF_*` variables that tests must not see: all but `KEPT_CALLER_VARIABLES`."""
+    return sorted(name for name in environ if name.startswith("CLEF_") and name not in KEPT_CALLER_VARIABLES)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_from_callers_clef_variables() -> Iterator[None]:
+    """Tests run as if the caller had exported no `CLEF_*` variable (`CLEF_DEBUG=1`, a broker address, ...):
+    each is removed for the whole session, before any other fixture runs, and restored at its end. A test
+    sets what it needs itself (`monkeypatch.setenv`), and subprocesses inherit only that."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in caller_clef_variables(os.environ):
+            patch.delenv(name)
+        yield
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -3,7 +3,9 @@ answer type and `models.list()`, and raises its own error classes for 401, 404, 
 
 from __future__ import annotations
 
+import json
 import math
+import urllib.request
 from collections.abc import Callable
 
 import pytest
@@ -13,6 +15,7 @@ from typesafe_sdk import (
     NoulCriteria,
     RetryPolicy,
     Score,
+    SystemOneResponse,
     TypeSafeAPIError,
     TypeSafeAuthenticationError,
     TypeSafeBadRequestError,
@@ -62,6 +65,21 @@ def test_sdk_parses_every_answer_type(served: Served) -> None:
     assert list(r.scores["structured"].probabilities) == [0, 1]
     assert r.usage.input_tokens is not None
     assert r.usage.input_tokens > 0
+
+
+def test_sdk_parses_a_null_score_level(served: Served) -> None:
+    """The SDK cannot send a null level (its criteria type has no null) but other clients can; the answer's
+    legend holds `""` for it (SPEC 2), which the SDK's own response model accepts."""
+    question = {"type": "score", "criteria": ["low", None, "high"]}
+    body = json.dumps({"state": "disk full", "questions": {"urgency": question}}).encode()
+    request = urllib.request.Request(
+        served() + "/v1/systemone", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as answered:
+        raw = answered.read()
+    assert json.loads(raw)["answers"]["urgency"]["legend"] == {"0": "low", "1": "", "2": "high"}
+    parsed = SystemOneResponse.model_validate_json(raw)  # what the SDK's client does with a 200 body
+    assert parsed.scores["urgency"].legend == {0: "low", 1: "", 2: "high"}
 
 
 def test_sdk_lists_models(served: Served) -> None:

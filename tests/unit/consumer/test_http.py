@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -266,6 +267,34 @@ async def test_openapi_documents_the_real_schemas_and_docs_page() -> None:
     assert "head" not in doc["paths"]["/readyz"]
     assert docs.status_code == 200
     assert "swagger" in docs.text.lower()
+    assert not any(path.startswith("/docs") for path in doc["paths"])
+
+
+async def test_docs_page_loads_only_assets_the_service_serves() -> None:
+    """/docs works offline: every URL its HTML references is a path on this server, and each one is
+    served (non-empty, with its content type); other names under the asset path are 404."""
+    async with client() as c:
+        page = await c.get("/docs")
+        referenced = re.findall(r"""(?:src|href)=["']([^"']+)["']|url: ?'([^']+)'""", page.text)
+        urls = [a or b for a, b in referenced]
+        assets = {url: await c.get(url) for url in urls}
+        missing = await c.get("/docs/assets/index.html")
+        escape = await c.get("/docs/assets/..%2F__init__.py")
+        head = await c.head("/docs/assets/swagger-ui.css")
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    assert len(urls) == 4, urls  # stylesheet, icon, script, OpenAPI document
+    assert all(url.startswith("/") and not url.startswith("//") for url in urls), urls
+    for url, response in assets.items():
+        assert response.status_code == 200, url
+        assert response.content, url
+    assert "/openapi.json" in urls
+    assert assets["/docs/assets/swagger-ui-bundle.js"].headers["content-type"].startswith("text/javascript")
+    assert b"SwaggerUIBundle" in assets["/docs/assets/swagger-ui-bundle.js"].content
+    assert assets["/docs/assets/swagger-ui.css"].headers["content-type"].startswith("text/css")
+    assert missing.status_code == 404
+    assert escape.status_code == 404
+    assert head.status_code == 200
 
 
 @pytest.mark.parametrize("path", ["/v1/systemone", "/v1/models"])

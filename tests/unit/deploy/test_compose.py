@@ -27,12 +27,26 @@ def _compose_binary() -> Path:
     return binary
 
 
-def _config(profile: str) -> dict[str, Any]:
-    """`docker compose --profile PROFILE config`: validates the file against the compose spec (exit 1 with
-    the loader's message otherwise) and returns the resolved model."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLEF_", "COMPOSE_", "DOCKER_"))}
+CI_OVERRIDE = ROOT / "deploy" / "ci" / "compose.ci.yml"
+SMOKE_ENV = {
+    "SMOKE_KAFKA_PORT": "40001",
+    "SMOKE_KAFKA_EXTERNAL_PORT": "40002",
+    "SMOKE_KAFKA_CONTROLLER_PORT": "40003",
+    "SMOKE_HTTP_PORT": "40004",
+    "SMOKE_PROMETHEUS_PORT": "40005",
+    "SMOKE_PROMETHEUS_CONFIG": "/tmp/prometheus.yml",
+}
+
+
+def _config(profile: str, *files: Path, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """`docker compose [-f FILE...] --profile PROFILE config`: validates the file(s) against the compose
+    spec (exit 1 with the loader's message otherwise) and returns the resolved model."""
+    foreign = ("CLEF_", "COMPOSE_", "DOCKER_", "SMOKE_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(foreign)}
+    env.update(extra_env or {})
+    chosen = [arg for f in files for arg in ("-f", str(f))]
     proc = subprocess.run(
-        [str(_compose_binary()), "--profile", profile, "config", "--format", "json"],
+        [str(_compose_binary()), *chosen, "--profile", profile, "config", "--format", "json"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -66,6 +80,36 @@ def test_demo_profile_needs_no_gpu_and_no_weights() -> None:
     assert demo["environment"]["CLEF_ENGINE__DEVICE"] == "cpu"
     assert demo["depends_on"]["demo-release"]["condition"] == "service_completed_successfully"
     assert services["demo-release"]["command"][:2] == ["clef-router", "make-tiny-release"]
+
+
+def test_one_shot_and_non_http_services_have_no_healthcheck() -> None:
+    """The image's HEALTHCHECK probes the HTTP API: services that serve none must not inherit it."""
+    services = {**_config("demo")["services"], **_config("gpu")["services"]}
+    for name in ("demo-release", "demo-producer", "demo-tail", "model-check"):
+        assert services[name]["healthcheck"] == {"disable": True}, name
+    assert "disable" not in services["clef-router-demo"]["healthcheck"]
+
+
+def test_ci_override_is_loopback_only_on_the_host_network_without_grafana() -> None:
+    """deploy/ci/compose.ci.yml (scripts/compose-smoke.sh): no network of its own (the daemon has no
+    bridge), no published port, only 127.0.0.1, the local stand-in images, and Grafana left out."""
+    config = _config("demo", ROOT / "docker-compose.yml", CI_OVERRIDE, extra_env=SMOKE_ENV)
+    services = config["services"]
+    demo = {"demo-release", "clef-router-demo", "demo-producer", "demo-tail"}
+    assert set(services) == {"kafka", "kafka-topics", "prometheus", *demo}
+    assert not config.get("networks")
+    for name, service in services.items():
+        assert service["network_mode"] == ("none" if name == "demo-release" else "host"), name
+        assert not service.get("ports"), name
+        assert not service.get("networks"), name
+        text = json.dumps(service)
+        addresses = set(re.findall(r"\b\d{1,3}(?:\.\d{1,3}){3}\b", text))
+        assert addresses <= {"127.0.0.1"}, (name, addresses)
+        assert "kafka:19092" not in text, name
+    assert services["kafka"]["image"] == "clef-ci/kafka-standin:4.4.0"
+    assert services["prometheus"]["image"] == "clef-ci/prometheus-standin:bookworm"
+    assert "127.0.0.1:40001" in services["kafka"]["environment"]["KAFKA_LISTENERS"]
+    assert services["clef-router-demo"]["environment"]["CLEF_HTTP__HOST"] == "127.0.0.1"
 
 
 def test_gpu_profile_checks_the_model_folder_before_starting() -> None:

@@ -47,6 +47,24 @@ def test_pom_pins_broker_and_logging() -> None:
         assert f"<artifactId>{artifact}</artifactId><version>2.25.5</version>" in pom
 
 
+def test_tools_flavour_adds_kafka_tools_and_has_its_own_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tools_pom = kafka_jars._pom("4.4.0", "2.25.5", True)
+    assert "<artifactId>kafka-tools</artifactId><version>4.4.0</version>" in tools_pom
+    assert "kafka-tools" not in kafka_jars._pom("4.4.0", "2.25.5")
+    monkeypatch.setenv("CLEF_CACHE_DIR", str(tmp_path))
+    folder = kafka_jars.jar_dir("9.9.9", tools=True)
+    assert folder == tmp_path / "kafka-9.9.9-tools"
+    folder.mkdir()
+    (folder / "kafka_2.13-9.9.9.jar").write_bytes(b"jar")
+    (folder / "COMPLETE").write_text("kafka 9.9.9\n")
+    assert not kafka_jars.is_fetched("9.9.9", tools=True)  # the tools jar is missing
+    (folder / "kafka-tools-9.9.9.jar").write_bytes(b"jar")
+    assert kafka_jars.is_fetched("9.9.9", tools=True)
+    assert not kafka_jars.is_fetched("9.9.9")  # the plain folder is another one
+
+
 def test_extra_listeners_properties_and_format_args_reach_the_config(tmp_path: Path) -> None:
     from devtools.kafka_local import ExtraListener, LocalKafka
 

@@ -135,7 +135,8 @@ def test_response_invariants(
         else:
             assert isinstance(answer, ScoreAnswer)
             assert list(answer.probabilities) == [str(i) for i in range(n)]
-            assert answer.legend == {str(i): level for i, level in enumerate(question.criteria)}
+            given = {str(i): "" if level is None else level for i, level in enumerate(question.criteria)}
+            assert answer.legend == given  # as given, a null level as "" (SPEC 2)
             assert abs(answer.score - sum(i * p for i, p in enumerate(probs))) <= 1e-4
             assert 0.0 <= answer.score <= n - 1
             mode = probs.index(top)

@@ -107,8 +107,8 @@ def test_score_answer() -> None:
     answer = one({"s": SCORE}, {"s": [0.1, 0.2, 0.3, 0.4]}).answers["s"]
     assert isinstance(answer, ScoreAnswer)
     assert answer.score == pytest.approx(0 * 0.1 + 1 * 0.2 + 2 * 0.3 + 3 * 0.4)
-    # the criteria values exactly as given: never rendered to text, null stays null
-    assert answer.legend == {"0": "low", "1": {"lvl": "mid"}, "2": None, "3": "critical"}
+    # the criteria values as given, never rendered to text; a null level is "" (SPEC 2)
+    assert answer.legend == {"0": "low", "1": {"lvl": "mid"}, "2": "", "3": "critical"}
     assert list(answer.probabilities) == ["0", "1", "2", "3"]
     # mode 3, spread = 0.1*3 + 0.2*2 + 0.3*1 = 1.0, uniform spread = (1.5+0.5+0.5+1.5)/4 = 1.0
     assert answer.confidence == 0.0
