@@ -36,9 +36,8 @@ log = logging.getLogger(__name__)
 class ReadOptions:
     """`workers` reading threads, each with `depth` buffers of `chunk_bytes` (pinned for CUDA targets).
 
-    The default is 16 threads, capped at the CPUs this process may use: on the H200 machine (16 CPUs, /dev/shm)
-    16 readers loaded the full-size thinker at 20.9 GB/s where 8 did 16.1 GB/s in the same call
-    (BENCHMARKS.md)."""
+    The default is 16 threads, capped at the CPUs this process may use (BENCHMARKS.md, "Release loading",
+    compares 8 and 16)."""
 
     workers: int = field(default_factory=lambda: max(1, min(16, len(os.sched_getaffinity(0)))))
     chunk_bytes: int = 64 << 20
