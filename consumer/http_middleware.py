@@ -68,7 +68,5 @@ class RequestContext:
             await self.app(scope, receive, send_with_id)
         finally:
             path = scope.get("path", "")
-            self._metrics.http_requests.labels(
-                path=_path_label(path), status=str(status)
-            ).inc()
+            self._metrics.http_requests.labels(path=_path_label(path), status=str(status)).inc()
             self._metrics.http_seconds.observe(time.perf_counter() - started)

@@ -1,7 +1,8 @@
 """The `clef-router bench` family: `bench engine` (the engine benchmark on the full-size model, needs the
 H200), `bench pipeline` (service events/s on the stub engine vs a plain aiokafka loop), `bench http` (the
 HTTP API on the stub engine) and `bench load` (latency under load through the service's batcher; `--cpu`
-for a smoke run). The `bench` package is imported only by these handlers, never by the service."""
+for a smoke run) and `bench startup` (start-up from a full-size release). The `bench` package is imported
+only by these handlers, never by the service."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from consumer.commands import Commands, UsageError
 
 
 def register(commands: Commands) -> None:
-    """Add `bench pipeline`, `bench http`, `bench engine` and `bench load`."""
+    """Add `bench pipeline`, `bench http`, `bench engine`, `bench load` and `bench startup`."""
     p = commands.bench.add_parser("pipeline", help="Service events/s (stub engine) vs a plain aiokafka loop")
     p.add_argument("--events", type=int, default=20_000, help="events per run (default 20000)")
     p.add_argument("--repeats", type=int, default=3, help="runs per kind; the median is reported (default 3)")
@@ -71,6 +72,15 @@ def register(commands: Commands) -> None:
     )
     p.add_argument("load_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     p.set_defaults(func=_bench_load)
+    p = commands.bench.add_parser(
+        "startup",
+        help="Start-up from a full-size release: write it, load it, serve to /readyz, kill -9 and restart",
+        description="`python3 -m bench.startup` (its --help lists the steps). Needs CUDA for full size.",
+        add_help=False,
+        prefix_chars="\0",
+    )
+    p.add_argument("startup_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p.set_defaults(func=_bench_startup)
 
 
 _LOAD_HELP = "Latency vs load through the service's batcher, fixed and adaptive batching (full size on CUDA)"
@@ -96,6 +106,12 @@ def _bench_load(args: argparse.Namespace) -> int:
     load_args = parser.parse_args(args.load_args)
     configure_logging("warning")  # the batcher logs a line per batch at info
     return run(load_args)
+
+
+def _bench_startup(args: argparse.Namespace) -> int:
+    from bench.startup import main
+
+    return main(args.startup_args)
 
 
 def _bench_http(args: argparse.Namespace) -> int:
