@@ -167,8 +167,9 @@ def storage(path: Path) -> str:
     return f"{kind} at {best}"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.startup", description=__doc__.split("\n")[0])
+def main(argv: Sequence[str] | None = None, prog: str = "python -m bench.startup") -> int:
+    """Parse `argv` and run one step (see the module docstring); returns 0."""
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     p.add_argument("what", choices=("write", "load", "serve", "restart", "engine"))
     p.add_argument("--release", type=Path, required=True, help="release directory")
     p.add_argument("--out", type=Path, help="append the JSON lines to OUT/startup.jsonl")

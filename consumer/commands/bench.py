@@ -111,7 +111,7 @@ def _bench_load(args: argparse.Namespace) -> int:
 def _bench_startup(args: argparse.Namespace) -> int:
     from bench.startup import main
 
-    return main(args.startup_args)
+    return main(args.startup_args, prog="clef-router bench startup")
 
 
 def _bench_http(args: argparse.Namespace) -> int:
