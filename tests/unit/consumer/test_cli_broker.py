@@ -65,11 +65,11 @@ def test_unanswering_broker_gives_up_after_timeout(argv: list[str], silent_broke
 def test_ctrl_c_stops_at_once(argv: list[str], silent_broker: socket.socket) -> None:
     proc = _start(argv, f"127.0.0.1:{silent_broker.getsockname()[1]}")
     try:
-        conn, _ = silent_broker.accept()  # the command is now waiting for the broker
-        conn.close()
+        conn, _ = silent_broker.accept()  # the command is now waiting for the broker, which never answers
         interrupted = time.monotonic()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
+        conn.close()  # after the signal: closing first let the command fail (exit 1) before SIGINT landed
     finally:
         proc.kill()
         proc.wait()
