@@ -31,7 +31,8 @@ from safetensors.torch import save_file
 
 from bench.fullsize import TEXT_CONFIG
 from engine.head import JointHeadConfig, JointSchemaHead
-from engine.tiny import per_expert_tensors, release_shapes, write_tiny_release
+from engine.release_plan import per_expert_sources
+from engine.tiny import release_shapes, write_tiny_release
 
 WEIGHT_FILES = (
     "config.json",
@@ -107,8 +108,8 @@ def stored_shapes(shapes: Mapping[str, torch.Size]) -> dict[str, torch.Size]:
     """Release tensor shapes in the published layout: each fused expert tensor as its per-expert ones."""
     out: dict[str, torch.Size] = {}
     for name, shape in shapes.items():
-        split = per_expert_tensors(name, torch.empty(shape, device="meta"))
-        out.update({k: v.shape for k, v in split.items()} if split is not None else {name: shape})
+        split = per_expert_sources(name, tuple(shape))
+        out.update({s.name: torch.Size(s.shape) for s in split} if split is not None else {name: shape})
     return out
 
 

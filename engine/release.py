@@ -113,28 +113,15 @@ def plan_thinker_reads(targets: dict[str, Target], weight_map: dict[str, str], r
         raise ReleaseError(f"{INDEX_FILE}: {exc}") from exc
 
 
-def load_thinker_weights(
-    thinker: torch.nn.Module,
-    weight_map: dict[str, str],
-    root: Path,
-    options: ReadOptions | None = None,
-) -> ReadStats:
-    """Check the release against `thinker` and fill every thinker parameter from it (blocking).
-
-    Both expert layouts are accepted (`engine.release_plan`); bytes are read in parallel straight into the
-    parameters (`engine.release_read`). Raises ReleaseError for a missing, unexpected or mis-shaped tensor
-    (named) and for a shard that cannot be read."""
-    targets = thinker_targets(thinker)
-    return _read_thinker(thinker, targets, plan_thinker_reads(targets, weight_map, root), root, options)
-
-
-def _read_thinker(
+def read_thinker(
     thinker: torch.nn.Module,
     targets: dict[str, Target],
     pieces: list[Piece],
     root: Path,
-    options: ReadOptions | None,
+    options: ReadOptions | None = None,
 ) -> ReadStats:
+    """Fill every thinker parameter from the planned `pieces` (`plan_thinker_reads`), blocking; logs the
+    total rate. Raises ReleaseError when a shard cannot be read."""
     state = thinker.state_dict(keep_vars=True)
     with torch.no_grad():
         try:
@@ -246,7 +233,7 @@ def load_release_model(
     phase("build")
     pieces = plan_thinker_reads(targets, weight_map, root)
     phase("plan")
-    stats = _read_thinker(thinker, targets, pieces, root, read_options)
+    stats = read_thinker(thinker, targets, pieces, root, read_options)
     phase("read")
     text_config = config.thinker_config.text_config
     head = load_head(root, int(text_config.hidden_size), device, dtype)

@@ -57,10 +57,12 @@ class Piece:
 
 
 @dataclass(frozen=True, slots=True)
-class _Source:
-    name: str  # release tensor name
-    shape: tuple[int, ...]  # its expected shape
-    start: int  # first element of the target it fills
+class Source:
+    """A stored tensor that fills part of a target: its release name, shape and first target element."""
+
+    name: str
+    shape: tuple[int, ...]
+    start: int
 
 
 def names(keys: list[str]) -> str:
@@ -69,33 +71,34 @@ def names(keys: list[str]) -> str:
     return ", ".join(keys[:_SHOW]) + more
 
 
-def _per_expert(name: str, shape: tuple[int, ...]) -> list[_Source] | None:
-    """The per-expert sources of a fused expert tensor `name` of `shape`, or None for any other tensor."""
+def per_expert_sources(name: str, shape: tuple[int, ...]) -> list[Source] | None:
+    """The per-expert tensors that make up the fused expert tensor `name` of `shape` (the one statement of
+    the layout mapping, used by the loader and by the release writers), or None for any other tensor."""
     if len(shape) != 3 or not name.endswith(_FUSED):
         return None
     prefix, leaf = name.rsplit(".", 1)
     experts, rows, cols = shape
     block = rows * cols
     if leaf == "down_proj":
-        return [_Source(f"{prefix}.{e}.down_proj.weight", (rows, cols), e * block) for e in range(experts)]
+        return [Source(f"{prefix}.{e}.down_proj.weight", (rows, cols), e * block) for e in range(experts)]
     half = rows // 2
     return [
-        _Source(f"{prefix}.{e}.{part}.weight", (half, cols), e * block + k * half * cols)
+        Source(f"{prefix}.{e}.{part}.weight", (half, cols), e * block + k * half * cols)
         for e in range(experts)
         for k, part in enumerate(("gate_proj", "up_proj"))
     ]
 
 
-def _sources(expected: Mapping[str, Target], weight_map: Mapping[str, str]) -> dict[str, list[_Source]]:
+def _sources(expected: Mapping[str, Target], weight_map: Mapping[str, str]) -> dict[str, list[Source]]:
     """Release name of each target -> the stored tensors that fill it; raises PlanError naming what is
     missing, or what the release holds that no target takes (other than talker./code2wav.)."""
-    chosen: dict[str, list[_Source]] = {}
+    chosen: dict[str, list[Source]] = {}
     missing: list[str] = []
     for name, target in expected.items():
         if name in weight_map:
-            chosen[name] = [_Source(name, target.shape, 0)]
+            chosen[name] = [Source(name, target.shape, 0)]
             continue
-        split = _per_expert(name, target.shape)
+        split = per_expert_sources(name, target.shape)
         if split is None:
             missing.append(name)
             continue

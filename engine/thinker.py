@@ -112,9 +112,3 @@ def text_model(thinker: nn.Module) -> Any:
     """The thinker's text decoder (`embed_tokens`, `layers`, `norm`, `rotary_emb`), whichever module path the
     installed transformers gives it (see `part_paths`)."""
     return thinker.get_submodule(part_paths(thinker)["model"])
-
-
-def expected_tensors(thinker: nn.Module, prefix: str = "thinker.") -> dict[str, tuple[int, ...]]:
-    """Release (checkpoint) name -> shape of every tensor the thinker needs (incl. persistent buffers)."""
-    names = checkpoint_names(thinker, prefix)
-    return {names[key]: tuple(t.shape) for key, t in thinker.state_dict(keep_vars=True).items()}

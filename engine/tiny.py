@@ -20,6 +20,7 @@ special token ids.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -28,6 +29,7 @@ import torch
 from safetensors.torch import save_file
 
 from engine.head import JointHeadConfig, JointSchemaHead
+from engine.release_plan import per_expert_sources
 from engine.thinker import checkpoint_names
 from engine.tiny_files import write_processor_files, write_tokenizer_files
 
@@ -183,20 +185,13 @@ LAYOUTS: tuple[Layout, ...] = ("per-expert", "fused")
 
 def per_expert_tensors(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
     """A fused expert tensor (`*.mlp.experts.gate_up_proj` [E, 2I, H] or `*.mlp.experts.down_proj`
-    [E, H, I]) as the per-expert tensors of the published layout, or None for any other tensor."""
-    prefix, _, leaf = name.rpartition(".")
-    if tensor.ndim != 3 or not prefix.endswith(".mlp.experts"):
+    [E, H, I]) as the per-expert tensors of the published layout (`engine.release_plan.per_expert_sources`),
+    or None for any other tensor."""
+    sources = per_expert_sources(name, tuple(tensor.shape))
+    if sources is None:
         return None
-    if leaf == "down_proj":
-        return {f"{prefix}.{e}.down_proj.weight": tensor[e].contiguous() for e in range(tensor.shape[0])}
-    if leaf != "gate_up_proj":
-        return None
-    half = tensor.shape[1] // 2
-    out: dict[str, torch.Tensor] = {}
-    for e in range(tensor.shape[0]):
-        out[f"{prefix}.{e}.gate_proj.weight"] = tensor[e, :half].contiguous()
-        out[f"{prefix}.{e}.up_proj.weight"] = tensor[e, half:].contiguous()
-    return out
+    flat = tensor.reshape(-1)
+    return {s.name: flat[s.start : s.start + math.prod(s.shape)].view(s.shape).clone() for s in sources}
 
 
 def _write_shards(root: Path, tensors: dict[str, torch.Tensor], layout: Layout) -> None:
