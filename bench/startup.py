@@ -60,14 +60,20 @@ def _legacy_read(release: Path) -> tuple[float, int]:
     import torch
     from safetensors import safe_open
 
-    from engine.release import plan_thinker_reads, read_config, read_weight_map, thinker_targets
+    from engine.release import (
+        plan_thinker_reads,
+        read_config,
+        read_weight_map,
+        shard_headers,
+        thinker_targets,
+    )
     from engine.thinker import build_thinker
 
     config = read_config(release)
-    thinker = build_thinker(config.thinker_config, "cuda", torch.bfloat16)
+    thinker = build_thinker(config.thinker_config, "cuda", torch.bfloat16)  # parameters on meta
     targets = thinker_targets(thinker)
-    pieces = plan_thinker_reads(targets, read_weight_map(release), release)
-    state = thinker.state_dict(keep_vars=True)
+    pieces = plan_thinker_reads(targets, read_weight_map(release), shard_headers(release))
+    state = {t.key: torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in targets.values()}
     start = time.monotonic()
     nbytes = 0
     with torch.no_grad():
@@ -76,7 +82,7 @@ def _legacy_read(release: Path) -> tuple[float, int]:
                 for p in (q for q in pieces if q.shard == shard):
                     tensor = f.get_tensor(p.name)
                     nbytes += tensor.numel() * tensor.element_size()
-                    state[p.target].data.view(-1)[p.start : p.start + p.count].copy_(tensor.view(-1))
+                    state[p.target].view(-1)[p.start : p.start + p.count].copy_(tensor.view(-1))
     torch.cuda.synchronize()
     return time.monotonic() - start, nbytes
 
@@ -179,6 +185,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m bench.startup
     p.add_argument("--triton-cache", type=Path, help="serve/restart: TRITON_CACHE_DIR of the service")
     p.add_argument(
         "--device", default="cuda", choices=("cuda", "cpu"), help="serve/restart: the engine's device"
+    )
+    p.add_argument(
+        "--site",
+        type=Path,
+        help="serve/restart: run the service with `python -S` on this `bench.closure_site` folder (only the "
+        "product's dependencies importable) instead of the interpreter's site-packages",
     )
     p.add_argument("--session-timeout-ms", type=int, help="restart: the service's kafka.session_timeout_ms")
     p.add_argument("--label", default="", help="a label copied into the output record")

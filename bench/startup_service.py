@@ -47,8 +47,9 @@ class Child:
 
 def _spawn(args: list[str], env: dict[str, str]) -> Child:
     spawned = time.monotonic()
+    isolated = ["-S"] if env.get("BENCH_CLOSURE_SITE") else []  # only PYTHONPATH: see `bench.closure_site`
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.service_main", *args],
+        [sys.executable, *isolated, "-m", "bench.service_main", *args],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -121,6 +122,10 @@ def _env(args: argparse.Namespace, port: int, extra: dict[str, str]) -> dict[str
     )
     if args.triton_cache is not None:
         env["TRITON_CACHE_DIR"] = str(args.triton_cache)
+    if args.site is not None:  # only the product's dependency closure (`bench.closure_site`)
+        paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join([*paths, str(args.site), os.getcwd()])
+        env["BENCH_CLOSURE_SITE"] = str(args.site)
     return env
 
 

@@ -89,7 +89,7 @@ def build_engine(config: EngineConfig, num_layers: int | None = None, tune_proce
 
     from engine.head import JointHeadConfig, JointSchemaHead
     from engine.model import ClefOmniModel
-    from engine.thinker import build_thinker
+    from engine.thinker import allocate_parameters, build_thinker
     from engine.tiny import write_tiny_release
 
     tiny = write_tiny_release(Path(tempfile.mkdtemp(prefix="clef-bench-")) / "tiny")
@@ -112,6 +112,7 @@ def build_engine(config: EngineConfig, num_layers: int | None = None, tune_proce
         **media_ids,
     )
     thinker = build_thinker(thinker_config, "cuda", torch.bfloat16, "sdpa")
+    allocate_parameters(thinker, "cuda")
     randomize_(thinker)
     with torch.device("cuda"):
         head = JointSchemaHead(JointHeadConfig(hidden_size=TEXT_CONFIG["hidden_size"])).to(torch.bfloat16)

@@ -337,10 +337,13 @@ class GraphedDecoder:
             torch.zeros(2, dtype=torch.int32, device=device),
             1,
         )
+        warmed: set[int] = set()  # buckets and caps an eager run has covered
         for bucket in self.buckets:
-            for cap in caps_for(bucket):
+            for cap in sorted(caps_for(bucket), reverse=True):
                 if (bucket, cap) not in self._graphs:
-                    graphs, cu, out = self._build(bucket, cap, like)
+                    warm = bucket not in warmed or cap not in warmed
+                    graphs, cu, out = self._build(bucket, cap, like, warm=warm)
+                    warmed.update((bucket, cap))
                     for graph in graphs:  # a graph's first replay is slow: pay it here, not in a request
                         graph.replay()
                     self._graphs[(bucket, cap)] = (graphs, cu, out)
@@ -359,8 +362,12 @@ class GraphedDecoder:
         return self.max_records + 1 + -(-bucket // cap)
 
     def _build(
-        self, bucket: int, cap: int, like: PackedInputs
+        self, bucket: int, cap: int, like: PackedInputs, *, warm: bool = True
     ) -> tuple[tuple[torch.cuda.CUDAGraph, ...], torch.Tensor, torch.Tensor]:
+        """Capture the (bucket, cap) graphs. `warm` runs the forward eagerly first (lazy library set-up and
+        Triton compiles must not happen inside a capture); `capture_all` skips it once an eager run of the
+        same bucket (the dense GEMM shapes and the experts' tile choice) and of the same cap (the attention
+        kernel's grid argument) has happened."""
         dev = like.inputs_embeds.device
         static = self._static.get(bucket)
         if static is None:
@@ -374,11 +381,12 @@ class GraphedDecoder:
         inputs = PackedInputs(static.embeds, static.positions, cu, cap)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # one eager run first: lazy library set-up and Triton compiles
-            self.decoder(inputs)
-        torch.cuda.current_stream().wait_stream(side)
+        if warm:
+            side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.decoder(inputs)
+            torch.cuda.current_stream().wait_stream(side)
         # One graph per piece of the layer range, captured (and replayed) in order in the shared pool: a
         # piece's state tensors are the next one's inputs.
         graphs = []

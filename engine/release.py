@@ -13,9 +13,13 @@ them onto the installed module tree (e.g. `thinker.model.language_model.*` under
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import threading
 import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,9 +30,9 @@ from safetensors.torch import load_file
 from engine.head import JointHeadConfig, JointSchemaHead
 from engine.model import ClefOmniModel
 from engine.release_header import HeaderError, StoredTensor, read_header
-from engine.release_plan import Piece, PlanError, Target, names, plan_reads
+from engine.release_plan import Piece, PlanError, Target, implied_targets, names, plan_reads
 from engine.release_read import ReadOptions, ReadStats, read_pieces
-from engine.thinker import build_thinker, checkpoint_names
+from engine.thinker import build_thinker, checkpoint_names, install_tensors
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +50,7 @@ class LoadedModel:
     processor: Any | None  # Qwen3OmniMoeProcessor, or None when it cannot be built (e.g. no torchvision)
     config: Any  # Qwen3OmniMoeConfig
     path: Path
-    phases: tuple[tuple[str, float], ...] = ()  # (phase, seconds) in order: config, build, plan, read, ...
+    phases: tuple[tuple[str, float], ...] = ()  # (phase, seconds): plan, config, build, read_wait, ...
     read: ReadStats | None = None
 
 
@@ -94,38 +98,53 @@ def thinker_targets(thinker: torch.nn.Module) -> dict[str, Target]:
     }
 
 
-def plan_thinker_reads(targets: dict[str, Target], weight_map: dict[str, str], root: Path) -> list[Piece]:
+def shard_headers(root: Path) -> Callable[[str], Mapping[str, StoredTensor]]:
+    """A reader of the shard headers under `root`, each read once (thread-safe); raises ReleaseError naming
+    a missing shard or an unreadable header."""
+    lock = threading.Lock()
+    seen: dict[str, Mapping[str, StoredTensor]] = {}
+
+    def header(shard: str) -> Mapping[str, StoredTensor]:
+        with lock:
+            if shard not in seen:
+                file = root / shard
+                if not file.is_file():
+                    raise ReleaseError(f"shard {shard} is missing")
+                try:
+                    seen[shard] = read_header(file)
+                except (HeaderError, OSError) as exc:
+                    raise ReleaseError(f"shard {shard}: unreadable safetensors header ({exc})") from exc
+            return seen[shard]
+
+    return header
+
+
+def plan_thinker_reads(
+    targets: Mapping[str, Target],
+    weight_map: Mapping[str, str],
+    header: Callable[[str], Mapping[str, StoredTensor]],
+) -> list[Piece]:
     """The strict check (names, expert layouts, shapes from the shard headers; no tensor data read) and the
     pieces to read. Raises ReleaseError naming the tensors or the shard at fault."""
-
-    def header(shard: str) -> dict[str, StoredTensor]:
-        file = root / shard
-        if not file.is_file():
-            raise ReleaseError(f"shard {shard} is missing")
-        try:
-            return read_header(file)
-        except (HeaderError, OSError) as exc:
-            raise ReleaseError(f"shard {shard}: unreadable safetensors header ({exc})") from exc
-
     try:
         return plan_reads(targets, weight_map, header)
     except PlanError as exc:
         raise ReleaseError(f"{INDEX_FILE}: {exc}") from exc
 
 
-def read_thinker(
-    thinker: torch.nn.Module,
-    targets: dict[str, Target],
+def _allocate_and_read(
+    targets: Mapping[str, Target],
     pieces: list[Piece],
     root: Path,
-    options: ReadOptions | None = None,
-) -> ReadStats:
-    """Fill every thinker parameter from the planned `pieces` (`plan_thinker_reads`), blocking; logs the
-    total rate. Raises ReleaseError when a shard cannot be read."""
-    state = thinker.state_dict(keep_vars=True)
+    device: torch.device | str,
+    options: ReadOptions | None,
+) -> tuple[dict[str, torch.Tensor], ReadStats]:
+    """A tensor per target (by `Target.key`) on `device`, filled from `pieces`; logs the total rate.
+    Raises ReleaseError when a shard cannot be read."""
+    tensors = {t.key: torch.empty(t.shape, dtype=t.dtype, device=device) for t in targets.values()}
     with torch.no_grad():
         try:
-            stats = read_pieces({t.key: state[t.key].data for t in targets.values()}, pieces, root, options)
+            stats = read_pieces(tensors, pieces, root, options)
         except OSError as exc:
             raise ReleaseError(f"reading the release failed: {exc}") from exc
     log.info(
@@ -140,7 +159,65 @@ def read_thinker(
         stats.workers,
         stats.peak_rss_bytes / 1e9,
     )
-    return stats
+    return tensors, stats
+
+
+_Read = Future[tuple[dict[str, torch.Tensor], ReadStats]]
+_Early = tuple[dict[str, Target], _Read]
+
+
+def _start_early_read(
+    weight_map: Mapping[str, str],
+    header: Callable[[str], Mapping[str, StoredTensor]],
+    root: Path,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    options: ReadOptions | None,
+) -> _Early | None:
+    """Start reading, in a thread of its own, the thinker tensors the release implies (`implied_targets`,
+    keyed by release name) before the model exists: its readers release the GIL while the caller imports
+    transformers and builds the model. None (nothing started) when the release implies no whole targets;
+    the strict check against the built model then names what is wrong."""
+    try:
+        implied = implied_targets(weight_map, header, dtype)
+        pieces = plan_reads(implied, weight_map, header)
+    except (PlanError, ReleaseError) as exc:
+        log.debug("no early read of %s: %s", root, exc)
+        return None
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clef-release-read")
+    try:
+        return implied, pool.submit(_allocate_and_read, implied, pieces, root, device, options)
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _finish_read(
+    early: _Early | None,
+    targets: Mapping[str, Target],
+    weight_map: Mapping[str, str],
+    header: Callable[[str], Mapping[str, StoredTensor]],
+    root: Path,
+    device: torch.device | str,
+    options: ReadOptions | None,
+) -> tuple[dict[str, torch.Tensor], ReadStats]:
+    """The installed thinker's tensors (by state-dict key) and the read's figures, blocking.
+
+    The early read is used when what the release implies is exactly what the installed thinker needs: the
+    same names, shapes and dtypes give the same pieces, so `plan_reads` against the installed targets
+    accepts the release. Otherwise it is waited for and dropped, and the strict check runs against the
+    installed targets (raising ReleaseError naming what is wrong) before a read of their own."""
+    if early is not None:
+        implied, future = early
+        if {n: (t.shape, t.dtype) for n, t in implied.items()} == {
+            n: (t.shape, t.dtype) for n, t in targets.items()
+        }:
+            read, stats = future.result()
+            return {targets[name].key: tensor for name, tensor in read.items()}, stats
+        with contextlib.suppress(ReleaseError):
+            future.result()  # its memory is freed before the read below allocates again
+        del future, early
+    pieces = plan_thinker_reads(targets, weight_map, header)
+    return _allocate_and_read(targets, pieces, root, device, options)
 
 
 def load_head(
@@ -211,8 +288,6 @@ def load_release_model(
     ReleaseError for a missing file or a missing, unexpected (other than talker./code2wav.) or mis-shaped
     tensor, naming the key. `phases` of the result times each step; `read` has the read's figures.
     """
-    from transformers import PreTrainedTokenizerFast
-
     root = Path(path)
     if not root.is_dir():
         raise ReleaseError(f"release directory not found: {root}")
@@ -225,16 +300,24 @@ def load_release_model(
         phases.append((name, now - clock))
         clock = now
 
-    config = read_config(root)
     weight_map = read_weight_map(root)
+    header = shard_headers(root)
+    early = _start_early_read(weight_map, header, root, device, dtype, read_options)
+    phase("plan")
+    config = read_config(root)  # imports transformers while the early read runs
     phase("config")
     thinker = build_thinker(config.thinker_config, device, dtype, attn_implementation)
     targets = thinker_targets(thinker)
     phase("build")
-    pieces = plan_thinker_reads(targets, weight_map, root)
-    phase("plan")
-    stats = read_thinker(thinker, targets, pieces, root, read_options)
-    phase("read")
+    tensors, stats = _finish_read(early, targets, weight_map, header, root, device, read_options)
+    try:
+        install_tensors(thinker, tensors)
+    except ValueError as exc:
+        raise ReleaseError(f"installing the thinker's tensors: {exc}") from exc
+    del tensors
+    phase("read_wait")
+    from transformers import PreTrainedTokenizerFast
+
     text_config = config.thinker_config.text_config
     head = load_head(root, int(text_config.hidden_size), device, dtype)
     try:

@@ -12,6 +12,8 @@ elements copied into a flat range of its target. Any other tensor is one piece c
 
 from __future__ import annotations
 
+import re
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -87,6 +89,58 @@ def per_expert_sources(name: str, shape: tuple[int, ...]) -> list[Source] | None
         for e in range(experts)
         for k, part in enumerate(("gate_proj", "up_proj"))
     ]
+
+
+_PER_EXPERT = re.compile(
+    r"^(?P<prefix>.+\.mlp\.experts)\.(?P<e>\d+)\.(?P<part>gate_proj|up_proj|down_proj)\.weight$"
+)
+
+
+def implied_targets(
+    weight_map: Mapping[str, str],
+    header: Callable[[str], Mapping[str, StoredTensor]],
+    dtype: torch.dtype,
+) -> dict[str, Target]:
+    """The thinker targets a release implies on its own, before any model is built: each stored thinker
+    tensor (`SKIPPED_PREFIXES` aside) under its own name and shape, and each layer's per-expert tensors as
+    the two fused tensors `per_expert_sources` maps them from. `Target.key` is the release name; floating
+    point tensors get `dtype`. Lets the read start while the model is still being built; the loader then
+    compares these with the installed thinker's targets, and `plan_reads` against the installed ones
+    stays the strict check. Raises PlanError when per-expert tensors do not form whole fused tensors."""
+    stored: dict[str, StoredTensor] = {}
+    for shard in sorted({v for k, v in weight_map.items() if not k.startswith(SKIPPED_PREFIXES)}):
+        tensors = header(shard)
+        for name, tensor in tensors.items():
+            if weight_map.get(name) == shard and not name.startswith(SKIPPED_PREFIXES):
+                stored[name] = tensor
+    absent = sorted(k for k in weight_map if not k.startswith(SKIPPED_PREFIXES) and k not in stored)
+    if absent:
+        raise PlanError(f"listed in the index but not in their shards: {names(absent)}")
+    experts: dict[str, dict[int, dict[str, tuple[int, ...]]]] = defaultdict(lambda: defaultdict(dict))
+    targets: dict[str, Target] = {}
+    for name, tensor in stored.items():
+        match = _PER_EXPERT.match(name)
+        if match is None:
+            kind = dtype if tensor.dtype.is_floating_point else tensor.dtype
+            targets[name] = Target(name, tensor.shape, kind)
+        else:
+            experts[match["prefix"]][int(match["e"])][match["part"]] = tensor.shape
+    for prefix, by_expert in experts.items():
+        count = len(by_expert)
+        first = by_expert.get(0, {})
+        gate, down = first.get("gate_proj"), first.get("down_proj")
+        if sorted(by_expert) != list(range(count)) or gate is None or down is None or len(gate) != 2:
+            raise PlanError(f"{prefix}: per-expert tensors do not cover experts 0..{count - 1} alike")
+        for name, shape in (
+            (f"{prefix}.gate_up_proj", (count, 2 * gate[0], gate[1])),
+            (f"{prefix}.down_proj", (count, *down)),
+        ):
+            sources = per_expert_sources(name, shape) or []
+            wrong = [s.name for s in sources if s.name not in stored or stored[s.name].shape != s.shape]
+            if wrong:
+                raise PlanError(f"{prefix}: per-expert tensors missing or of other shapes: {names(wrong)}")
+            targets[name] = Target(name, shape, dtype)
+    return targets
 
 
 def _sources(expected: Mapping[str, Target], weight_map: Mapping[str, str]) -> dict[str, list[Source]]:

@@ -1,9 +1,10 @@
-"""Build the Qwen3-Omni thinker (transformers' class) with uninitialised weights, ready to be filled.
+"""Build the Qwen3-Omni thinker (transformers' class) without weights, ready to be given them.
 
-The thinker is constructed directly on the target device and dtype with weight initialisation switched off:
-parameters are allocated but not written (no random init of 30B weights), while the non-persistent buffers
-that the modules compute in `__init__` (rotary `inv_freq`, the audio tower's sinusoid table) are correct. A
-meta-device build followed by `to_empty` would leave those buffers as garbage; they are not in the release.
+The thinker is constructed on the target device and dtype with weight initialisation switched off and every
+parameter on the meta device (no memory, no random init of 30B weights), while the non-persistent buffers
+that the modules compute in `__init__` (rotary `inv_freq`, the audio tower's sinusoid table) are real and
+correct. A whole meta-device build followed by `to_empty` would leave those buffers as garbage; they are
+not in the release. The loader then installs the tensors it has read as the parameters (`install_tensors`).
 
 Releases name the thinker's tensors as the checkpoint does, while transformers versions place its modules
 differently (5.24 nests the text decoder and towers under `model`); `checkpoint_names` maps between the two
@@ -13,7 +14,7 @@ from the installed module tree, and `text_model` finds the text decoder.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -31,23 +32,75 @@ def _no_init() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """While active, every parameter a module registers is replaced by a meta tensor of its shape and dtype
+    (the device tensor it was created as is dropped at once, so the allocator reuses one block), while
+    buffers stay on the device with the values `__init__` computed. Patches `nn.Module.register_parameter`
+    for the duration: build one model at a time."""
+    original = nn.Module.register_parameter
+
+    def register(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        original(self, name, param)
+
+    nn.Module.register_parameter = register  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
 def build_thinker(
     thinker_config: Any,
     device: torch.device | str,
     dtype: torch.dtype,
     attn_implementation: str = "sdpa",
 ) -> nn.Module:
-    """A `Qwen3OmniMoeThinkerForConditionalGeneration` on `device`/`dtype`, parameters NOT initialised.
+    """A `Qwen3OmniMoeThinkerForConditionalGeneration` for `device`/`dtype` whose parameters are meta
+    tensors (shape and dtype only), its buffers on `device`. Eval mode.
 
-    Every parameter must be overwritten by the caller (the release loader checks that all are). Eval mode.
+    Every parameter must then be given a tensor by `install_tensors` (the release loader gives all of them).
     """
     from transformers import Qwen3OmniMoeThinkerForConditionalGeneration
 
-    with torch.device(device), _no_init():
+    with torch.device(device), _no_init(), _parameters_on_meta():
         factory: Any = Qwen3OmniMoeThinkerForConditionalGeneration._from_config
         model = factory(thinker_config, dtype=dtype, attn_implementation=attn_implementation)
     assert isinstance(model, nn.Module)
     return model.eval()
+
+
+def install_tensors(thinker: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Make each tensor of `tensors` (installed state-dict key -> tensor of that key's shape) the thinker's
+    parameter or buffer of that key, without a copy; parameters do not require grad.
+
+    Raises ValueError naming the keys that are not in the thinker, and the parameters or buffers still on
+    the meta device afterwards."""
+    unknown: list[str] = []
+    for key, tensor in tensors.items():
+        path, _, leaf = key.rpartition(".")
+        module = thinker.get_submodule(path) if path else thinker
+        if leaf in module._parameters:
+            module._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
+        elif leaf in module._buffers:
+            module._buffers[leaf] = tensor
+        else:
+            unknown.append(key)
+    empty = [n for n, t in (*thinker.named_parameters(), *thinker.named_buffers()) if t.is_meta]
+    if unknown or empty:
+        raise ValueError(f"not thinker tensors: {unknown[:8]}; still without data: {empty[:8]}")
+
+
+def allocate_parameters(thinker: nn.Module, device: torch.device | str) -> None:
+    """Give every meta parameter of a `build_thinker` result an uninitialised tensor on `device`, for callers
+    that write the weights themselves (benches with random weights)."""
+    state = thinker.state_dict(keep_vars=True)
+    install_tensors(
+        thinker,
+        {k: torch.empty(t.shape, dtype=t.dtype, device=device) for k, t in state.items() if t.is_meta},
+    )
 
 
 CHECKPOINT_PARTS: tuple[str, ...] = ("model", "visual", "audio_tower", "lm_head")

@@ -9,6 +9,10 @@
 #   loads    (default) the loader's GPU tests; three loads in fresh processes (engine.release twice with
 #            8 and 16 readers, the old one-tensor-at-a-time read once); `clef-router serve` from spawn to
 #            /readyz and its first answers, with a cold Triton cache and then warm
+#   ready    the loader's and the engine's GPU tests; one load in a fresh process; `clef-router serve` from
+#            spawn to /readyz cold, then warm twice in the image's Python and twice with only the product's
+#            dependency closure importable (`bench.closure_site`, `python -S`); the engine bench's two
+#            headline rows on the engine from the release and on one built on the GPU (same process)
 #   restart  where the import time goes (python -X importtime), `clef-router serve` cold and warm, then
 #            `clef-router run` with a 3,000-event backlog, kill -9, restart; the engine bench's two headline
 #            rows on the engine from the release and on one built on the GPU (same process)
@@ -55,11 +59,12 @@ step() {  # step NAME TIMEOUT ARGS...: one bench.startup command, its stderr tai
     tail -n 3 "$tmp/$name.err" >&2
 }
 
-if [[ $what == loads ]]; then
+if [[ $what == loads || $what == ready ]]; then
     # PyAV is missing there: bench.e2e's placeholder stands in (these tests read no media)
-    timeout -k 10 120 python3 -c 'import sys, pytest; from bench.e2e import install_av_placeholder
+    timeout -k 10 240 python3 -c 'import sys, pytest; from bench.e2e import install_av_placeholder
 install_av_placeholder(); sys.exit(pytest.main(sys.argv[1:]))' -q -m gpu -p no:cacheprovider \
-        tests/gpu/test_release_gpu.py >"$out/gpu-tests.log" 2>&1 || echo "device-startup: GPU tests FAILED" >&2
+        tests/gpu/test_release_gpu.py $([[ $what == ready ]] && echo tests/gpu/test_engine_gpu.py) \
+        >"$out/gpu-tests.log" 2>&1 || echo "device-startup: GPU tests FAILED" >&2
     tail -n 3 "$out/gpu-tests.log" >&2
 fi
 step write 240 write --release "$release"
@@ -69,6 +74,18 @@ if [[ $what == loads ]]; then
     step load-legacy 150 load --release "$release" --legacy
     step serve-cold 150 serve --release "$release" --triton-cache "$tmp/triton"
     step serve-warm 120 serve --release "$release" --triton-cache "$tmp/triton"
+elif [[ $what == ready ]]; then
+    python3 -m bench.closure_site "$tmp/closure" >"$out/closure_site.json"
+    PYTHONPATH="$PYTHONPATH:$tmp/closure" python3 -S -c 'import importlib.util as u
+print({m: u.find_spec(m) is not None for m in ("sklearn", "torchvision", "accelerate", "torch", "transformers")})' \
+        >"$out/closure_check.txt" 2>&1 || true
+    step load-16 90 load --release "$release" --workers 16
+    step serve-cold 150 serve --release "$release" --triton-cache "$tmp/triton"
+    for i in 1 2; do
+        step "serve-warm-$i" 100 serve --release "$release" --triton-cache "$tmp/triton"
+        step "serve-closure-$i" 100 serve --release "$release" --triton-cache "$tmp/triton" --site "$tmp/closure"
+    done
+    step engine 150 engine --release "$release"
 else
     python3 -X importtime -c 'import torch; from transformers import Qwen3OmniMoeConfig' 2>"$tmp/imp.txt" || true
     sort -t'|' -k2 -n -r "$tmp/imp.txt" >"$tmp/imp-sorted.txt" || true

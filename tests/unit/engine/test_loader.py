@@ -243,7 +243,7 @@ def test_small_chunks_and_many_readers_give_the_same_weights(tiny_release: Path,
     assert fresh.read is not None
     assert fresh.read.workers == 5
     assert fresh.read.bytes == sum(v.numel() * 2 for v in loaded.model.thinker.state_dict().values())
-    assert [name for name, _ in fresh.phases][:4] == ["config", "build", "plan", "read"]
+    assert [name for name, _ in fresh.phases][:4] == ["plan", "config", "build", "read_wait"]
     _assert_same_thinker(fresh, loaded)
 
 
@@ -255,4 +255,54 @@ def test_truncated_shard_is_refused_naming_it(tiny_release: Path, tmp_path: Path
         ReleaseError,
         match=r"shard model-00001-of-00004\.safetensors: unreadable safetensors header .*past the end",
     ):
+        _load(root)
+
+
+@pytest.mark.parametrize("layout", ["per-expert", "fused"])
+def test_release_implies_exactly_the_installed_targets(tmp_path: Path, layout: str) -> None:
+    # what lets the read start before transformers is imported: the release alone implies the targets
+    from engine.release import read_config, read_weight_map, shard_headers, thinker_targets
+    from engine.release_plan import implied_targets
+    from engine.thinker import build_thinker
+
+    root = write_tiny_release(tmp_path / layout, seed=0, layout=layout)  # type: ignore[arg-type]
+    implied = implied_targets(read_weight_map(root), shard_headers(root), torch.float32)
+    thinker = build_thinker(read_config(root).thinker_config, "cpu", torch.float32)
+    installed = thinker_targets(thinker)
+    assert {n: (t.shape, t.dtype) for n, t in implied.items()} == {
+        n: (t.shape, t.dtype) for n, t in installed.items()
+    }
+    assert all(p.is_meta for p in thinker.parameters())  # the build holds no parameter memory
+    assert not any(b.is_meta for b in thinker.buffers())  # rotary tables and the like are computed
+
+
+def test_early_read_is_installed_without_a_second_read(
+    tiny_release: Path, loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads: list[int] = []
+    real = release_read.read_pieces
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        reads.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("engine.release.read_pieces", counting)
+    fresh = _load(tiny_release)
+    assert reads == [1]
+    _assert_same_thinker(fresh, loaded)
+    assert all(not p.is_meta and not p.requires_grad for p in fresh.model.thinker.parameters())
+
+
+def test_release_whose_implied_targets_differ_is_refused_by_the_strict_check(
+    tiny_release: Path, tmp_path: Path
+) -> None:
+    # the early read starts (the release is self-consistent) but holds one tensor the thinker does not
+    # take: it is dropped and the strict check names the tensor, as without an early read
+    root = _copy(tiny_release, tmp_path / "extra")
+    shard = next(iter(sorted(root.glob("model-*.safetensors"))))
+    tensors = load_file(str(shard))
+    tensors["thinker.model.layers.0.extra.weight"] = torch.zeros(2, 2)
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    _edit_index(root, lambda m: m.__setitem__("thinker.model.layers.0.extra.weight", shard.name))
+    with pytest.raises(ReleaseError, match=r"unexpected tensors: thinker\.model\.layers\.0\.extra\.weight"):
         _load(root)
