@@ -106,8 +106,11 @@ def load_cmd(args: argparse.Namespace) -> dict[str, Any]:
         from engine.release import load_release_model
         from engine.release_read import ReadOptions
 
-        options = ReadOptions(workers=args.workers, chunk_bytes=args.chunk_mb << 20)
-        loaded = load_release_model(release, device="cuda", load_processor=False, read_options=options)
+        switch = None if args.switch_ms is None or args.switch_ms <= 0 else args.switch_ms / 1e3
+        options = ReadOptions(workers=args.workers, chunk_bytes=args.chunk_mb << 20, switch_interval_s=switch)
+        loaded = load_release_model(
+            release, device="cuda", load_processor=False, read_options=options, early_read=not args.no_early
+        )
         assert loaded.read is not None
         record.update(
             phases_s={k: round(v, 3) for k, v in loaded.phases},
@@ -115,6 +118,8 @@ def load_cmd(args: argparse.Namespace) -> dict[str, Any]:
             read_gb=round(loaded.read.bytes / 1e9, 2),
             gb_per_s=round(loaded.read.gb_per_s, 2),
             workers=loaded.read.workers,
+            early_read=not args.no_early,
+            switch_ms=args.switch_ms,
             chunk_mb=args.chunk_mb,
             shards={s.shard: [round(s.bytes / 1e9, 2), round(s.seconds, 2)] for s in loaded.read.shards},
         )
@@ -182,6 +187,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m bench.startup
     p.add_argument("--legacy", action="store_true", help="load: the old one-tensor-at-a-time read")
     p.add_argument("--workers", type=int, default=16, help="load: reader threads")
     p.add_argument("--chunk-mb", type=int, default=64, help="load: buffer size per read")
+    p.add_argument("--no-early", action="store_true", help="load: read after the model is built")
+    p.add_argument(
+        "--switch-ms", type=float, default=0.2, help="load: thread switch interval during the read (0: leave)"
+    )
     p.add_argument("--triton-cache", type=Path, help="serve/restart: TRITON_CACHE_DIR of the service")
     p.add_argument(
         "--device", default="cuda", choices=("cuda", "cpu"), help="serve/restart: the engine's device"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -162,8 +163,14 @@ def _allocate_and_read(
     return tensors, stats
 
 
-_Read = Future[tuple[dict[str, torch.Tensor], ReadStats]]
-_Early = tuple[dict[str, Target], _Read]
+@dataclass(frozen=True, slots=True)
+class _Early:
+    """A read started before the model was built: the targets it fills (by release name), its result, and
+    the thread switch interval to restore once it is done."""
+
+    implied: dict[str, Target]
+    future: Future[tuple[dict[str, torch.Tensor], ReadStats]]
+    switch_interval_s: float
 
 
 def _start_early_read(
@@ -184,9 +191,14 @@ def _start_early_read(
     except (PlanError, ReleaseError) as exc:
         log.debug("no early read of %s: %s", root, exc)
         return None
+    previous = sys.getswitchinterval()
+    wanted = (options or ReadOptions()).switch_interval_s
+    if wanted is not None:
+        sys.setswitchinterval(wanted)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clef-release-read")
     try:
-        return implied, pool.submit(_allocate_and_read, implied, pieces, root, device, options)
+        future = pool.submit(_allocate_and_read, implied, pieces, root, device, options)
+        return _Early(implied, future, previous)
     finally:
         pool.shutdown(wait=False)
 
@@ -207,15 +219,17 @@ def _finish_read(
     accepts the release. Otherwise it is waited for and dropped, and the strict check runs against the
     installed targets (raising ReleaseError naming what is wrong) before a read of their own."""
     if early is not None:
-        implied, future = early
-        if {n: (t.shape, t.dtype) for n, t in implied.items()} == {
-            n: (t.shape, t.dtype) for n, t in targets.items()
-        }:
-            read, stats = future.result()
-            return {targets[name].key: tensor for name, tensor in read.items()}, stats
-        with contextlib.suppress(ReleaseError):
-            future.result()  # its memory is freed before the read below allocates again
-        del future, early
+        try:
+            if {n: (t.shape, t.dtype) for n, t in early.implied.items()} == {
+                n: (t.shape, t.dtype) for n, t in targets.items()
+            }:
+                read, stats = early.future.result()
+                return {targets[name].key: tensor for name, tensor in read.items()}, stats
+            with contextlib.suppress(ReleaseError):
+                early.future.result()  # its memory is freed before the read below allocates again
+        finally:
+            sys.setswitchinterval(early.switch_interval_s)
+        del early
     pieces = plan_thinker_reads(targets, weight_map, header)
     return _allocate_and_read(targets, pieces, root, device, options)
 
@@ -281,12 +295,15 @@ def load_release_model(
     attn_implementation: str = "sdpa",
     load_processor: bool = True,
     read_options: ReadOptions | None = None,
+    early_read: bool = True,
 ) -> LoadedModel:
     """Load the thinker (text, vision and audio towers; no talker) and the joint head, in eval mode.
 
     Blocking (seconds for the tiny release; for the full size, about its bytes over the read rate). Raises
     ReleaseError for a missing file or a missing, unexpected (other than talker./code2wav.) or mis-shaped
     tensor, naming the key. `phases` of the result times each step; `read` has the read's figures.
+    `early_read` starts the read before transformers is imported and the model built (`_start_early_read`);
+    off, the read follows the strict check against the built model.
     """
     root = Path(path)
     if not root.is_dir():
@@ -302,7 +319,7 @@ def load_release_model(
 
     weight_map = read_weight_map(root)
     header = shard_headers(root)
-    early = _start_early_read(weight_map, header, root, device, dtype, read_options)
+    early = _start_early_read(weight_map, header, root, device, dtype, read_options) if early_read else None
     phase("plan")
     config = read_config(root)  # imports transformers while the early read runs
     phase("config")

@@ -42,6 +42,10 @@ class ReadOptions:
     workers: int = field(default_factory=lambda: max(1, min(16, len(os.sched_getaffinity(0)))))
     chunk_bytes: int = 64 << 20
     depth: int = 2
+    switch_interval_s: float | None = 0.0002
+    """The interpreter's thread switch interval while a read overlaps the model's build
+    (`sys.setswitchinterval`; None leaves it): each piece's copy takes the GIL back, and at the default
+    5 ms a reader waits that long for a thread that is importing modules."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,10 +9,12 @@
 #   loads    (default) the loader's GPU tests; three loads in fresh processes (engine.release twice with
 #            8 and 16 readers, the old one-tensor-at-a-time read once); `clef-router serve` from spawn to
 #            /readyz and its first answers, with a cold Triton cache and then warm
-#   ready    the loader's and the engine's GPU tests; one load in a fresh process; `clef-router serve` from
-#            spawn to /readyz cold, then warm twice in the image's Python and twice with only the product's
-#            dependency closure importable (`bench.closure_site`, `python -S`); the engine bench's two
-#            headline rows on the engine from the release and on one built on the GPU (same process)
+#   ready    the loader's and the engine's GPU tests (unless SKIP_GPU_TESTS is set); three loads in fresh
+#            processes (read started before the build with 16 and 8 readers, read after the build);
+#            `clef-router serve` from spawn to /readyz cold, then warm twice in the image's Python and twice
+#            with only the product's dependency closure importable (`bench.closure_site`, `python -S`);
+#            the engine bench's two headline rows on the engine from the release and on one built on the
+#            GPU, same process (unless SKIP_ENGINE is set)
 #   restart  where the import time goes (python -X importtime), `clef-router serve` cold and warm, then
 #            `clef-router run` with a 3,000-event backlog, kill -9, restart; the engine bench's two headline
 #            rows on the engine from the release and on one built on the GPU (same process)
@@ -31,7 +33,13 @@ began=$SECONDS
 need_gb=70
 shm_gb=$(df -BG --output=avail /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9 || echo 0)
 if (( ${shm_gb:-0} >= need_gb )); then release=/dev/shm/clef-fullsize; else release="$tmp/release"; fi
-cleanup() { rm -rf "$release" "$tmp"; }
+cleanup() {
+    rm -rf "$release" "$tmp"
+    # the device tool brings back few files: the step logs travel as one archive
+    if compgen -G "$out/*.log" >/dev/null; then
+        tar -C "$out" -czf "$out/logs.tgz" $(cd "$out" && ls ./*.log) && rm -f "$out"/*.log
+    fi
+}
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
@@ -59,7 +67,7 @@ step() {  # step NAME TIMEOUT ARGS...: one bench.startup command, its stderr tai
     tail -n 3 "$tmp/$name.err" >&2
 }
 
-if [[ $what == loads || $what == ready ]]; then
+if [[ $what == loads || ( $what == ready && -z ${SKIP_GPU_TESTS:-} ) ]]; then
     # PyAV is missing there: bench.e2e's placeholder stands in (these tests read no media)
     timeout -k 10 240 python3 -c 'import sys, pytest; from bench.e2e import install_av_placeholder
 install_av_placeholder(); sys.exit(pytest.main(sys.argv[1:]))' -q -m gpu -p no:cacheprovider \
@@ -80,12 +88,14 @@ elif [[ $what == ready ]]; then
 print({m: u.find_spec(m) is not None for m in ("sklearn", "torchvision", "accelerate", "torch", "transformers")})' \
         >"$out/closure_check.txt" 2>&1 || true
     step load-16 90 load --release "$release" --workers 16
+    step load-8 90 load --release "$release" --workers 8
+    step load-after-build 90 load --release "$release" --workers 16 --no-early
     step serve-cold 150 serve --release "$release" --triton-cache "$tmp/triton"
     for i in 1 2; do
         step "serve-warm-$i" 100 serve --release "$release" --triton-cache "$tmp/triton"
         step "serve-closure-$i" 100 serve --release "$release" --triton-cache "$tmp/triton" --site "$tmp/closure"
     done
-    step engine 150 engine --release "$release"
+    [[ -n ${SKIP_ENGINE:-} ]] || step engine 150 engine --release "$release"
 else
     python3 -X importtime -c 'import torch; from transformers import Qwen3OmniMoeConfig' 2>"$tmp/imp.txt" || true
     sort -t'|' -k2 -n -r "$tmp/imp.txt" >"$tmp/imp-sorted.txt" || true
