@@ -50,12 +50,27 @@ tar -C "$tmp/cache" -xJf .carry/kafka-*.tar.xz
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$tmp/site" .carry/whl/*.whl
 export PYTHONPATH="$tmp/site${PYTHONPATH:+:$PYTHONPATH}" CLEF_CACHE_DIR="$tmp/cache" PATH="$tmp/jre/bin:$PATH"
 export PYTHONUNBUFFERED=1
+# PYCACHE_PREFIX=1: one bytecode cache for every step, for images whose packages ship without it
+[[ -z ${PYCACHE_PREFIX:-} ]] || export PYTHONPYCACHEPREFIX="$tmp/pycache"
 {
     echo "device-startup: $what; unpacked in $((SECONDS - began)) s; release in $release (/dev/shm free ${shm_gb} GB)"
     nvidia-smi --query-gpu=name,memory.used,clocks.sm,power.draw --format=csv,noheader || true
     df -h /dev/shm /tmp | sed 's/^/  /'
     free -g | sed 's/^/  /'
     nproc
+    # whether the image's packages come with compiled bytecode for this Python (a product image has it:
+    # pip compiles at install) and whether a run could write it
+    python3 - <<'PY' || true
+import importlib.util, os, sys
+for name in ("transformers", "torch", "sympy"):
+    spec = importlib.util.find_spec(name)
+    root = os.path.dirname(spec.origin) if spec and spec.origin else ""
+    cache = os.path.join(root, "__pycache__")
+    tag = sys.implementation.cache_tag
+    pycs = [f for f in os.listdir(cache) if tag in f] if os.path.isdir(cache) else []
+    print(f"{name}: {root} writable={os.access(root, os.W_OK)} {tag} pycs in its top folder={len(pycs)}")
+print("PYTHONPYCACHEPREFIX", os.environ.get("PYTHONPYCACHEPREFIX"), "dontwrite", sys.dont_write_bytecode)
+PY
 } 2>&1 | tee "$out/machine.txt" >&2
 
 step() {  # step NAME TIMEOUT ARGS...: one bench.startup command, its stderr tail kept in $OUT/NAME.log
@@ -87,9 +102,11 @@ elif [[ $what == ready ]]; then
     PYTHONPATH="$PYTHONPATH:$tmp/closure" python3 -S -c 'import importlib.util as u
 print({m: u.find_spec(m) is not None for m in ("sklearn", "torchvision", "accelerate", "torch", "transformers")})' \
         >"$out/closure_check.txt" 2>&1 || true
-    step load-16 90 load --release "$release" --workers 16
-    step load-8 90 load --release "$release" --workers 8
-    step load-after-build 90 load --release "$release" --workers 16 --no-early
+    if [[ -z ${SKIP_LOADS:-} ]]; then
+        step load-16 90 load --release "$release" --workers 16
+        step load-8 90 load --release "$release" --workers 8
+        step load-after-build 90 load --release "$release" --workers 16 --no-early
+    fi
     step serve-cold 150 serve --release "$release" --triton-cache "$tmp/triton"
     for i in 1 2; do
         step "serve-warm-$i" 100 serve --release "$release" --triton-cache "$tmp/triton"
