@@ -50,8 +50,13 @@ tar -C "$tmp/cache" -xJf .carry/kafka-*.tar.xz
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$tmp/site" .carry/whl/*.whl
 export PYTHONPATH="$tmp/site${PYTHONPATH:+:$PYTHONPATH}" CLEF_CACHE_DIR="$tmp/cache" PATH="$tmp/jre/bin:$PATH"
 export PYTHONUNBUFFERED=1
-# PYCACHE_PREFIX=1: one bytecode cache for every step, for images whose packages ship without it
-[[ -z ${PYCACHE_PREFIX:-} ]] || export PYTHONPYCACHEPREFIX="$tmp/pycache"
+# PYCACHE_PREFIX=1: one bytecode cache, written by the first step and read by the later ones, for an image
+# whose packages ship without compiled bytecode and whose Python is told not to write any (the GPU machine's
+# torch and sympy: PYTHONDONTWRITEBYTECODE, no __pycache__); a product image has it, as pip compiles at install
+if [[ -n ${PYCACHE_PREFIX:-} ]]; then
+    export PYTHONPYCACHEPREFIX="$tmp/pycache"
+    unset PYTHONDONTWRITEBYTECODE
+fi
 {
     echo "device-startup: $what; unpacked in $((SECONDS - began)) s; release in $release (/dev/shm free ${shm_gb} GB)"
     nvidia-smi --query-gpu=name,memory.used,clocks.sm,power.draw --format=csv,noheader || true
