@@ -113,7 +113,7 @@ print({m: u.find_spec(m) is not None for m in ("sklearn", "torchvision", "accele
         step load-after-build 90 load --release "$release" --workers 16 --no-early
     fi
     step serve-cold 150 serve --release "$release" --triton-cache "$tmp/triton"
-    for i in 1 2; do
+    for i in $(seq "${SERVE_ROUNDS:-2}"); do
         step "serve-warm-$i" 100 serve --release "$release" --triton-cache "$tmp/triton"
         step "serve-closure-$i" 100 serve --release "$release" --triton-cache "$tmp/triton" --site "$tmp/closure"
     done
