@@ -10,17 +10,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-import torch
-
 from engine.model import ClefOmniModel
-from engine.runner import DTypeName, Engine, EngineConfig
+from engine.runner import Engine, EngineConfig, dtype_name
 from schemas.systemone import SystemOneRequest, SystemOneResponse, parse_request
-
-_DTYPE_NAMES: dict[torch.dtype, DTypeName] = {
-    torch.float32: "float32",
-    torch.bfloat16: "bfloat16",
-    torch.float16: "float16",
-}
 
 
 def _unwrap(model: Any, processor: object) -> tuple[ClefOmniModel, object]:
@@ -39,7 +31,7 @@ def _unwrap(model: Any, processor: object) -> tuple[ClefOmniModel, object]:
 def config_for(model: Any, **overrides: Any) -> EngineConfig:
     """An `EngineConfig` matching where `model` lives (device and dtype of its first parameter)."""
     first = next(iter(model.parameters()))
-    base = EngineConfig(device=str(first.device), dtype=_DTYPE_NAMES.get(first.dtype, "float32"))
+    base = EngineConfig(device=str(first.device), dtype=dtype_name(first.dtype) or "float32")
     return replace(base, **overrides)
 
 

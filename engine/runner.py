@@ -41,11 +41,17 @@ from schemas.systemone import (
 log = logging.getLogger(__name__)
 
 DTypeName = Literal["float32", "bfloat16", "float16"]
-_DTYPES: dict[str, torch.dtype] = {
+TORCH_DTYPES: dict[DTypeName, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
+"""The one map between the engine's dtype names (settings, `EngineConfig.dtype`) and torch dtypes."""
+
+
+def dtype_name(dtype: torch.dtype) -> DTypeName | None:
+    """The name of `dtype` in `TORCH_DTYPES`, or None for a dtype the engine does not run in."""
+    return next((name for name, d in TORCH_DTYPES.items() if d == dtype), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +82,7 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.dtype]
+        return TORCH_DTYPES[self.dtype]
 
 
 class MediaInputLike(Protocol):
