@@ -226,10 +226,9 @@ def _finish_read(
                 read, stats = early.future.result()
                 return {targets[name].key: tensor for name, tensor in read.items()}, stats
             with contextlib.suppress(ReleaseError):
-                early.future.result()  # its memory is freed before the read below allocates again
+                early.future.result()[0].clear()  # free its tensors before the read below allocates again
         finally:
             sys.setswitchinterval(early.switch_interval_s)
-        del early
     pieces = plan_thinker_reads(targets, weight_map, header)
     return _allocate_and_read(targets, pieces, root, device, options)
 

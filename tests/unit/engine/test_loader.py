@@ -306,3 +306,34 @@ def test_release_whose_implied_targets_differ_is_refused_by_the_strict_check(
     _edit_index(root, lambda m: m.__setitem__("thinker.model.layers.0.extra.weight", shard.name))
     with pytest.raises(ReleaseError, match=r"unexpected tensors: thinker\.model\.layers\.0\.extra\.weight"):
         _load(root)
+
+
+def test_early_read_of_other_targets_is_dropped_and_read_again(
+    tiny_release: Path, loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # implied targets that pass the strict check yet differ from the installed ones (here one dtype): the
+    # early tensors are released and the installed targets are read on their own
+    import engine.release as release
+    from engine.release_plan import Target
+
+    real_implied = release.implied_targets
+    early_reads: list[dict[str, torch.Tensor]] = []
+    real_read = release._allocate_and_read
+
+    def other_dtype(*args: Any, **kwargs: Any) -> dict[str, Target]:
+        targets = real_implied(*args, **kwargs)
+        name = next(iter(sorted(targets)))
+        targets[name] = Target(name, targets[name].shape, torch.float64)
+        return targets
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        tensors, stats = real_read(*args, **kwargs)
+        early_reads.append(tensors)
+        return tensors, stats
+
+    monkeypatch.setattr(release, "implied_targets", other_dtype)
+    monkeypatch.setattr(release, "_allocate_and_read", recording)
+    fresh = _load(tiny_release)
+    assert len(early_reads) == 2
+    assert early_reads[0] == {}  # the dropped read's tensors were let go before the second read
+    _assert_same_thinker(fresh, loaded)
