@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from bench.fullsize import build_text_model
-from engine.fastpath import PackedInputs, PackedTextDecoder
+from engine.model.decoder import PackedInputs, PackedTextDecoder
 
 RESULTS: list[dict[str, Any]] = []
 
@@ -125,7 +125,7 @@ def main() -> int:
                 )
 
         if args.graph:
-            from engine.fastpath import GraphedDecoder
+            from engine.model.decoder import GraphedDecoder
 
             graphed = GraphedDecoder(fast, buckets=(512, 1024, 2048, 4096), max_records=8)
             for lengths in ([800], [300, 200], [512] * 8):
@@ -147,17 +147,17 @@ def main() -> int:
                 except Exception as exc:  # report and go on: a probe
                     emit(kind="error", what="cudagraph", error=repr(exc)[:800])
         # Fused kernels against their PyTorch twins, on fresh random inputs.
-        from engine import kernels
+        from engine.kernels import elementwise
 
         x = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16)
         d = torch.randn_like(x)
         w = torch.rand(2048, device="cuda", dtype=torch.bfloat16) + 0.5
-        y, normed = kernels.add_rms_norm(x, d, w, 1e-6)
+        y, normed = elementwise.add_rms_norm(x, d, w, 1e-6)
         ry = x + d
         emit(
             kind="check",
             what="kernel_add_rms_norm",
-            rel_err=[rel(y, ry), rel(normed, kernels.rms_norm_reference(ry, w, 1e-6))],
+            rel_err=[rel(y, ry), rel(normed, elementwise.rms_norm_reference(ry, w, 1e-6))],
         )
         h = torch.randn(70000, 1536, device="cuda", dtype=torch.bfloat16)
         rw = torch.rand(70000, device="cuda")
@@ -165,12 +165,12 @@ def main() -> int:
         emit(
             kind="check",
             what="kernel_swiglu",
-            rel_err=rel(kernels.swiglu_weighted(h, rw), torch.nn.functional.silu(g) * u * rw[:, None]),
+            rel_err=rel(elementwise.swiglu_weighted(h, rw), torch.nn.functional.silu(g) * u * rw[:, None]),
         )
         yy = torch.randn(8000 * 8, 2048, device="cuda", dtype=torch.bfloat16)
         inv = torch.randperm(8000 * 8, device="cuda")
         ref = yy.float()[inv].view(8000, 8, -1).sum(1)
-        emit(kind="check", what="kernel_combine", rel_err=rel(kernels.combine(yy, inv, 8), ref))
+        emit(kind="check", what="kernel_combine", rel_err=rel(elementwise.combine(yy, inv, 8), ref))
         # Attention backends on a 64 x 512 pack: FlashAttention varlen vs cuDNN ragged.
         from torch.nn.attention.varlen import varlen_attn
 
@@ -251,7 +251,7 @@ def main() -> int:
             return tw / tw.sum(dim=-1, keepdim=True), ti
 
         rw_ref, ri_ref = torch_route()
-        rw, ri = kernels.route_topk(logits, 8, True)
+        rw, ri = elementwise.route_topk(logits, 8, True)
         emit(
             kind="check",
             what="kernel_route_topk",
@@ -260,7 +260,7 @@ def main() -> int:
         )
         for name, fn_r in (
             ("route_torch", torch_route),
-            ("route_triton", partial(kernels.route_topk, logits, 8, True)),
+            ("route_triton", partial(elementwise.route_topk, logits, 8, True)),
         ):
             ms = time_cuda(fn_r, reps=20)
             emit(kind="time", impl=f"{name}_32768x128", ms_p50=round(statistics.median(ms), 3))

@@ -1,6 +1,7 @@
 """`python3 -m bench.batcher_gpu`: the service's batcher driving the full-size engine on one GPU.
 
-`bench.engine` streams with its own loop; this runs the service's `consumer.batcher.Batcher` instead, as
+`bench.engine` streams with its own loop; this runs the service's `consumer.batching.batcher.Batcher` instead,
+as
 `Pipeline` uses it (records submitted in runs of `prepare_chunk`, prepared in the prepare pool, batches
 flushed by `max_batch_records` / `max_batch_tokens` / `max_wait_ms`, staged and answered in the prepare
 pool, only `Engine.run` on the GPU thread), with no Kafka around it. For each batcher setting it also runs
@@ -25,9 +26,9 @@ import torch
 
 from bench.engine import TimedRun, stream
 from bench.workload import build_engine, make_request
-from consumer.batcher import Batcher, StagedCalls
+from consumer.batching.batcher import Batcher, StagedCalls
 from consumer.settings import BatchingSettings
-from engine.fastpath import default_buckets
+from engine.model.decoder import default_buckets
 from engine.runner import Engine, EngineConfig
 from schemas.systemone import SystemOneRequest, SystemOneResponse
 

@@ -13,7 +13,8 @@ One process, one run (a benchmark program, not a test; nothing here asserts a sp
 3. the engine-only figure of the same process: `bench.load_run.capacity`, a backlog through the service's
    batcher at the pipeline's batching settings, no Kafka (after a warm-up batch run, as `bench.load`);
 4. the service's topics (`consumer.settings` defaults: `alerts.in`, `decisions`, `route.*`, `alerts.dlq`)
-   created with `--partitions`; the real `consumer.pipeline.Pipeline` (at-least-once, the default settings
+   created with `--partitions`; the real `consumer.pipeline.pipeline.Pipeline` (at-least-once, the default
+   settings
    except the broker address, a fresh group and the HTTP API off) runs in this process's event loop;
 5. a producer (acks=all, idempotent) sends events at a fixed rate (`--arrivals uniform`, or Poisson) for a
    warm-up (`--warmup-s`) and then for `--seconds` at each of `--rate`, one after another, each followed by a
@@ -59,7 +60,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from consumer.pipeline import Pipeline
+    from consumer.pipeline.pipeline import Pipeline
     from devtools.kafka_local import LocalKafka
 
 Emit = Callable[..., None]
@@ -110,7 +111,7 @@ def build_engines(kind: str, layers: int | None, max_tokens: int) -> tuple[Any, 
 
         return StubEngine(), build(True, max_tokens)
     from bench.workload import build_engine
-    from engine.fastpath import default_buckets
+    from engine.model.decoder import default_buckets
     from engine.runner import EngineConfig
 
     config = EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=max_tokens, max_batch_records=256)
@@ -420,8 +421,8 @@ async def kafka_run(
     broker: LocalKafka, engine: Any, values: Sequence[bytes], plan: Plan, t0: float, emit: Emit
 ) -> list[dict[str, Any]]:
     """Steps 4-7 of the module docstring; returns the `load` lines. Stops early on SIGINT/SIGTERM."""
-    from consumer.kafka_access import service_topics
-    from consumer.pipeline import Pipeline
+    from consumer.kafka.access import service_topics
+    from consumer.pipeline.pipeline import Pipeline
     from consumer.settings import load_settings
 
     bootstrap = broker.bootstrap_servers

@@ -266,7 +266,7 @@ def main(out_dir: str | None = None, quick: bool = False) -> int:
     out = Path(out_dir or os.environ.get("OUT") or "bench-out")
     out.mkdir(parents=True, exist_ok=True)
 
-    from engine.fastpath import default_buckets
+    from engine.model.decoder import default_buckets
 
     # Built without graphs first, to measure the eager fast path; graphs are captured further down.
     config = EngineConfig(

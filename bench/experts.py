@@ -12,9 +12,10 @@ graphs up to 4,096 tokens) and measures, in one process:
    800-token request (CUDA graph, p50/p99 ms), and the load actually reached (hot / average, and the
    busiest expert / average, means over layers).
    At skew 1 the same two figures again with the bf16 experts unfused (CUTLASS grouped GEMMs with the
-   gather, SwiGLU and combine kernels around them) against the default fused Triton path (`engine.moe`),
-   and with torch's varlen FlashAttention 2 against the packed Triton attention (`engine.packed_attention`).
-2. FP8 experts (`engine.fp8`), on the same weights at skew 1: the same two figures, the device memory
+   gather, SwiGLU and combine kernels around them) against the default fused Triton path
+   (`engine.kernels.moe`),
+   and with torch's varlen FlashAttention 2 against the packed Triton attention (`engine.kernels.attention`).
+2. FP8 experts (`engine.kernels.fp8`), on the same weights at skew 1: the same two figures, the device memory
    the FP8 copies take, and the answer drift against bf16 (max and p99 |dp| over every option
    probability of `--drift` requests of the load mix, each decided in batches at budget 32,768).
 
@@ -54,11 +55,11 @@ def router_biases(engine: Any) -> list[torch.Tensor]:
 
 @contextmanager
 def recorded_routes() -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
-    """Record, per `kernels.route_topk` call (eager forwards only), the mean router logit of every expert
+    """Record, per `elementwise.route_topk` call (eager forwards only), the mean router logit of every expert
     (E,) and the expert ids chosen (T, k)."""
-    from engine import kernels
+    from engine.kernels import elementwise
 
-    original = kernels.route_topk
+    original = elementwise.route_topk
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def wrapper(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,11 +67,11 @@ def recorded_routes() -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
         seen.append((logits.float().mean(dim=0), i.detach().clone()))
         return w, i
 
-    kernels.route_topk = wrapper
+    elementwise.route_topk = wrapper
     try:
         yield seen
     finally:
-        kernels.route_topk = original
+        elementwise.route_topk = original
 
 
 def routes(engine: Any, batch: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -134,7 +135,7 @@ def biased_engine() -> tuple[Any, list[torch.Tensor], tuple[int, ...]]:
     every router, added before the CUDA graphs (up to 4,096 tokens) are captured, since they read the
     bias tensors in place."""
     from bench.workload import build_engine
-    from engine.fastpath import default_buckets
+    from engine.model.decoder import default_buckets
     from engine.runner import EngineConfig
 
     config = EngineConfig(

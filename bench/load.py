@@ -1,6 +1,7 @@
 """`python3 -m bench.load` / `clef-router bench load`: latency under load through the service's batcher.
 
-Drives `consumer.batcher.Batcher` (as `Pipeline` uses it, no Kafka) with the engine: on CUDA the full-size
+Drives `consumer.batching.batcher.Batcher` (as `Pipeline` uses it, no Kafka) with the engine: on CUDA the
+full-size
 Clef-omni thinker with random bf16 weights (`bench.workload.build_engine`, fast path and CUDA graphs), on CPU
 (`--cpu`, or no GPU) the tiny release, for a smoke run. In one run:
 
@@ -47,7 +48,7 @@ def build(cpu: bool, max_tokens: int) -> Any:
     if cpu:
         import tempfile
 
-        from engine.tiny import write_tiny_release
+        from devtools.tiny_release import write_tiny_release
 
         tiny = write_tiny_release(Path(tempfile.mkdtemp(prefix="clef-load-")) / "tiny")
         config = EngineConfig(
@@ -55,7 +56,7 @@ def build(cpu: bool, max_tokens: int) -> Any:
         )
         return Engine.from_release(tiny, config=config)
     from bench.workload import build_engine
-    from engine.fastpath import default_buckets
+    from engine.model.decoder import default_buckets
 
     config = EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=max_tokens, max_batch_records=256)
     engine = build_engine(config)

@@ -1,6 +1,7 @@
 """The measurements of `bench.load`: single-request latency, capacity under a backlog, open-loop arrivals.
 
-Every run goes through `consumer.batcher.Batcher` with the engine's staged calls (stage and respond in the
+Every run goes through `consumer.batching.batcher.Batcher` with the engine's staged calls (stage and respond
+in the
 prepare pool, only `Engine.run` on the GPU thread), as the service runs it. Times are `time.perf_counter`
 seconds; an open-loop event's latency counts from its scheduled arrival, so a late event loop shows up as
 latency instead of silently lowering the offered load.
@@ -16,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from consumer.batcher import Batcher, StagedCalls
+from consumer.batching.batcher import Batcher, StagedCalls
 from consumer.metrics import Metrics
 from consumer.settings import BatchingSettings
 

@@ -1,4 +1,5 @@
-"""One full-size MoE layer on the H200: the fused Triton expert kernels (`engine.moe`) against the unfused
+"""One full-size MoE layer on the H200: the fused Triton expert kernels (`engine.kernels.moe`) against the
+unfused
 CUTLASS path, a sweep of tile shapes, and the attention kernels one lone request can use.
 
 `python3 -m bench.moe_kernels --out DIR` builds one layer's experts (128 x (1,536 x 2,048 + 2,048 x 768),
@@ -8,13 +9,13 @@ random bf16, 1.2 GB, so every call reads them from HBM, not L2) and routes T tok
 1. `sweep`: each candidate tile shape of each kernel, at every T, in microseconds (median of 20).
 2. `layer`: the whole expert block per T (routing excluded, from the sorted pairs on): unfused (gather,
    CUTLASS gate/up, SwiGLU, CUTLASS down, combine) against fused (best shapes of the sweep, and the
-   shapes `engine.moe` ships), with the weight-read rate and TFLOP/s, and max |diff| between them.
+   shapes `engine.kernels.moe` ships), with the weight-read rate and TFLOP/s, and max |diff| between them.
 3. `attention`: one causal record of 896 tokens (32 q heads, 4 kv heads, 128 dims) through varlen
    FlashAttention and through dense SDPA per backend; 128 x 512 tokens through varlen FlashAttention
    and dense cuDNN.
 4. `dense` (alone with `--dense-only`): the attention layer's dense GEMMs at each graph bucket's rows.
 5. `packed_attention` (alone with `--packed-attention-only`): the fast path's Triton attention
-   (`engine.packed_attention`) over a sweep of launch shapes against varlen FlashAttention 2.
+   (`engine.kernels.attention`) over a sweep of launch shapes against varlen FlashAttention 2.
 
 Writes `moe_kernels.jsonl` to `--out`. Not a test: it asserts nothing.
 """
@@ -32,7 +33,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from bench.report import emit_line as emit
-from engine import kernels, moe
+from engine.kernels import elementwise, moe
 
 HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 128, 8
 
@@ -88,13 +89,14 @@ def unfused(
     gate_up: torch.Tensor,
     down: torch.Tensor,
 ) -> torch.Tensor:
-    """The fast path's bf16 expert block before `engine.moe` (as in `fastpath.PackedTextDecoder._moe`)."""
+    """The fast path's bf16 expert block before `engine.kernels.moe` (as in
+    `fastpath.PackedTextDecoder._moe`)."""
     offs = torch.cumsum(counts, dim=0, dtype=torch.int32)
     xs = x.index_select(0, order // TOP_K)
     h = F.grouped_mm(xs, gate_up.transpose(-2, -1), offs=offs)
-    a = kernels.swiglu_weighted(h, top_w.reshape(-1)[order])
+    a = elementwise.swiglu_weighted(h, top_w.reshape(-1)[order])
     y = F.grouped_mm(a, down.transpose(-2, -1), offs=offs)
-    return kernels.combine(y, inv, TOP_K)
+    return elementwise.combine(y, inv, TOP_K)
 
 
 _GATE_UP = (
@@ -419,15 +421,15 @@ SWEEP_PACKS = ("128x512", "one896")
 
 
 def packed_attention_sweep(rows: list[str], gen: torch.Generator) -> None:
-    """`engine.packed_attention`'s Triton kernel over a sweep of launch shapes against varlen
+    """`engine.kernels.attention`'s Triton kernel over a sweep of launch shapes against varlen
     FlashAttention 2, on the packs of `ATTENTION_PACKS` (32 q heads, 4 kv heads, 128 dims): microseconds
     per call and max |diff| from FlashAttention."""
     import itertools
 
     from torch.nn.attention.varlen import varlen_attn
 
-    from engine import packed_attention
-    from engine.packed_attention import AttentionTiles
+    from engine.kernels import attention
+    from engine.kernels.attention import AttentionTiles
 
     hq, hk, d = 32, 4, 128
     # The second sweep, around the first's best (64, 32, 4 warps, 3 stages, group 8 of 36 shapes:
@@ -456,8 +458,8 @@ def packed_attention_sweep(rows: list[str], gen: torch.Generator) -> None:
             us=round(us_ref, 1),
             tflop_s=round(flops / us_ref / 1e6, 1),
         )
-        for tiles in shapes if name in SWEEP_PACKS else [packed_attention.TILES]:
-            call = partial(packed_attention.attention_triton, q, k, v, cu, longest, tiles)
+        for tiles in shapes if name in SWEEP_PACKS else [attention.TILES]:
+            call = partial(attention.attention_triton, q, k, v, cu, longest, tiles)
             try:
                 got = call()
                 us = cuda_us(call, per_graph=per_graph)

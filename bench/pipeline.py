@@ -118,10 +118,10 @@ def service_outputs(settings: Settings, engine: StubEngine, count: int) -> Outpu
     The decision's `source` names a placeholder topic, partition 0 and offset `i` (the live service writes
     the real ones; lengths differ by a few bytes at most).
     """
-    from consumer.decode import decode_value
-    from consumer.outputs import default_engine_info
+    from consumer.pipeline.decode import decode_value
+    from consumer.pipeline.outputs import default_engine_info
+    from consumer.pipeline.router import Router
     from consumer.records import InputRecord
-    from consumer.router import Router
     from schemas.parse import RequestLimits
     from schemas.routing import datetime_json, engine_json
 
@@ -146,7 +146,7 @@ def service_outputs(settings: Settings, engine: StubEngine, count: int) -> Outpu
 
 async def service_run(bootstrap: str, topic: str, count: int, settings_overrides: dict[str, Any]) -> float:
     """Run `Pipeline` with `StubEngine` until all `count` input offsets are committed; returns seconds."""
-    from consumer.pipeline import Pipeline
+    from consumer.pipeline.pipeline import Pipeline
     from consumer.settings import load_settings
 
     group = f"bench-svc-{uuid.uuid4().hex[:8]}"
@@ -218,7 +218,7 @@ def main(
     """
     import statistics
 
-    from consumer.kafka_access import service_topics
+    from consumer.kafka.access import service_topics
     from consumer.settings import load_settings
     from devtools.kafka_local import LocalKafka
 
@@ -341,7 +341,7 @@ def _create_topics(bootstrap: str, names: list[str], broker: Any) -> None:
     if broker is not None:
         broker.create_topics(names, partitions=3)
         return
-    from consumer.kafka_access import ensure_topics
+    from consumer.kafka.access import ensure_topics
     from consumer.settings import KafkaSettings
 
     asyncio.run(ensure_topics(KafkaSettings(bootstrap_servers=bootstrap, topic_partitions=3), names))

@@ -30,9 +30,9 @@ import torch
 from safetensors.torch import save_file
 
 from bench.fullsize import TEXT_CONFIG
-from engine.head import JointHeadConfig, JointSchemaHead
-from engine.release_plan import per_expert_sources
-from engine.tiny import release_shapes, write_tiny_release
+from devtools.tiny_release import release_shapes, write_tiny_release
+from engine.model.head import JointHeadConfig, JointSchemaHead
+from engine.model.release_plan import per_expert_sources
 
 WEIGHT_FILES = (
     "config.json",

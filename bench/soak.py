@@ -80,7 +80,7 @@ async def _soak(bootstrap: str, minutes: float, rate: int, warmup_s: float, ever
         "CLEF_HTTP__ENABLED": "false",
         "CLEF_LOG_LEVEL": "warning",
     }
-    from consumer.kafka_access import ensure_topics
+    from consumer.kafka.access import ensure_topics
     from consumer.settings import KafkaSettings
 
     await ensure_topics(KafkaSettings(bootstrap_servers=bootstrap, topic_partitions=3), [topic])

@@ -2,7 +2,8 @@
 
 Subcommands (each prints JSON lines; `all` runs them in order and writes them under `--out`):
     write   --release DIR     write the full-size random release, published layout (`bench.release_writer`)
-    load    --release DIR     in this process: load the release onto the GPU (`engine.release`), phases, GB/s,
+    load    --release DIR     in this process: load the release onto the GPU (`engine.model.release`), phases,
+    GB/s,
                               peak host RSS and GPU memory; `--legacy` reads it the way the old loader did
                               (one tensor at a time with `safe_open` into pageable memory, then a copy)
     serve   --release DIR     process start of `clef-router serve` to `/readyz` 200 and to the first answer,
@@ -60,14 +61,14 @@ def _legacy_read(release: Path) -> tuple[float, int]:
     import torch
     from safetensors import safe_open
 
-    from engine.release import (
+    from engine.model.release import (
         plan_thinker_reads,
         read_config,
         read_weight_map,
         shard_headers,
         thinker_targets,
     )
-    from engine.thinker import build_thinker
+    from engine.model.thinker import build_thinker
 
     config = read_config(release)
     thinker = build_thinker(config.thinker_config, "cuda", torch.bfloat16)  # parameters on meta
@@ -94,7 +95,7 @@ def load_cmd(args: argparse.Namespace) -> dict[str, Any]:
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s %(message)s")
     release = Path(args.release)
-    record: dict[str, Any] = {"what": "load", "loader": "legacy" if args.legacy else "engine.release"}
+    record: dict[str, Any] = {"what": "load", "loader": "legacy" if args.legacy else "engine.model.release"}
     if args.legacy:
         seconds, nbytes = _legacy_read(release)
         record.update(
@@ -103,8 +104,8 @@ def load_cmd(args: argparse.Namespace) -> dict[str, Any]:
             gb_per_s=round(nbytes / 1e9 / seconds, 2),
         )
     else:
-        from engine.release import load_release_model
-        from engine.release_read import ReadOptions
+        from engine.model.release import load_release_model
+        from engine.model.release_read import ReadOptions
 
         switch = None if args.switch_ms is None or args.switch_ms <= 0 else args.switch_ms / 1e3
         options = ReadOptions(workers=args.workers, chunk_bytes=args.chunk_mb << 20, switch_interval_s=switch)

@@ -101,7 +101,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[str] = []
-    from engine.fastpath import default_buckets
+    from engine.model.decoder import default_buckets
 
     config = EngineConfig(
         device="cuda", dtype="bfloat16", max_batch_tokens=65536, max_batch_records=256, graph_buckets=()

@@ -87,10 +87,10 @@ def build_engine(config: EngineConfig, num_layers: int | None = None, tune_proce
     from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeThinkerConfig
 
-    from engine.head import JointHeadConfig, JointSchemaHead
-    from engine.model import ClefOmniModel
-    from engine.thinker import allocate_parameters, build_thinker
-    from engine.tiny import write_tiny_release
+    from devtools.tiny_release import write_tiny_release
+    from engine.model.clef import ClefOmniModel
+    from engine.model.head import JointHeadConfig, JointSchemaHead
+    from engine.model.thinker import allocate_parameters, build_thinker
 
     tiny = write_tiny_release(Path(tempfile.mkdtemp(prefix="clef-bench-")) / "tiny")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tiny))

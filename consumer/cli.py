@@ -119,7 +119,7 @@ def _configure_default_logging() -> None:
     notices about optional libraries."""
     if not structlog.is_configured():
         structlog.configure(logger_factory=_stderr_logger)
-    release_log = logging.getLogger("engine.release")
+    release_log = logging.getLogger("engine.model.release")
     if not any(isinstance(f, _DropOptionalLibraryNotices) for f in release_log.filters):
         release_log.addFilter(_DropOptionalLibraryNotices())
 

@@ -46,7 +46,7 @@ class KafkaSecuritySettings(_Frozen):
     """How every Kafka client connects (`kafka.security`, env `CLEF_KAFKA__SECURITY__*`).
 
     A secret can be given inline (`SecretStr`, masked in logs) or as a `*_file` path read at start (one
-    value, surrounding whitespace stripped), not both. `consumer.kafka_config` turns this into client
+    value, surrounding whitespace stripped), not both. `consumer.kafka.config` turns this into client
     options and checks that what the protocol needs is there.
     """
 
@@ -196,7 +196,8 @@ class BatchingSettings(_Frozen):
         # adaptive is the default: on the H200 (BENCHMARKS.md, bench load) it had the lower p50 and p99 at
         # every load up to 70% of capacity (and the lower p50 at 90%), and the best fixed budget's capacity
         default="adaptive",
-        description="adaptive: batches follow the queue and the measured GPU time (consumer.adaptive); "
+        description="adaptive: batches follow the queue and the measured GPU time "
+        "(consumer.batching.adaptive); "
         "fixed: flush on max_batch_records, max_batch_tokens or max_wait_ms",
     )
     latency_target_ms: float = Field(
@@ -227,7 +228,8 @@ class EngineSettings(_Frozen):
     single_record_attempts: int = Field(default=2, ge=1, description="tries for a record failing alone")
     fp8_experts: bool = Field(
         default=False,
-        description="run the MoE experts in FP8 on Hopper GPUs (engine.fp8; opt-in, the release is bf16)",
+        description="run the MoE experts in FP8 on Hopper GPUs (engine.kernels.fp8; opt-in, "
+        "the release is bf16)",
     )
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from engine.api import systemone
-    from engine.release import load_release_model
+    from engine.model.release import load_release_model
     from engine.runner import Engine, EngineConfig
 
 __all__ = ["Engine", "EngineConfig", "load_release_model", "systemone"]
@@ -19,7 +19,7 @@ __all__ = ["Engine", "EngineConfig", "load_release_model", "systemone"]
 _HOMES = {
     "Engine": "engine.runner",
     "EngineConfig": "engine.runner",
-    "load_release_model": "engine.release",
+    "load_release_model": "engine.model.release",
     "systemone": "engine.api",
 }
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from engine.model import ClefOmniModel
+from engine.model.clef import ClefOmniModel
 from engine.runner import Engine, EngineConfig, dtype_name
 from schemas.systemone import SystemOneRequest, SystemOneResponse, parse_request
 
@@ -19,7 +19,7 @@ def _unwrap(model: Any, processor: object) -> tuple[ClefOmniModel, object]:
     """The `ClefOmniModel` and the tokenizer to use for (`LoadedModel` or model, processor or tokenizer).
 
     A `LoadedModel`'s own tokenizer stands in when `processor` is None (no multimodal processor)."""
-    from engine.release import LoadedModel
+    from engine.model.release import LoadedModel
 
     if isinstance(model, LoadedModel):
         return model.model, processor if processor is not None else model.tokenizer

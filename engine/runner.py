@@ -22,11 +22,11 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from engine.batch import Layout, ModelBatch, forward, plan_batches
-from engine.encode import DEFAULT_MAX_TOKENS, TextEncoder, encoder_for
+from engine.batching.collate import Layout, ModelBatch, forward, plan_batches
+from engine.batching.split import EngineError, run_split
+from engine.encoding.encode import DEFAULT_MAX_TOKENS, TextEncoder, encoder_for
 from engine.media import MediaError, MediaLimits, MediaPolicy
-from engine.model import ClefOmniModel
-from engine.split import EngineError, run_split
+from engine.model.clef import ClefOmniModel
 from engine.types import EncodedRequest
 from schemas.systemone import (
     DlqReason,
@@ -59,10 +59,12 @@ class EngineConfig:
     """How the engine runs. `max_batch_tokens`/`max_batch_records` bound one forward pass; a record
     longer than `max_batch_tokens` still runs, alone. `layout` picks the collate layout (`auto`: the
     model's `preferred_layout`). `device`/`dtype` apply when loading a release. On CUDA, `fast_path`
-    runs text-only batches through the packed varlen decoder (`engine.fastpath`), replaying CUDA graphs
+    runs text-only batches through the packed varlen decoder (`engine.model.decoder`), replaying CUDA graphs
     captured per token bucket (`graph_buckets`; None: `fastpath.default_buckets(max_batch_tokens)`, empty:
-    no graphs); `fp8_experts` runs the MoE experts in FP8 there (`engine.fp8`, opt-in). A record failing
-    alone is tried `single_record_attempts` times (`engine.split`). A server maps its own settings onto
+    no graphs); `fp8_experts` runs the MoE experts in FP8 there (`engine.kernels.fp8`, opt-in). A record
+    failing
+    alone is tried `single_record_attempts` times (`engine.batching.split`). A server maps its own settings
+    onto
     this in one place (`consumer.engine_config`)."""
 
     device: str = "cuda"
@@ -155,7 +157,7 @@ class Engine:
         cfg = self.config
         on_cuda = getattr(getattr(model, "device", None), "type", "cpu") == "cuda"
         if cfg.fast_path and on_cuda and not getattr(model, "fast_path", True):
-            from engine.fastpath import default_buckets
+            from engine.model.decoder import default_buckets
 
             buckets = cfg.graph_buckets
             if buckets is None:
@@ -182,7 +184,7 @@ class Engine:
 
         from engine.media.expand import media_hook
         from engine.media.features import MediaProcessors
-        from engine.release import load_release_model
+        from engine.model.release import load_release_model
 
         cfg = config if config is not None else EngineConfig()
         cfg = replace(cfg, device=device or cfg.device, dtype=dtype or cfg.dtype)

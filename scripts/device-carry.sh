@@ -34,7 +34,7 @@ python="${CARRY_PYTHON:-python3}"
 # remote, script and compiler bits) are left out; `--check` runs the broker and the service through them.
 modules="java.base,java.desktop,java.logging,java.management,java.naming,java.security.jgss"
 modules+=",java.security.sasl,java.sql,java.xml,jdk.unsupported,jdk.management,jdk.crypto.ec"
-# Wheels: what the service path imports (consumer.pipeline, devtools.kafka_local, engine.runner, bench.*)
+# Wheels: what the service path imports (consumer.pipeline.pipeline, devtools.kafka_local, engine.runner, bench.*)
 # and the device image does not have (.library/device/KINDS.md, "Python packages already there"), at the
 # versions of the project venv (aiokafka 0.14 imports async_timeout on every Python; fastapi, starlette,
 # uvicorn, annotated-doc, backports.zstd, opentelemetry-api (fastapi needs it), anyio and swagger-ui-bundle-v2

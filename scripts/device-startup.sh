@@ -6,7 +6,7 @@
 # Needs .carry/ built by scripts/device-carry.sh (JRE, broker jars, wheels; see device-e2e.sh). Writes the
 # full-size random release in the published layout (`python -m bench.startup write`) to /dev/shm when it
 # has room, else to /tmp, then:
-#   loads    (default) the loader's GPU tests; three loads in fresh processes (engine.release twice with
+#   loads    (default) the loader's GPU tests; three loads in fresh processes (engine.model.release twice with
 #            8 and 16 readers, the old one-tensor-at-a-time read once); `clef-router serve` from spawn to
 #            /readyz and its first answers, with a cold Triton cache and then warm
 #   ready    the loader's and the engine's GPU tests (unless SKIP_GPU_TESTS is set); three loads in fresh

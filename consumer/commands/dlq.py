@@ -1,4 +1,4 @@
-"""`clef-router dlq replay`: DLQ records back to their original topic (`consumer.dlq_replay`).
+"""`clef-router dlq replay`: DLQ records back to their original topic (`consumer.kafka.dlq_replay`).
 
 Loads settings like `run` (env `CLEF_*`, `--config`, `--bootstrap`) and talks to the broker through
 `consumer.commands.client.run_client`: `--timeout` seconds at most (default 30) when the broker does not
@@ -48,7 +48,7 @@ def _reason_codes() -> list[str]:
 
 
 def _dlq_replay(args: argparse.Namespace) -> int:
-    from consumer.dlq_replay import reason_filter, replay
+    from consumer.kafka.dlq_replay import reason_filter, replay
 
     settings = _settings(args)
     if args.timeout <= 0 or (args.limit is not None and args.limit < 1):

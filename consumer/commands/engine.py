@@ -67,7 +67,7 @@ def register(commands: Commands) -> None:
 
 
 def _make_tiny_release(args: argparse.Namespace) -> int:
-    from engine.tiny import write_tiny_release
+    from devtools.tiny_release import write_tiny_release
 
     path = write_tiny_release(args.dir, seed=args.seed, layout=args.layout)
     for item in path.rglob("*"):  # safetensors writes 0600; a container's other uid must read the release

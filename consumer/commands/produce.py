@@ -52,8 +52,8 @@ def _produce(args: argparse.Namespace) -> int:
 
 
 async def _send_samples(settings: Settings, topic: str, items: list[dict[str, Any]]) -> int:
-    from consumer.kafka_access import ensure_topics
-    from consumer.producer import Producer
+    from consumer.kafka.access import ensure_topics
+    from consumer.kafka.producer import Producer
     from consumer.records import OutRecord
 
     await ensure_topics(settings.kafka, [topic])

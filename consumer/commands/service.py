@@ -133,7 +133,7 @@ def _load_engine(settings: Settings) -> Engine:
     that cannot be read (see `_check_engine_settings` for the checks made before)."""
     from consumer.engine_config import engine_config
     from consumer.settings import SettingsError
-    from engine.release import ReleaseError
+    from engine.model.release import ReleaseError
     from engine.runner import Engine
 
     e = settings.engine
@@ -162,11 +162,11 @@ def _stub_engine() -> StubEngine:
 async def _serve(settings: Settings, engine: ServingEngine[P, S, R]) -> None:
     """Kafka and HTTP on one loop. SIGTERM/SIGINT: the HTTP server stops accepting and lets requests in
     progress finish while the pipeline drains (HTTP requests already in the batcher are answered)."""
-    from consumer.broker_watch import BrokerWatch
-    from consumer.http import create_app
-    from consumer.http_server import HttpServer
-    from consumer.pipeline import Pipeline
-    from consumer.serve import ServiceBackend
+    from consumer.http.app import create_app
+    from consumer.http.backends import ServiceBackend
+    from consumer.http.server import HttpServer
+    from consumer.kafka.broker_watch import BrokerWatch
+    from consumer.pipeline.pipeline import Pipeline
 
     pipeline = Pipeline(settings, engine)
     watch = BrokerWatch(settings.kafka, pipeline.metrics, settings.http.broker_unreachable_s)
@@ -228,10 +228,10 @@ def _serve_http(args: argparse.Namespace) -> int:
 
 
 async def _serve_http_async(settings: Settings, engine: ServingEngine[P, S, R]) -> None:
-    from consumer.http import create_app
-    from consumer.http_server import HttpServer
+    from consumer.http.app import create_app
+    from consumer.http.backends import HttpService
+    from consumer.http.server import HttpServer
     from consumer.runtime import tune_gc
-    from consumer.serve import HttpService
 
     service = HttpService(settings, engine)
     server = HttpServer(

@@ -74,8 +74,8 @@ async def _read(
     after the broker answered (an unreachable broker is `BrokerUnreachableError`)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from consumer.kafka_access import topic_partitions
-    from consumer.kafka_config import client_options
+    from consumer.kafka.access import topic_partitions
+    from consumer.kafka.config import client_options
 
     consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False)
     loop = asyncio.get_running_loop()
@@ -142,7 +142,7 @@ class _Printer:
     """Formats and prints records; `shown` counts the printed lines (event loop only)."""
 
     def __init__(self, settings: Any, topic: str) -> None:
-        from consumer.router import Router
+        from consumer.pipeline.router import Router
 
         self._router = Router(settings.routing, settings.topics, b"")
         self._threshold = settings.routing.review_threshold

@@ -28,7 +28,7 @@ Served = Callable[..., str]
 
 @pytest.fixture(scope="session")
 def tiny_release_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.tiny import write_tiny_release
+    from devtools.tiny_release import write_tiny_release
 
     return write_tiny_release(tmp_path_factory.mktemp("http-tiny-release"))
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from conformance_support import FIXTURE, RELEASE, Case, Outcome, load_cases, run_case
 
-from engine.release import load_release_model
+from engine.model.release import load_release_model
 from engine.runner import Engine
 
 CASES = load_cases()

@@ -1,4 +1,4 @@
-"""GPU: the packed causal attention kernel (`engine.packed_attention`) against torch's varlen
+"""GPU: the packed causal attention kernel (`engine.kernels.attention`) against torch's varlen
 FlashAttention 2, which the fast path ran before, and its batch invariance (a record's output is the
 same bits alone and inside any pack)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import packed_attention
+from engine.kernels import attention
 
 pytestmark = [
     pytest.mark.gpu,
@@ -35,7 +35,7 @@ def test_packed_attention_matches_varlen_flash_attention_cuda(lengths: list[int]
     cu, longest = _cu(lengths), max(lengths)
     want = varlen_attn(q, k, v, cu, cu, longest, longest, window_size=(-1, 0))
     assert isinstance(want, torch.Tensor)
-    got = packed_attention.attention(q, k, v, cu, longest)
+    got = attention.attention(q, k, v, cu, longest)
     err = float((got.float() - want.float()).abs().max())
     scale = float(want.float().abs().max())
     print(
@@ -47,12 +47,12 @@ def test_packed_attention_matches_varlen_flash_attention_cuda(lengths: list[int]
 def test_packed_attention_of_a_record_is_the_same_alone_and_in_a_pack_cuda() -> None:
     lengths = [300, 807, 45, 512]
     q, k, v = _qkv(sum(lengths), seed=7)
-    packed = packed_attention.attention(q, k, v, _cu(lengths), max(lengths))
+    packed = attention.attention(q, k, v, _cu(lengths), max(lengths))
     start = 0
     for n in lengths:
         rows = slice(start, start + n)
-        alone = packed_attention.attention(q[rows], k[rows], v[rows], _cu([n]), n)
+        alone = attention.attention(q[rows], k[rows], v[rows], _cu([n]), n)
         assert torch.equal(alone, packed[rows]), f"record of {n} tokens differs alone"
         start += n
     # A larger max_seqlen (a graph's cap) only adds programs that return at once.
-    assert torch.equal(packed_attention.attention(q, k, v, _cu(lengths), 4096), packed)
+    assert torch.equal(attention.attention(q, k, v, _cu(lengths), 4096), packed)

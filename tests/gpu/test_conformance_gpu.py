@@ -1,7 +1,7 @@
 """GPU: the conformance fixture's cases in bf16 on CUDA, text through the fast path, against the reference.
 
 The reference answers (tests/conformance) were computed in float32 on CPU; this prints the max |dp| per case
-that bf16 with the engine's own decoder (`engine/fastpath.py`, CUDA graphs) gives, for BENCHMARKS.md:
+that bf16 with the engine's own decoder (`engine/model/decoder.py`, CUDA graphs) gives, for BENCHMARKS.md:
     python -m pytest -m gpu tests/gpu/test_conformance_gpu.py -s
 (CLEF_CONFORMANCE_REPORT=path also writes the outcomes as JSON.) Text cases must take the fast path; image
 cases take the transformers path; audio and video cases run only where PyAV is installed. Token ids must match
@@ -81,7 +81,7 @@ def test_conformance_bf16_fast_path() -> None:
 
 
 FP8_TOLERANCE = 5e-2
-"""Per raw probability against the float32 reference with FP8 experts (opt-in mode, `engine.fp8`)."""
+"""Per raw probability against the float32 reference with FP8 experts (opt-in mode, `engine.kernels.fp8`)."""
 
 
 def test_conformance_fp8_experts_drift() -> None:

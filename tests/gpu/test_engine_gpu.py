@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.batch import Layout, collate
-from engine.release import load_release_model
-from engine.tiny import write_tiny_release
+from devtools.tiny_release import write_tiny_release
+from engine.batching.collate import Layout, collate
+from engine.model.release import load_release_model
 from engine.types import EncodedRequest
 
 pytestmark = [
@@ -97,12 +97,12 @@ def test_fast_path_batch_invariance_and_accuracy_bf16_cuda(tmp_path: Path, graph
 
 
 def test_route_topk_kernel_matches_softmax_topk_cuda() -> None:
-    from engine import kernels
+    from engine.kernels import elementwise
 
     torch.manual_seed(0)
     logits = torch.randn(5000, 128, device="cuda", dtype=torch.bfloat16)
     for normalize in (True, False):
-        w, i = kernels.route_topk(logits, 8, normalize)
+        w, i = elementwise.route_topk(logits, 8, normalize)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         ref_w, _ = torch.topk(probs, 8, dim=-1)
         if normalize:

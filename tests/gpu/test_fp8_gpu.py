@@ -1,4 +1,5 @@
-"""GPU: the opt-in FP8 expert mode (`engine.fp8`): kernels against their float32 twins, batch invariance."""
+"""GPU: the opt-in FP8 expert mode (`engine.kernels.fp8`): kernels against their float32 twins, batch
+invariance."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine import fp8
-from engine.batch import collate
-from engine.release import load_release_model
-from engine.tiny import write_tiny_release
+from devtools.tiny_release import write_tiny_release
+from engine.batching.collate import collate
+from engine.kernels import fp8
+from engine.model.release import load_release_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_engine_gpu import _record

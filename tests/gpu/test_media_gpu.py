@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.batch import Layout
+from devtools.tiny_release import write_tiny_release
+from engine.batching.collate import Layout
 from engine.runner import Engine, EngineConfig, Prepared
-from engine.tiny import write_tiny_release
 from schemas.systemone import SystemOneResponse, parse_request
 
 pytestmark = [
@@ -83,5 +83,5 @@ def test_engine_mixed_decide_matches_alone_bf16_cuda(engine: Engine) -> None:
             a = getattr(alone.answers[qid], "probabilities", None) or {"p": alone.answers[qid].noul}  # type: ignore[union-attr]
             b = getattr(answer, "probabilities", None) or {"p": answer.noul}  # type: ignore[union-attr]
             worst = max(worst, max(abs(a[k] - b[k]) for k in a))
-    print(f"engine (fast path {engine.model.fast_path}): max |dp| = {worst:.2e}")
+    print(f"engine (fast path {engine.model.clef.fast_path}): max |dp| = {worst:.2e}")
     assert worst <= 2e-3 + 1e-4  # + response rounding

@@ -1,4 +1,5 @@
-"""GPU: the fused MoE expert kernels (`engine.moe`) against the unfused CUTLASS path they replace, their
+"""GPU: the fused MoE expert kernels (`engine.kernels.moe`) against the unfused CUTLASS path they replace,
+their
 row independence (batch invariance)."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from engine import kernels, moe
+from engine.kernels import elementwise, moe
 
 pytestmark = [
     pytest.mark.gpu,
@@ -21,7 +22,7 @@ def _case(t: int, hidden: int, inter: int, experts: int, k: int, seed: int) -> t
     gate_up = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) * 0.02).bfloat16()
     down = (torch.randn(experts, hidden, inter, device="cuda", generator=gen) * 0.02).bfloat16()
     logits = torch.randn(t, experts, device="cuda", generator=gen).bfloat16()
-    top_w, top_i = kernels.route_topk(logits, k, True)
+    top_w, top_i = elementwise.route_topk(logits, k, True)
     flat = top_i.reshape(-1)
     order = torch.argsort(flat.to(torch.uint8))
     counts = torch.histc(flat, bins=experts, min=0, max=experts - 1).int()
@@ -41,9 +42,9 @@ def _unfused(
     inv = torch.empty_like(order)
     inv[order] = torch.arange(order.numel(), device="cuda")
     h = F.grouped_mm(x.index_select(0, order // k), gate_up.transpose(-2, -1), offs=offs)
-    a = kernels.swiglu_weighted(h, top_w.reshape(-1)[order])
+    a = elementwise.swiglu_weighted(h, top_w.reshape(-1)[order])
     y = F.grouped_mm(a, down.transpose(-2, -1), offs=offs)
-    return kernels.combine(y, inv, k)
+    return elementwise.combine(y, inv, k)
 
 
 @pytest.mark.parametrize(
@@ -81,14 +82,14 @@ def _ids_of(order: torch.Tensor, counts: torch.Tensor, t: int, k: int) -> torch.
 
 
 def _routed_ids(t: int, k: int, experts: int, seed: int, skewed: bool) -> torch.Tensor:
-    """(T, k) int32 expert ids from `kernels.route_topk` on random logits; `skewed`: expert 0 never
+    """(T, k) int32 expert ids from `elementwise.route_topk` on random logits; `skewed`: expert 0 never
     chosen, expert 1 by every token, as an untrained router does."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     logits = torch.randn(t, experts, device="cuda", generator=gen)
     if skewed:
         logits[:, 0] = -1e4
         logits[:, 1] += 1e4
-    return kernels.route_topk(logits.bfloat16(), k, True)[1]
+    return elementwise.route_topk(logits.bfloat16(), k, True)[1]
 
 
 @pytest.mark.parametrize("tokens", [807, 65536])
@@ -110,7 +111,10 @@ def test_group_by_expert_is_a_stable_argsort_and_bincount_cuda(tokens: int, skew
         assert torch.equal(order.long()[inv.long()], torch.arange(flat.numel(), device="cuda"))
 
     def group(ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (*kernels.group_by_expert(ids, experts), *kernels.group_by_expert_inverse(ids, experts))
+        return (
+            *elementwise.group_by_expert(ids, experts),
+            *elementwise.group_by_expert_inverse(ids, experts),
+        )
 
     check(top_i, group(top_i))
     static = top_i.clone()
@@ -144,15 +148,15 @@ def test_pair_sums_fold_into_the_residual_rms_norm_cuda(tokens: int) -> None:
     inv = torch.randperm(tokens * k, device="cuda", generator=gen).int()
     by_expert = torch.empty_like(rows)
     by_expert[inv.long()] = rows  # pair p in row inv[p]
-    y, h = kernels.add_pairs_rms_norm(x, rows, None, k, w, 1e-6)
-    two_step = kernels.add_rms_norm(x, kernels.combine(rows, None, k), w, 1e-6)
+    y, h = elementwise.add_pairs_rms_norm(x, rows, None, k, w, 1e-6)
+    two_step = elementwise.add_rms_norm(x, elementwise.combine(rows, None, k), w, 1e-6)
     assert torch.equal(y, two_step[0])
     assert torch.equal(h, two_step[1])
-    y2, h2 = kernels.add_pairs_rms_norm(x, by_expert, inv, k, w, 1e-6)
+    y2, h2 = elementwise.add_pairs_rms_norm(x, by_expert, inv, k, w, 1e-6)
     assert torch.equal(y2, y)
     assert torch.equal(h2, h)
     want_y = x.float() + rows.float().view(tokens, k, hidden).sum(dim=1)
-    want_h = kernels.rms_norm_reference(want_y, w.float(), 1e-6)
+    want_h = elementwise.rms_norm_reference(want_y, w.float(), 1e-6)
     # bf16 rounding (half a unit in the last place: at most 2^-8 of a value): of the sum (|sum| < ~5),
     # then of the add; the norm carries y's error and rounds twice more (normed, then * w)
     torch.testing.assert_close(y.float(), want_y, rtol=2**-6, atol=2**-5)
@@ -167,9 +171,9 @@ def test_moe_glue_matches_the_argsort_histc_path_cuda() -> None:
     residual = torch.randn_like(x)
     w = (1.0 + 0.1 * torch.randn_like(x[0])).bfloat16()
     old = moe.experts_forward(x, old_order, old_counts, top_w, gate_up, down)
-    want = kernels.add_rms_norm(residual, old, w, 1e-6)
-    order, counts = kernels.group_by_expert(top_i, 128)
+    want = elementwise.add_rms_norm(residual, old, w, 1e-6)
+    order, counts = elementwise.group_by_expert(top_i, 128)
     pairs = moe.experts_pairs(x, order, counts, top_w, gate_up, down)  # (T k, H)
-    got = kernels.add_pairs_rms_norm(residual, pairs, None, 8, w, 1e-6)
+    got = elementwise.add_pairs_rms_norm(residual, pairs, None, 8, w, 1e-6)
     assert torch.equal(got[0], want[0])
     assert torch.equal(got[1], want[1])

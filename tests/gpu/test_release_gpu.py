@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.release import LoadedModel, load_release_model
-from engine.release_read import ReadOptions
-from engine.tiny import write_tiny_release
+from devtools.tiny_release import write_tiny_release
+from engine.model.release import LoadedModel, load_release_model
+from engine.model.release_read import ReadOptions
 
 pytestmark = pytest.mark.gpu
 

@@ -7,7 +7,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from consumer.broker_watch import BrokerWatch
+from consumer.kafka.broker_watch import BrokerWatch
 from consumer.metrics import Metrics
 from consumer.settings import KafkaSettings
 from devtools.kafka_local import LocalKafka, free_port

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from consumer.pipeline import Pipeline
+from consumer.pipeline.pipeline import Pipeline
 from consumer.settings import Settings, load_settings
 from devtools.kafka_local import HOST, ExtraListener, LocalKafka, free_port
 from devtools.stub import StubEngine

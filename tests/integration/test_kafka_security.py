@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from consumer.kafka_access import KafkaAccessError, MissingTopicsError
-from consumer.pipeline import Pipeline
+from consumer.kafka.access import KafkaAccessError, MissingTopicsError
+from consumer.pipeline.pipeline import Pipeline
 from consumer.settings import Settings, load_settings
 from devtools.stub import StubEngine
 from tests.support.acls import Acl, grant

@@ -26,10 +26,10 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from consumer.dlq_replay import replay
-from consumer.kafka_access import topic_partitions
-from consumer.pipeline import Pipeline
-from consumer.router import route_topic
+from consumer.kafka.access import topic_partitions
+from consumer.kafka.dlq_replay import replay
+from consumer.pipeline.pipeline import Pipeline
+from consumer.pipeline.router import route_topic
 from consumer.settings import KafkaSettings, Settings, load_settings
 from devtools.kafka_local import LocalKafka
 from schemas.dead_letter import parse_dlq_headers
@@ -52,7 +52,7 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def tiny_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.tiny import write_tiny_release
+    from devtools.tiny_release import write_tiny_release
 
     return write_tiny_release(tmp_path_factory.mktemp("tiny-release"))
 

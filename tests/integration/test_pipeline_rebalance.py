@@ -21,8 +21,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
-from consumer.kafka_access import topic_partitions
-from consumer.pipeline import Pipeline
+from consumer.kafka.access import topic_partitions
+from consumer.pipeline.pipeline import Pipeline
 from consumer.settings import Settings, load_settings
 from devtools.kafka_local import LocalKafka
 from devtools.stub import StubEngine, sample_event

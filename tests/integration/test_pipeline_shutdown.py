@@ -14,8 +14,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 from structlog.testing import capture_logs
 
-from consumer.kafka_access import topic_partitions
-from consumer.pipeline import Pipeline
+from consumer.kafka.access import topic_partitions
+from consumer.pipeline.pipeline import Pipeline
 from consumer.settings import KafkaSettings, load_settings
 from devtools.kafka_local import LocalKafka
 from devtools.stub import StubEngine, StubPrepared, sample_event

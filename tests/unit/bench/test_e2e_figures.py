@@ -135,7 +135,7 @@ def test_av_placeholder_only_when_pyav_is_missing(monkeypatch: pytest.MonkeyPatc
 
 def test_event_values_decode_to_the_same_requests() -> None:
     from bench.workload import make_request
-    from consumer.decode import decode_value
+    from consumer.pipeline.decode import decode_value
     from consumer.settings import load_settings
     from schemas.parse import RequestLimits
 

@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 from bench import moe_kernels
-from engine import moe
+from engine.kernels import moe
 
 
 @pytest.mark.parametrize(

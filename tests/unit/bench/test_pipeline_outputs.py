@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 from typing import NamedTuple
 
 from bench.pipeline import echo_outputs, service_outputs
-from consumer.decode import decode_value
-from consumer.outputs import default_engine_info
+from consumer.pipeline.decode import decode_value
+from consumer.pipeline.outputs import default_engine_info
+from consumer.pipeline.router import Router
 from consumer.records import InputRecord
-from consumer.router import Router
 from consumer.settings import load_settings
 from devtools.stub import StubEngine, sample_event
 from schemas.parse import RequestLimits

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from bench.release_writer import write_fullsize_release
-from engine.release import load_release_model
+from engine.model.release import load_release_model
 
 SMALL = {
     "hidden_size": 64,

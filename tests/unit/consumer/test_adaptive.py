@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from consumer.adaptive import AdaptiveView, CostModel, adaptive_budget, plan_adaptive
-from consumer.batcher import Batcher
+from consumer.batching.adaptive import AdaptiveView, CostModel, adaptive_budget, plan_adaptive
+from consumer.batching.batcher import Batcher
 from consumer.clock import ManualClock
 from consumer.metrics import Metrics
 from consumer.settings import BatchingSettings

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from consumer.batcher import Batcher, StagedCalls, plan_next
+from consumer.batching.batcher import Batcher, StagedCalls, plan_next
 from consumer.clock import ManualClock
 from consumer.metrics import Metrics
 from consumer.settings import BatchingSettings
-from engine.split import EngineError
+from engine.batching.split import EngineError
 from schemas.errors import DlqReason, RequestError
 
 

@@ -271,8 +271,8 @@ def test_torchvision_notice_is_silenced(caplog: pytest.LogCaptureFixture) -> Non
     import logging
 
     cli._configure_default_logging()
-    log = logging.getLogger("engine.release")
-    with caplog.at_level(logging.WARNING, logger="engine.release"):
+    log = logging.getLogger("engine.model.release")
+    with caplog.at_level(logging.WARNING, logger="engine.model.release"):
         log.warning(
             "processor not loaded from /x: Qwen2VLVideoProcessor requires the Torchvision library but"
         )

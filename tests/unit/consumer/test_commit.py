@@ -1,4 +1,4 @@
-"""`consumer.commit.Committer`: the last stage in both delivery modes, on fakes (no broker)."""
+"""`consumer.pipeline.commit.Committer`: the last stage in both delivery modes, on fakes (no broker)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from consumer.commit import Committer
+from consumer.pipeline.commit import Committer
 from consumer.records import OutRecord
 from consumer.settings import KafkaSettings
 

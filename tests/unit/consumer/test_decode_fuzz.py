@@ -12,10 +12,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consumer.decode import decode_value, header_event_id
-from consumer.dlq import dead_letter
+from consumer.pipeline.decode import decode_value, header_event_id
+from consumer.pipeline.dlq import dead_letter
+from consumer.pipeline.router import route_outputs
 from consumer.records import InputRecord, OutRecord
-from consumer.router import route_outputs
 from consumer.settings import RoutingSettings, TopicSettings
 from devtools.stub import StubEngine, sample_event
 from schemas.dead_letter import parse_dlq_headers, stage_for

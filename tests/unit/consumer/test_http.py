@@ -15,10 +15,10 @@ import pytest
 from backports.zstd import compress as zstd_compress
 from pydantic import SecretStr
 
-from consumer.http import create_app
+from consumer.http.app import create_app
 from consumer.metrics import Metrics
 from consumer.settings import HttpSettings
-from engine.split import EngineError
+from engine.batching.split import EngineError
 from schemas.errors import DlqReason, RequestError
 from schemas.systemone import SystemOneRequest, SystemOneResponse, build_response, parse_request
 

@@ -9,10 +9,10 @@ import socket
 
 import pytest
 
-from consumer.http import create_app
-from consumer.http_server import HttpServer, bind_socket
+from consumer.http.app import create_app
+from consumer.http.backends import HttpService, ServiceBackend
+from consumer.http.server import HttpServer, bind_socket
 from consumer.metrics import Metrics
-from consumer.serve import HttpService, ServiceBackend
 from consumer.settings import HttpSettings, load_settings
 from devtools.stub import StubEngine
 from tests.unit.consumer.test_http import OK, FakeBackend

@@ -12,9 +12,9 @@ import pytest
 from aiokafka.abc import AbstractTokenProvider
 from aiokafka.errors import KafkaConnectionError, SaslAuthenticationFailed
 
-from consumer.kafka_access import describe_connect_error, output_topics, service_topics
-from consumer.kafka_config import KafkaConfigError, client_options
-from consumer.kafka_protocol import AclOperation, TopicAccess
+from consumer.kafka.access import describe_connect_error, output_topics, service_topics
+from consumer.kafka.config import KafkaConfigError, client_options
+from consumer.kafka.protocol import AclOperation, TopicAccess
 from consumer.settings import KafkaSettings, TopicSettings, load_settings
 from tests.support.certs import TestCA
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from consumer.offsets import OffsetTracker
+from consumer.pipeline.offsets import OffsetTracker
 
 
 def test_watermark_waits_for_the_oldest_record() -> None:

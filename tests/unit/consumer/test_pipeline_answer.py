@@ -9,9 +9,9 @@ from typing import cast
 import pytest
 from aiokafka import TopicPartition
 
-from consumer.pipeline import Pipeline
+from consumer.kafka.source import Source
+from consumer.pipeline.pipeline import Pipeline
 from consumer.settings import load_settings
-from consumer.source import Source
 from devtools.stub import StubEngine
 from schemas.errors import RequestError
 
@@ -31,7 +31,7 @@ async def test_answer_returns_the_response_and_raises_request_errors() -> None:
 
 
 class _FakeSource:
-    """The part of `consumer.source.Source` that `_admit` uses."""
+    """The part of `consumer.kafka.source.Source` that `_admit` uses."""
 
     def __init__(self, assigned: set[TopicPartition]) -> None:
         self.assigned = assigned

@@ -6,10 +6,10 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from consumer.commit import Committer
-from consumer.emitter import Emitter
+from consumer.kafka.producer import Publisher
 from consumer.metrics import Metrics
-from consumer.producer import Publisher
+from consumer.pipeline.commit import Committer
+from consumer.pipeline.emitter import Emitter
 from consumer.records import InputRecord, Outcome, OutRecord, PartitionState, Unit
 from consumer.settings import load_settings
 from schemas.envelope import DefaultSchema, to_request
@@ -235,7 +235,8 @@ async def test_emitter_guard_trip_publishes_nothing_of_the_unit() -> None:
 
 
 class FakeTransactions:
-    """Stands in for `consumer.transactions.PartitionTransactions`: records each transaction's records and
+    """Stands in for `consumer.kafka.transactions.PartitionTransactions`: records each transaction's records
+    and
     offset; `fail` is raised by the next `publish`."""
 
     def __init__(self) -> None:
@@ -301,7 +302,7 @@ async def _one_failed_transaction(error: BaseException) -> tuple[Harness, FakeTr
 
 
 async def test_exactly_once_fenced_partition_publishes_nothing_more() -> None:
-    from consumer.commit import TransactionFencedError
+    from consumer.pipeline.commit import TransactionFencedError
 
     h, txn, state = await _one_failed_transaction(TransactionFencedError("fenced"))
     txn.fail = None

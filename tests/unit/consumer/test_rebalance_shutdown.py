@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from consumer.batcher import Batcher
+from consumer.batching.batcher import Batcher
+from consumer.kafka.source import Source
 from consumer.settings import BatchingSettings, KafkaSettings, SettingsError, load_settings
-from consumer.source import Source
 
 
 @pytest.fixture(autouse=True)

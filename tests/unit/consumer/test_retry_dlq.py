@@ -7,7 +7,7 @@ import random
 import pytest
 from aiokafka.errors import KafkaConnectionError, RecordTooLargeError
 
-from consumer.dlq import DlqGuard, DlqGuardTrippedError, dead_letter
+from consumer.pipeline.dlq import DlqGuard, DlqGuardTrippedError, dead_letter
 from consumer.records import InputRecord
 from consumer.retry import is_transient, transient_retry
 from consumer.settings import DlqSettings

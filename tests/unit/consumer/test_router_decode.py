@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from consumer.decode import decode_value, header_event_id
+from consumer.pipeline.decode import decode_value, header_event_id
+from consumer.pipeline.router import route_outputs, route_topic
 from consumer.records import InputRecord
-from consumer.router import route_outputs, route_topic
 from consumer.settings import RoutingSettings, TopicSettings
 from schemas.dead_letter import stage_for
 from schemas.envelope import DefaultSchema, to_request

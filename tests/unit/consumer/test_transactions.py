@@ -1,4 +1,5 @@
-"""`consumer.transactions.PartitionTransactions` on fake producers: a producer whose aiokafka sender died
+"""`consumer.kafka.transactions.PartitionTransactions` on fake producers: a producer whose aiokafka sender
+died
 inside a transaction is replaced by a new one with the same transactional id, and the transaction is
 tried again; fencing and ordinary errors are not retried that way."""
 
@@ -12,10 +13,10 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError, KafkaError, ProducerFenced
 
-from consumer import transactions
+from consumer.kafka import transactions
+from consumer.kafka.transactions import PartitionTransactions, TransactionFencedError
 from consumer.records import OutRecord
 from consumer.settings import KafkaSettings
-from consumer.transactions import PartitionTransactions, TransactionFencedError
 
 
 class FakeProducer:

@@ -1,5 +1,5 @@
 """Run by `test_packed_attention.py` in a child process under `TRITON_INTERPRET=1`: the packed attention
-kernel (`engine.packed_attention.attention_triton`) on CPU tensors against `attention_reference`. Prints
+kernel (`engine.kernels.attention.attention_triton`) on CPU tensors against `attention_reference`. Prints
 one line per case, `case <lengths> <tiles> max_abs_diff <d>`, and exits 1 when a case differs by more
 than 1e-5."""
 
@@ -10,8 +10,8 @@ import sys
 
 import torch
 
-from engine import packed_attention
-from engine.packed_attention import AttentionTiles
+from engine.kernels import attention
+from engine.kernels.attention import AttentionTiles
 from tests.unit.engine.interpreter_patch import index_scalars_as_numpy_2_4_allows
 
 
@@ -36,9 +36,9 @@ def main() -> int:
         t = sum(lengths)
         q, k, v = (torch.randn(t, h, 16, generator=gen) for h in (8, 2, 2))
         cu = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
-        ref = packed_attention.attention_reference(q, k, v, cu)
+        ref = attention.attention_reference(q, k, v, cu)
         for tile in tiles:
-            got = packed_attention.attention_triton(q, k, v, cu, max(lengths), tile)
+            got = attention.attention_triton(q, k, v, cu, max(lengths), tile)
             diff = float((got - ref).abs().max())
             print(f"case {lengths} {tile.block_m}x{tile.block_n}/{tile.group} max_abs_diff {diff:.3e}")
             failed += not diff <= 1e-5

@@ -10,8 +10,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from engine.release import LoadedModel, load_release_model
-from engine.tiny import write_tiny_release
+from devtools.tiny_release import write_tiny_release
+from engine.model.release import LoadedModel, load_release_model
 from engine.types import EncodedRequest
 
 

@@ -1,5 +1,5 @@
 """Run by `test_moe.py` in a child process under `TRITON_INTERPRET=1`: the MoE glue kernels of
-`engine.kernels` on CPU tensors, through Triton's interpreter, against plain PyTorch.
+`engine.kernels.elementwise` on CPU tensors, through Triton's interpreter, against plain PyTorch.
 
 - `group_by_expert` / `group_by_expert_inverse` against `torch.argsort(stable=True)` and `torch.bincount`,
   exactly: empty experts, expert counts that are not powers of two, pair counts that are not a multiple
@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from engine import kernels
+from engine.kernels import elementwise
 
 # (tokens, k, experts, scan block, id dtype)
 GROUPINGS = (
@@ -25,8 +25,14 @@ GROUPINGS = (
     (33, 3, 5, 16, torch.int64),  # 99 pairs: 6 full blocks and a partial one; 5 experts
     (50, 2, 8, 32, torch.int32),  # expert 0 empty, expert 1 in nearly every token
     (0, 2, 4, 64, torch.int32),  # no pairs
-    (1, 8, 128, kernels.GROUP_BLOCK, torch.int32),  # one token: 120 of 128 experts empty
-    (700, 8, 128, kernels.GROUP_BLOCK, torch.int32),  # 5,600 pairs: a full default block and a partial one
+    (1, 8, 128, elementwise.GROUP_BLOCK, torch.int32),  # one token: 120 of 128 experts empty
+    (
+        700,
+        8,
+        128,
+        elementwise.GROUP_BLOCK,
+        torch.int32,
+    ),  # 5,600 pairs: a full default block and a partial one
     (41, 4, 6, 8, torch.int64),  # ids drawn with repeats, experts 2 and 5 never drawn
 )
 
@@ -42,8 +48,8 @@ def grouping_case(t: int, k: int, experts: int, block: int, dtype: torch.dtype, 
     flat = top_i.reshape(-1)
     want_order = torch.argsort(flat, stable=True)
     want_counts = torch.bincount(flat.long(), minlength=experts)
-    order, counts = kernels.group_by_expert(top_i, experts, block=block)
-    order2, ends, inv = kernels.group_by_expert_inverse(top_i, experts, block=block)
+    order, counts = elementwise.group_by_expert(top_i, experts, block=block)
+    order2, ends, inv = elementwise.group_by_expert_inverse(top_i, experts, block=block)
     ok = (
         order.dtype == counts.dtype == ends.dtype == inv.dtype == torch.int32
         and torch.equal(order.long(), want_order)
@@ -76,9 +82,9 @@ def sums_case(t: int, hidden: int, k: int, dtype: torch.dtype, gen: torch.Genera
     by_expert = torch.empty_like(pairs)
     by_expert[perm] = pairs  # (S, H): pair p sits in row perm[p]
     inv = perm.to(torch.int32)
-    want_d = kernels.sum_pairs_reference(pairs, None, k)  # (T, H)
+    want_d = elementwise.sum_pairs_reference(pairs, None, k)  # (T, H)
     want_y = x + want_d
-    want_n = kernels.rms_norm_reference(want_y, weight, eps)
+    want_n = elementwise.rms_norm_reference(want_y, weight, eps)
     # Differences relative to each result's largest value. float32: the order of the float32 sums and
     # the norm statistics. bf16: the interpreter rounds float32 to bf16 towards zero (the GPU to
     # nearest), so a sum can be one unit in the last place off (2^-8 to 2^-7 of it), and the norm
@@ -86,11 +92,13 @@ def sums_case(t: int, hidden: int, k: int, dtype: torch.dtype, gen: torch.Genera
     tol = 1e-6 if dtype == torch.float32 else 2.0**-5
     worst = worst_rel = 0.0
     for got, want in (
-        (kernels.combine(pairs, None, k), want_d),
-        (kernels.combine(by_expert, inv, k), want_d),
-        *zip(kernels.add_pairs_rms_norm(x, pairs, None, k, weight, eps), (want_y, want_n), strict=True),
-        *zip(kernels.add_pairs_rms_norm(x, by_expert, inv, k, weight, eps), (want_y, want_n), strict=True),
-        *zip(kernels.add_rms_norm(x, want_d, weight, eps), (want_y, want_n), strict=True),
+        (elementwise.combine(pairs, None, k), want_d),
+        (elementwise.combine(by_expert, inv, k), want_d),
+        *zip(elementwise.add_pairs_rms_norm(x, pairs, None, k, weight, eps), (want_y, want_n), strict=True),
+        *zip(
+            elementwise.add_pairs_rms_norm(x, by_expert, inv, k, weight, eps), (want_y, want_n), strict=True
+        ),
+        *zip(elementwise.add_rms_norm(x, want_d, weight, eps), (want_y, want_n), strict=True),
     ):
         assert got.shape == want.shape
         assert got.dtype == want.dtype

@@ -1,5 +1,6 @@
 """Run by `test_moe.py` in a child process under `TRITON_INTERPRET=1`: the fused MoE Triton kernels
-(`engine.moe.experts_pairs_triton`) on CPU tensors against `engine.moe.experts_pairs_reference`, row by
+(`engine.kernels.moe.experts_pairs_triton`) on CPU tensors against
+`engine.kernels.moe.experts_pairs_reference`, row by
 row in pair order. Prints one line per case, `case <args> max_abs_diff <d> scale <s>`, and exits 1 when
 a case differs by more than 1e-5."""
 
@@ -10,7 +11,7 @@ import sys
 
 import torch
 
-from engine import moe
+from engine.kernels import moe
 from tests.unit.engine.interpreter_patch import index_scalars_as_numpy_2_4_allows
 
 

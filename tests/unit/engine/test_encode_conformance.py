@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from engine.encode import TextEncoder
+from engine.encoding.encode import TextEncoder
 from schemas.systemone import (
     ChoiceAnswer,
     NoulAnswer,

@@ -1,4 +1,5 @@
-"""Golden tests: exact token sequences and spans of `engine.encode.encode_request` (SPEC section 5)."""
+"""Golden tests: exact token sequences and spans of `engine.encoding.encode.encode_request` (SPEC section
+5)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
-from engine.encode import encode_request
+from engine.encoding.encode import encode_request
 from engine.types import TYPE_CHOICE, TYPE_NOUL, TYPE_SCORE, EncodedRequest
 from schemas.systemone import SystemOneRequest
 from tests.unit.engine.text_golden import (

@@ -1,4 +1,4 @@
-"""Truncation, errors, tokenizer wrappers and thread safety of `engine.encode`."""
+"""Truncation, errors, tokenizer wrappers and thread safety of `engine.encoding.encode`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from engine.encode import TextEncoder, encode_request
+from engine.encoding.encode import TextEncoder, encode_request
 from schemas.systemone import DlqReason, RequestError, SystemOneRequest
 from tests.unit.engine.text_golden import FALSE_DEFAULT, TRUE_DEFAULT, P, expect, field, ids_of, prompt
 

@@ -1,4 +1,5 @@
-"""The FP8 expert mode's arithmetic on CPU (`engine.fp8`; the CUDA kernels are checked in tests/gpu)."""
+"""The FP8 expert mode's arithmetic on CPU (`engine.kernels.fp8`; the CUDA kernels are checked in
+tests/gpu)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from engine import fp8
-from engine.fastpath import PackedInputs, PackedTextDecoder
-from engine.release import load_release_model
-from engine.tiny import write_tiny_release
+from devtools.tiny_release import write_tiny_release
+from engine.kernels import fp8
+from engine.model.decoder import PackedInputs, PackedTextDecoder
+from engine.model.release import load_release_model
 
 
 def test_row_quantisation_keeps_each_row_within_one_e4m3_step() -> None:

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.batch import Layout, collate, forward, plan_batches, segment_softmax
-from engine.head import JointHeadConfig, JointSchemaHead, attend, decoder_layer, head_state_dict_keys
-from engine.release import LoadedModel
+from engine.batching.collate import Layout, collate, forward, plan_batches, segment_softmax
+from engine.model.head import JointHeadConfig, JointSchemaHead, attend, decoder_layer, head_state_dict_keys
+from engine.model.release import LoadedModel
 from engine.types import EncodedRequest
 
 from .conftest import make_record

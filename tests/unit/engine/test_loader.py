@@ -14,10 +14,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-import engine.release_read as release_read
-from engine.release import LoadedModel, ReleaseError, load_release_model
-from engine.release_read import ReadOptions
-from engine.tiny import write_tiny_release
+import engine.model.release_read as release_read
+from devtools.tiny_release import write_tiny_release
+from engine.model.release import LoadedModel, ReleaseError, load_release_model
+from engine.model.release_read import ReadOptions
 
 INDEX = "model.safetensors.index.json"
 
@@ -261,9 +261,9 @@ def test_truncated_shard_is_refused_naming_it(tiny_release: Path, tmp_path: Path
 @pytest.mark.parametrize("layout", ["per-expert", "fused"])
 def test_release_implies_exactly_the_installed_targets(tmp_path: Path, layout: str) -> None:
     # what lets the read start before transformers is imported: the release alone implies the targets
-    from engine.release import read_config, read_weight_map, shard_headers, thinker_targets
-    from engine.release_plan import implied_targets
-    from engine.thinker import build_thinker
+    from engine.model.release import read_config, read_weight_map, shard_headers, thinker_targets
+    from engine.model.release_plan import implied_targets
+    from engine.model.thinker import build_thinker
 
     root = write_tiny_release(tmp_path / layout, seed=0, layout=layout)  # type: ignore[arg-type]
     implied = implied_targets(read_weight_map(root), shard_headers(root), torch.float32)
@@ -286,7 +286,7 @@ def test_early_read_is_installed_without_a_second_read(
         reads.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("engine.release.read_pieces", counting)
+    monkeypatch.setattr("engine.model.release.read_pieces", counting)
     fresh = _load(tiny_release)
     assert reads == [1]
     _assert_same_thinker(fresh, loaded)
@@ -313,8 +313,8 @@ def test_early_read_of_other_targets_is_dropped_and_read_again(
 ) -> None:
     # implied targets that pass the strict check yet differ from the installed ones (here one dtype): the
     # early tensors are released and the installed targets are read on their own
-    import engine.release as release
-    from engine.release_plan import Target
+    import engine.model.release as release
+    from engine.model.release_plan import Target
 
     real_implied = release.implied_targets
     early_reads: list[dict[str, torch.Tensor]] = []

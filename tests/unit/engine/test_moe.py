@@ -1,6 +1,7 @@
-"""The fused MoE expert path (`engine.moe`) on CPU: the PyTorch twin against transformers' own MoE block,
+"""The fused MoE expert path (`engine.kernels.moe`) on CPU: the PyTorch twin against transformers' own MoE
+block,
 and the Triton kernels under Triton's interpreter against the twin; the grouping and per-token sum
-kernels of `engine.kernels` under the interpreter against PyTorch. The CUDA kernels themselves are
+kernels of `engine.kernels.elementwise` under the interpreter against PyTorch. The CUDA kernels themselves are
 checked in tests/gpu/test_moe_gpu.py."""
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import kernels, moe
-from engine.release import LoadedModel
+from engine.kernels import elementwise, moe
+from engine.model.release import LoadedModel
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -27,8 +28,8 @@ def test_reference_experts_match_the_transformers_moe_block(loaded: LoadedModel)
     x = torch.randn(37, text_model.config.hidden_size, generator=torch.Generator().manual_seed(3))
     k = text_model.config.num_experts_per_tok
     with torch.inference_mode():
-        top_w, top_i = kernels.route_topk(torch.nn.functional.linear(x, mlp.gate.weight), k, True)
-        order, counts = kernels.group_by_expert(top_i, mlp.experts.gate_up_proj.shape[0])
+        top_w, top_i = elementwise.route_topk(torch.nn.functional.linear(x, mlp.gate.weight), k, True)
+        order, counts = elementwise.group_by_expert(top_i, mlp.experts.gate_up_proj.shape[0])
         got = moe.experts_forward(x, order, counts, top_w, mlp.experts.gate_up_proj, mlp.experts.down_proj)
         want = mlp(x[None])[0]  # transformers' block: router, top-k, experts, weighted sum
     assert got.shape == want.shape == x.shape
@@ -39,11 +40,11 @@ def test_reference_experts_match_the_transformers_moe_block(loaded: LoadedModel)
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
 def test_grouping_twin_is_a_stable_argsort_and_a_histogram(dtype: torch.dtype) -> None:
     top_i = torch.tensor([[3, 0], [0, 3], [2, 0], [3, 2]], dtype=dtype)  # expert 1 empty
-    order, counts = kernels.group_by_expert(top_i, 5)
+    order, counts = elementwise.group_by_expert(top_i, 5)
     assert order.tolist() == [1, 2, 5, 4, 7, 0, 3, 6]
     assert order.dtype == counts.dtype == torch.int32
     assert counts.tolist() == [3, 0, 2, 3, 0]
-    order2, ends, inv = kernels.group_by_expert_inverse(top_i, 5)
+    order2, ends, inv = elementwise.group_by_expert_inverse(top_i, 5)
     assert torch.equal(order2, order)
     assert ends.tolist() == [3, 3, 5, 8, 8]
     assert torch.equal(order[inv.long()], torch.arange(8, dtype=torch.int32))
@@ -59,8 +60,8 @@ def test_pair_sums_in_the_residual_norm_are_combine_then_add_rms_norm_on_cpu(dty
     rows = torch.randn(t * k, hidden, generator=gen).to(dtype)
     inv = torch.randperm(t * k, generator=gen).to(torch.int32)
     for index in (None, inv):
-        got = kernels.add_pairs_rms_norm(x, rows, index, k, w, 1e-6)
-        want = kernels.add_rms_norm(x, kernels.combine(rows, index, k), w, 1e-6)
+        got = elementwise.add_pairs_rms_norm(x, rows, index, k, w, 1e-6)
+        want = elementwise.add_rms_norm(x, elementwise.combine(rows, index, k), w, 1e-6)
         assert all(torch.equal(g, v) for g, v in zip(got, want, strict=True))
 
 

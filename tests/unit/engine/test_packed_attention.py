@@ -1,4 +1,4 @@
-"""The packed causal attention of the fast path (`engine.packed_attention`) on CPU: the PyTorch twin
+"""The packed causal attention of the fast path (`engine.kernels.attention`) on CPU: the PyTorch twin
 against dense causal attention per record, the decoder with padding records behind a record (as graphs
 run it), and the Triton kernel under Triton's interpreter against the twin. The CUDA kernel itself is
 checked in tests/gpu/test_attention_gpu.py."""
@@ -16,9 +16,9 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from engine import packed_attention
-from engine.fastpath import PackedInputs, PackedTextDecoder, graph_pieces
-from engine.release import LoadedModel
+from engine.kernels import attention
+from engine.model.decoder import PackedInputs, PackedTextDecoder, graph_pieces
+from engine.model.release import LoadedModel
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -28,7 +28,7 @@ def test_reference_is_causal_attention_within_each_record() -> None:
     lengths = [5, 1, 12]
     q, k, v = (torch.randn(sum(lengths), h, 16, generator=gen) for h in (4, 2, 2))
     cu = torch.tensor([0, 5, 6, 18], dtype=torch.int32)
-    got = packed_attention.attention(q, k, v, cu, max(lengths))
+    got = attention.attention(q, k, v, cu, max(lengths))
     start = 0
     for n in lengths:
         rows = slice(start, start + n)

@@ -18,8 +18,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from engine.release import LoadedModel, ReleaseError, load_release_model
-from engine.thinker import CHECKPOINT_PARTS, checkpoint_names, part_paths, text_model
+from engine.model.release import LoadedModel, ReleaseError, load_release_model
+from engine.model.thinker import CHECKPOINT_PARTS, checkpoint_names, part_paths, text_model
 
 FIXTURE = Path(__file__).resolve().parents[2] / "conformance" / "release"
 PER_EXPERT_FIXTURE = FIXTURE.parent / "release-per-expert"
@@ -156,7 +156,7 @@ def test_head_loads_the_fixture_values(fixture_model: LoadedModel) -> None:
 def test_tiny_release_seed_0_is_the_fixture(tiny_release: Path, tmp_path: Path, layout: str) -> None:
     """The vendor built both fixture layouts with this writer (seed 0): every file matches byte for byte,
     config.json up to the transformers version that wrote it."""
-    from engine.tiny import write_tiny_release
+    from devtools.tiny_release import write_tiny_release
 
     fixture = PER_EXPERT_FIXTURE if layout == "per-expert" else FIXTURE
     if layout == "fused":

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from engine import Engine, EngineConfig, load_release_model, systemone
-from engine.encode import encode_request
+from engine.encoding.encode import encode_request
 from schemas.systemone import (
     ChoiceAnswer,
     ChoiceQuestion,

@@ -10,7 +10,7 @@ import numpy.typing as npt
 import torch
 from tokenizers import Tokenizer
 
-from engine.batch import Layout, ModelBatch, collate
+from engine.batching.collate import Layout, ModelBatch, collate
 from engine.runner import Engine, EngineConfig
 from engine.types import EncodedRequest
 from schemas.systemone import DlqReason, RequestError, SystemOneResponse

@@ -1,11 +1,12 @@
-"""`engine.split.run_split`: the one rule that splits a failed batch until every record is answered or
+"""`engine.batching.split.run_split`: the one rule that splits a failed batch until every record is answered
+or
 isolated (the service's batcher and `Engine.decide` both use it)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from engine.split import EngineError, run_split
+from engine.batching.split import EngineError, run_split
 from schemas.errors import DlqReason
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from engine.tiny import PLAIN_ADDED_TOKENS, SPECIAL_TOKENS, write_tiny_release
+from devtools.tiny_release import PLAIN_ADDED_TOKENS, SPECIAL_TOKENS, write_tiny_release
 
 FILES = {
     "config.json",

@@ -1,7 +1,8 @@
 """Test-side expectations for the encoding golden tests, computed from literal strings only.
 
 Nothing here calls the engine: pieces are written out as the SPEC states them and tokenized one by one
-with the raw `tokenizers.Tokenizer`, so a mistake in `engine.encode`/`engine.render` cannot hide in both.
+with the raw `tokenizers.Tokenizer`, so a mistake in `engine.encoding.encode`/`engine.encoding.render` cannot
+hide in both.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from devtools.tiny_release import write_tiny_release
 from engine.runner import Engine, EngineConfig
-from engine.tiny import write_tiny_release
 from tests.unit.engine.media.media_e2e_gen import b64, mp4, png, request, wav
 
 

@@ -114,7 +114,7 @@ def _tools(release: Path) -> tuple[Any, Any]:
 
 def run_case(root: Path, case: MediaCase) -> Result:
     """Our input_ids and media diagnosis for one case against the reference's."""
-    from engine.encode import encode_request
+    from engine.encoding.encode import encode_request
     from schemas.systemone import parse_request
 
     tokenizer, hook = _tools(root / "release")

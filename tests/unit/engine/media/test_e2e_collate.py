@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.batch import Layout, collate
+from engine.batching.collate import Layout, collate
 from engine.runner import Engine
 from engine.types import EncodedRequest
 from schemas.systemone import parse_request

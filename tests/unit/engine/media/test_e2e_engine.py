@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.batch import Layout
+from engine.batching.collate import Layout
 from engine.runner import Engine, Prepared
 from schemas.systemone import DlqReason, RequestError, SystemOneResponse, parse_request
 from tests.unit.engine.media.media_e2e_gen import b64, mp4, png, png_bomb, request

@@ -13,10 +13,10 @@ import torch
 from transformers import AutoTokenizer
 from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import Qwen3OmniMoeProcessor
 
+from devtools.tiny_release import write_tiny_release
 from engine.media import decode_request_media
 from engine.media.expand import interleave, media_hook, prepare_media
 from engine.media.features import MediaProcessors, audio_output_length
-from engine.tiny import write_tiny_release
 from tests.unit.engine.media.mediagen import Req, audio_bytes, b64, png_bytes, video_bytes
 
 

@@ -1,4 +1,4 @@
-"""engine.model_media finds the thinker's text model under either transformers 5.x layout."""
+"""engine.model.media finds the thinker's text model under either transformers 5.x layout."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.model_media import _flat, text_model
+from engine.model.media import _flat, text_model
 
 
 def _text() -> SimpleNamespace:

@@ -1,0 +1,114 @@
+"""Opt-in FP8 expert mode: e4m3 expert weights with per-output-channel scales, FP8 grouped GEMMs on Hopper.
+
+The release is bf16; this mode quantises the MoE experts' weights once when the fast path is enabled
+(`ClefOmniModel.enable_fast_path(fp8_experts=True)`), and each forward quantises the activations that feed
+the two expert GEMMs per row (one scale per token, dynamic). The GEMMs then read half the weight bytes
+(what bounds a lone request) and run on the FP8 tensor cores (what bounds a large batch):
+
+    x (T, H) bf16 --row quant--> (T, H) e4m3 + (T,) scale --gather--> (S, H) e4m3   [S = T * k pairs]
+    gate_up: (S, H) x (E, H, 2I) e4m3, scales (S,) x (E, 2I) -> (S, 2I) bf16
+    silu(gate) * up * routing weight --row quant--> (S, I) e4m3 + (S,) scale
+    down:    (S, I) x (E, I, H) e4m3, scales (S,) x (E, H)   -> (S, H) bf16
+
+Attention, norms, the router and the head stay bf16. Answers drift from bf16 by quantisation error
+(measured in BENCHMARKS.md); batch invariance holds as in bf16, because every scale is per row or per
+channel and so never depends on the other records of a batch.
+
+Contract: `quantize_experts` and the GEMM need CUDA with compute capability 9.0 (Hopper) for the fused
+kernels; on CPU the same arithmetic runs in float32 (tests). Nothing here allocates per call beyond the
+outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.kernels import elementwise
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8).max)  # 448.0
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Experts:
+    """One MoE layer's experts in e4m3: weights stored (E, N, K) row-major, so (E, K, N) transposed is the
+    column-major right operand the grouped GEMM wants; scales are float32 per expert and output channel."""
+
+    gate_up: torch.Tensor  # (E, 2I, H) e4m3
+    gate_up_scale: torch.Tensor  # (E, 2I) float32
+    down: torch.Tensor  # (E, H, I) e4m3
+    down_scale: torch.Tensor  # (E, H) float32
+
+    @property
+    def nbytes(self) -> int:
+        return sum(
+            t.numel() * t.element_size()
+            for t in (self.gate_up, self.gate_up_scale, self.down, self.down_scale)
+        )
+
+
+def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E, N, K) weights -> (E, N, K) e4m3 and (E, N) float32 scales (amax over K / 448)."""
+    scale = w.float().abs().amax(dim=-1).clamp_min(1e-12) / FP8_MAX  # (E, N)
+    q = (w.float() / scale[..., None]).to(FP8)  # (E, N, K)
+    return q, scale
+
+
+def quantize_experts(gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> Fp8Experts:
+    """Quantise one layer: `gate_up_proj` (E, 2I, H) and `down_proj` (E, H, I), as transformers stores them.
+
+    Blocking; runs one expert at a time so the float32 temporaries stay small (a few MB at full size).
+    """
+    parts: list[list[torch.Tensor]] = [[], [], [], []]
+    for e in range(gate_up_proj.shape[0]):
+        for j, w in enumerate((gate_up_proj[e : e + 1], down_proj[e : e + 1])):
+            q, s = quantize_weight(w)
+            parts[2 * j].append(q)
+            parts[2 * j + 1].append(s)
+    gu, gus, dn, dns = (torch.cat(p) for p in parts)
+    return Fp8Experts(gu.contiguous(), gus.contiguous(), dn.contiguous(), dns.contiguous())
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R, K) -> (R, K) e4m3 and (R,) float32 scales, one per row (dynamic, amax / 448)."""
+    if elementwise.HAVE_TRITON and x.is_cuda:
+        return elementwise.row_quant_fp8(x, FP8, FP8_MAX)
+    xf = x.float()
+    scale = xf.abs().amax(dim=-1).clamp_min(1e-12) / FP8_MAX  # (R,)
+    return (xf / scale[:, None]).to(FP8), scale
+
+
+def swiglu_quantized(h: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """silu(gate) * up * w for (S, 2I) rows and (S,) weights, quantised per row: (S, I) e4m3, (S,) scales."""
+    if elementwise.HAVE_TRITON and h.is_cuda:
+        return elementwise.swiglu_fp8(h, w, FP8, FP8_MAX)
+    gate, up = h.float().chunk(2, dim=-1)
+    a = torch.nn.functional.silu(gate) * up * w.float()[:, None]  # (S, I) float32
+    scale = a.abs().amax(dim=-1).clamp_min(1e-12) / FP8_MAX
+    return (a / scale[:, None]).to(FP8), scale
+
+
+def gather_rows(q: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """q[index] for an e4m3 (R, K) tensor (gathered as bytes: index_select has no float8 kernels)."""
+    return q.view(torch.uint8).index_select(0, index).view(FP8)
+
+
+def grouped_mm(
+    a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, offs: torch.Tensor
+) -> torch.Tensor:
+    """(S, K) e4m3 rows grouped by `offs` (E,) times per-group weights `w` (E, N, K) e4m3 -> (S, N) bf16,
+    scaled by `a_scale` (S,) and `w_scale` (E, N)."""
+    if a.is_cuda:
+        out: torch.Tensor = torch._scaled_grouped_mm(
+            a, w.transpose(-2, -1), a_scale, w_scale, offs=offs, out_dtype=torch.bfloat16, use_fast_accum=True
+        )
+        return out
+    rows = []
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        seg = a[start:end].float() * a_scale[start:end, None]  # (n, K)
+        rows.append(seg @ (w[e].float() * w_scale[e][:, None]).T)  # (n, N)
+        start = end
+    return torch.cat(rows).to(torch.bfloat16)

@@ -1,0 +1,242 @@
+"""`ClefOmniModel`: the Qwen3-Omni thinker's text decoder plus the joint schema head.
+
+The head reads the thinker's final normalised hidden states (the text model's output, after its last RMSNorm);
+the thinker's `lm_head` is never applied, its weight rows are the head's lexical table E.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from engine.batching.collate import Layout, ModelBatch, collate
+from engine.model.decoder import GraphedDecoder, PackedInputs, PackedTextDecoder, varlen_available
+from engine.model.head import JointSchemaHead
+from engine.model.media import media_hidden_states, rope_positions
+from engine.model.thinker import part_paths
+from engine.types import EncodedRequest
+
+_VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
+
+log = logging.getLogger(__name__)
+
+
+_HEAD_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+"""Every SDPA backend but cuDNN's, for the head off CUDA (see `ClefOmniModel.forward_probabilities`)."""
+_HEAD_SDPA_BACKENDS_CUDA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+"""The head's SDPA backends on CUDA: the memory-efficient kernel (math only for shapes it refuses)."""
+
+
+class ClefOmniModel(nn.Module):
+    """Thinker (transformers' `Qwen3OmniMoeThinkerForConditionalGeneration`) + `JointSchemaHead`."""
+
+    def __init__(self, thinker: nn.Module, head: JointSchemaHead, pad_token_id: int = 0) -> None:
+        super().__init__()
+        self.thinker = thinker
+        self.head = head
+        self.pad_token_id = pad_token_id
+        # Where the text decoder sits depends on the transformers version; found once from the module tree.
+        self._text_path = part_paths(thinker)["model"]
+        self._fast: PackedTextDecoder | None = None
+        self._graphed: GraphedDecoder | None = None
+
+    def enable_fast_path(
+        self,
+        *,
+        graph_buckets: tuple[int, ...] = (),
+        max_graph_records: int = 16,
+        fp8_experts: bool = False,
+        fused_experts: bool = True,
+        triton_attention: bool = True,
+    ) -> bool:
+        """Use the padding-free varlen decoder (`engine.model.decoder`) for text-only batches on CUDA.
+
+        Optional CUDA graphs replay the decoder for batches up to the largest of `graph_buckets` tokens
+        (single requests and small batches, where kernel launches dominate). `fp8_experts` runs the MoE
+        experts in FP8 (`engine.kernels.fp8`, opt-in; the release is bf16). Calling again switches either and
+        recaptures the graphs. Returns False (and changes nothing) off CUDA or when this torch lacks
+        varlen attention / grouped GEMMs. `fused_experts=False` runs bf16 experts unfused (CUTLASS grouped
+        GEMMs; benchmarks compare the two, see `engine.kernels.moe`), `triton_attention=False` runs attention
+        through
+        torch's varlen FlashAttention 2 instead of `engine.kernels.attention` (likewise).
+        """
+        if self.device.type != "cuda" or not varlen_available():
+            return False
+        start = time.monotonic()
+        if self._fast is None:  # built once: it holds fused QKV copies of the attention weights
+            self._fast = PackedTextDecoder(self.text_model)
+        self._fast.use_fp8_experts(fp8_experts)
+        self._fast.fused_experts = fused_experts
+        self._fast.triton_attention = triton_attention
+        built = time.monotonic()
+        self._graphed = (
+            GraphedDecoder(self._fast, graph_buckets, max_graph_records) if graph_buckets else None
+        )
+        graphs = 0
+        if self._graphed is not None:
+            weight: torch.Tensor = self.text_model.embed_tokens.weight
+            graphs = self._graphed.capture_all(weight.shape[1], weight.dtype, weight.device)
+        log.info(
+            "fast path built in %.2fs (fp8 experts %s); %d CUDA graphs captured and replayed in %.2fs",
+            built - start,
+            fp8_experts,
+            graphs,
+            time.monotonic() - built,
+        )
+        return True
+
+    @property
+    def text_model(self) -> Any:
+        """The thinker's text decoder (`embed_tokens`, `layers`, `norm`, `rotary_emb`): `thinker.model` under
+        transformers 5.17, `thinker.model.language_model` under 5.24 (see
+        `engine.model.thinker.part_paths`)."""
+        return self.thinker.get_submodule(self._text_path)
+
+    @property
+    def fast_path(self) -> bool:
+        return self._fast is not None
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.head.parameters()).device
+
+    @property
+    def attn_implementation(self) -> str:
+        config: Any = getattr(self.thinker, "config", None)
+        return str(getattr(config, "_attn_implementation", None) or "sdpa")
+
+    @property
+    def preferred_layout(self) -> Layout:
+        """`packed` unless attention is dense sdpa/eager on a GPU, where a block-diagonal (T, T) mask would
+        cost quadratic work over the whole pack; there right-padding to the batch's longest record wins."""
+        dense = self.attn_implementation not in _VARLEN_ATTENTION
+        if self._fast is None and self.device.type == "cuda" and dense:
+            return "padded"
+        return "packed"
+
+    @property
+    def media_layout(self) -> Layout:
+        """Layout for batches with media, which always take the transformers path: `padded` for dense
+        attention on a GPU (as `preferred_layout` without the fast path), else `packed`."""
+        dense = self.attn_implementation not in _VARLEN_ATTENTION
+        return "padded" if self.device.type == "cuda" and dense else "packed"
+
+    def can_pack(self, with_media: bool) -> bool:
+        """Whether records packed back to back in one row need no dense attention mask: text on the varlen
+        fast path, or any batch under a varlen attention implementation. Otherwise transformers turns
+        the packed row into a block-diagonal (T, T) mask, quadratic in the pack's tokens."""
+        varlen = self.attn_implementation in _VARLEN_ATTENTION
+        return varlen or (not with_media and self._fast is not None)
+
+    def layout_for(self, with_media: bool) -> Layout:
+        """The layout `collate` picks when given none: `media_layout` for a batch with media records,
+        else `preferred_layout`."""
+        return self.media_layout if with_media else self.preferred_layout
+
+    def rope_index(self, record: EncodedRequest) -> torch.Tensor:
+        """(3, L) int64 t/h/w rope positions of a media record (CPU; see `model_media.rope_positions`)."""
+        return rope_positions(self.thinker, record)
+
+    def collate(self, encoded: Sequence[EncodedRequest], layout: Layout | None = None) -> ModelBatch:
+        """`engine.batching.collate.collate` with this model's layout, pad id, device and media rope index."""
+        with_media = any(rec.media for rec in encoded)
+        config: Any = getattr(self.thinker, "config", None)
+        audio_config: Any = getattr(config, "audio_config", None)
+        return collate(
+            encoded,
+            layout=layout or self.layout_for(with_media),
+            pad_token_id=self.pad_token_id,
+            device=self.device,
+            rope_index=self.rope_index if with_media else None,
+            n_window=int(getattr(audio_config, "n_window", 50)),
+        )
+
+    def hidden_states(self, batch: ModelBatch) -> torch.Tensor:
+        """(T, hidden) final normalised states of the batch's real tokens, records back to back."""
+        text_model = self.text_model
+        hidden: torch.Tensor
+        if batch.media is not None:  # media never takes the text-only fast path
+            hidden = media_hidden_states(self.thinker, batch)  # (rows, cols, H)
+        elif self._fast is not None and batch.layout == "packed":
+            return self._fast_hidden_states(text_model, batch)
+        else:
+            out = text_model(
+                input_ids=batch.input_ids,
+                position_ids=batch.position_ids,
+                attention_mask=batch.attention_mask,
+                use_cache=False,
+            )
+            hidden = out.last_hidden_state  # (rows, cols, H)
+        flat = hidden.reshape(-1, hidden.shape[-1])  # (rows * cols, H)
+        return flat if batch.token_gather is None else flat[batch.token_gather]  # (T, H)
+
+    def _fast_hidden_states(self, text_model: Any, batch: ModelBatch) -> torch.Tensor:
+        assert self._fast is not None
+        if batch.media is not None:
+            raise ValueError("a batch with media cannot take the text-only fast path")
+        ids = batch.input_ids[0]  # (T,)
+        lengths = torch.tensor((0, *batch.lengths), dtype=torch.int32)
+        cu = lengths.cumsum(0, dtype=torch.int32).to(ids.device, non_blocking=True)  # (N+1,)
+        packed = PackedInputs(
+            inputs_embeds=text_model.embed_tokens(ids),  # (T, H)
+            position_ids=batch.position_ids[1:, 0, :],  # (3, T) t/h/w rope positions
+            cu_seqlens=cu,
+            max_seqlen=max(batch.lengths),
+        )
+        if self._graphed is not None:
+            return self._graphed.run(packed)
+        return self._fast(packed)
+
+    def lexical_table(self) -> torch.Tensor:
+        lm_head: Any = self.thinker.lm_head
+        weight: torch.Tensor = lm_head.weight  # (V, H)
+        return weight
+
+    def forward_probabilities(self, batch: ModelBatch) -> torch.Tensor:
+        """Flat (N,) float32 option probabilities on the model's device (see `SpanIndex` for the order).
+
+        The head's masked attention may not take cuDNN's SDPA: cuDNN builds a plan for every new
+        (records, longest) shape, which cost the head 148 ms on the first batch of each shape against
+        9.4 ms warm on the H200 (`bench.cold_probe`), and under load nearly every small batch has a new
+        shape; the other backends need no plan (11.6 ms cold, 10.4 ms warm). Transformers' padded path
+        (media) keeps the default choice: without cuDNN its padded batches moved 2.10e-03 from the same
+        records alone, above the SPEC's 2e-3 (tests/gpu/test_media_gpu.py).
+
+        On CUDA the head takes the memory-efficient kernel only: a padded batch's attentions are masked,
+        and FlashAttention, which SDPA prefers when there is no mask (a lone record, records of one
+        length), would give those records other roundings than the same records in a padded batch. The
+        price on the H200: 22.0 us per head attention against 9.1 us, 0.13 ms of GPU time for one
+        800-token request's ten (BENCHMARKS.md, "Engine, round five"). Off CUDA (CPU tests, the float32
+        conformance run) torch's choice stands.
+        """
+        hidden = self.hidden_states(batch)  # (T, H)
+        cuda = hidden.device.type == "cuda"
+        with sdpa_kernel(_HEAD_SDPA_BACKENDS_CUDA if cuda else _HEAD_SDPA_BACKENDS):
+            probs: torch.Tensor = self.head(hidden, self.lexical_table(), batch.index)  # (N,)
+        return probs
+
+    def forward_batch(self, batch: ModelBatch) -> list[list[npt.NDArray[np.float32]]]:
+        """Probabilities per record, per question (request order), per option (`option_table` order).
+
+        Runs under `torch.inference_mode()`; `batch` must already be on the model's device (see `collate`).
+        One device-to-host copy per batch. May raise `torch.OutOfMemoryError` (the caller splits the batch).
+        """
+        with torch.inference_mode():
+            flat = self.forward_probabilities(batch).to("cpu", torch.float32).numpy()  # (N,)
+        out: list[list[npt.NDArray[np.float32]]] = []
+        offset = 0
+        for counts in batch.options_per_question:
+            record: list[npt.NDArray[np.float32]] = []
+            for n in counts:
+                record.append(flat[offset : offset + n])
+                offset += n
+            out.append(record)
+        return out

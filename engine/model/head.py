@@ -1,0 +1,305 @@
+"""Joint schema head (SPEC section 4): plain PyTorch, vectorised over a whole batch.
+
+The head reads the thinker's final normalised hidden states of every record of a batch (flattened to one
+`(T, hidden)` matrix of real tokens, records back to back) and the lexical table E (the thinker's `lm_head`
+weight), and returns one float32 probability per option, in the order of `SpanIndex` (records, then questions,
+then options in `option_table` order). Everything is gathered with index tensors built by
+`engine.batching.collate`;
+there is no Python loop over records, questions or options in `forward`.
+
+State-dict keys (exactly what a released `joint_head.safetensors` holds, SPEC section 4; `R` = routing_layers,
+`N` = layers; 22 + 14 R + 18 N tensors):
+    hidden_norm.{weight,bias}                                LayerNorm(hidden)
+    memory_projection.weight, question_projection.weight,    bias-free Linear(hidden -> width) each
+    option_question_projection.weight, global_projection.weight,
+    option_context_projection.weight, option_lexical_projection.weight
+    type_embedding.weight                                    Embedding(3, width)
+    evidence_layers.{0..R-1}.query_norm.{weight,bias}        LN_q
+    evidence_layers.{i}.memory_norm.{weight,bias}            LN_m
+    evidence_layers.{i}.attention.{in_proj_weight,in_proj_bias,out_proj.weight,out_proj.bias}
+    evidence_layers.{i}.feedforward_norm.{weight,bias}       LN_f
+    evidence_layers.{i}.feedforward.{0,3}.{weight,bias}      Linear, GELU, Dropout, Linear
+    option_summary_norm.{weight,bias}                        LN_sum
+    layers.{0..N-1}.<torch.nn.TransformerDecoderLayer keys>  self_attn.*, multihead_attn.*, linear1.*,
+                                                             linear2.*, norm1.*, norm2.*, norm3.*
+    field_norm.{weight,bias}, option_norm.{weight,bias}      LN_field, LN_opt
+    residual_scorer.{0,3}.{weight,bias}                      Linear(4w, w), GELU, Dropout, Linear(w, 1)
+    prior_logit_scale, joint_logit_scale, residual_gate      0-d scalars
+The dropouts (p = 0, no parameters) hold place 2 of the two Sequentials, so that their second Linear is `.3`
+as in the release.
+
+Reading of the SPEC formula: the option vector `o` used both in `cos(field, LN_opt(o))` and in the residual
+scorer is the normalised one, `LN_opt(o)`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from engine.batching.collate import SpanIndex, segment_mean, segment_softmax
+
+_MAX_LOG_SCALE = math.log(100.0)
+
+
+@dataclass(frozen=True, slots=True)
+class JointHeadConfig:
+    """`joint_head_config.json`: sizes of the head (dense Clef: 1024 / 2 / 4 / 16 / 4096)."""
+
+    hidden_size: int
+    width: int = 1024
+    routing_layers: int = 2
+    layers: int = 4
+    heads: int = 16
+    feedforward: int = 4096
+
+    @classmethod
+    def from_json(cls, path: Path) -> JointHeadConfig:
+        """Read the config strictly: every key required, no unknown key. Raises ValueError."""
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path.name}: expected a JSON object")
+        names = ("hidden_size", "width", "routing_layers", "layers", "heads", "feedforward")
+        missing = [k for k in names if k not in raw]
+        unknown = sorted(set(raw) - set(names))
+        if missing or unknown:
+            raise ValueError(f"{path.name}: missing keys {missing}, unknown keys {unknown}")
+        values = {k: raw[k] for k in names}
+        for key, value in values.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{path.name}: {key} must be a positive integer, got {value!r}")
+        if values["width"] % values["heads"] != 0:
+            raise ValueError(f"{path.name}: width {values['width']} not divisible by heads {values['heads']}")
+        return cls(**values)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "hidden_size": self.hidden_size,
+                "width": self.width,
+                "routing_layers": self.routing_layers,
+                "layers": self.layers,
+                "heads": self.heads,
+                "feedforward": self.feedforward,
+            },
+            indent=2,
+        )
+
+
+def _two_layer(width_in: int, width_mid: int, width_out: int) -> nn.Sequential:
+    """Linear, GELU (exact), Dropout(0), Linear: the released key numbering `.0` and `.3`."""
+    return nn.Sequential(
+        nn.Linear(width_in, width_mid), nn.GELU(), nn.Dropout(0.0), nn.Linear(width_mid, width_out)
+    )
+
+
+class EvidenceLayer(nn.Module):
+    """Pre-norm evidence routing: q += MHA(LN_q(q), LN_m(m), LN_m(m)); q += FFN(LN_f(q))."""
+
+    def __init__(self, width: int, heads: int, feedforward: int) -> None:
+        super().__init__()
+        self.query_norm = nn.LayerNorm(width)
+        self.memory_norm = nn.LayerNorm(width)
+        self.attention = nn.MultiheadAttention(width, heads, dropout=0.0, batch_first=True)
+        self.feedforward_norm = nn.LayerNorm(width)
+        self.feedforward = _two_layer(width, feedforward, width)
+
+    def forward(self, q: torch.Tensor, memory: torch.Tensor, memory_pad: torch.Tensor | None) -> torch.Tensor:
+        """q: (B, O, w) option queries; memory: (B, L, w); memory_pad: (B, L) True = padding, or None
+        when no row has padding."""
+        q = q + attend(self.attention, self.query_norm(q), self.memory_norm(memory), memory_pad)  # (B, O, w)
+        out: torch.Tensor = q + self.feedforward(self.feedforward_norm(q))  # (B, O, w)
+        return out
+
+
+def attend(
+    attention: nn.MultiheadAttention, x: torch.Tensor, memory: torch.Tensor, memory_pad: torch.Tensor | None
+) -> torch.Tensor:
+    """`attention(x, memory, memory, key_padding_mask=memory_pad)` (batch first, no weights returned)
+    through one `F.scaled_dot_product_attention` call, masked or not: (B, n, w) for x (B, n, w) and
+    memory (B, L, w); memory_pad (B, L) True = padding, or None. Self-attention when `memory is x`.
+
+    nn.MultiheadAttention computes masked and unmasked attention differently (its fused native path for
+    self-attention treats a mask apart), so with it a lone record (no mask) and the same record in a
+    padded batch moved apart by up to 1.64e-03 in bf16 on the H200. Through this one call (and one SDPA
+    kernel on CUDA, see `ClefOmniModel.forward_probabilities`) they differ by 1.63e-06 on the fast path
+    and 5.96e-08 padded (tests/gpu/test_engine_gpu.py).
+    """
+    width = x.shape[-1]
+    heads = attention.num_heads
+    w, b = attention.in_proj_weight, attention.in_proj_bias
+    if memory is x:
+        q, k, v = F.linear(x, w, b).chunk(3, dim=-1)  # (B, n, w) each
+    else:
+        q = F.linear(x, w[:width], None if b is None else b[:width])  # (B, n, w)
+        k, v = F.linear(memory, w[width:], None if b is None else b[width:]).chunk(2, dim=-1)  # (B, L, w)
+    mask = None if memory_pad is None else ~memory_pad[:, None, None, :]  # (B, 1, 1, L) True = attend
+    out = F.scaled_dot_product_attention(
+        _split_heads(q, heads), _split_heads(k, heads), _split_heads(v, heads), attn_mask=mask
+    )  # (B, heads, n, w / heads)
+    projected: torch.Tensor = attention.out_proj(out.transpose(1, 2).flatten(2))  # (B, n, w)
+    return projected
+
+
+def _split_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    return t.reshape(t.shape[0], t.shape[1], heads, -1).transpose(1, 2)  # (B, n, w) -> (B, heads, n, w/heads)
+
+
+def decoder_layer(
+    layer: nn.TransformerDecoderLayer,
+    x: torch.Tensor,
+    memory: torch.Tensor,
+    x_pad: torch.Tensor | None,
+    memory_pad: torch.Tensor | None,
+) -> torch.Tensor:
+    """`layer(x, memory, tgt_key_padding_mask=x_pad, memory_key_padding_mask=memory_pad)` for the head's
+    pre-norm GELU decoder layers (dropout 0), with every attention through `attend`: (B, K, w)."""
+    n1 = layer.norm1(x)
+    x = x + attend(layer.self_attn, n1, n1, x_pad)
+    x = x + attend(layer.multihead_attn, layer.norm2(x), memory, memory_pad)
+    out: torch.Tensor = x + layer.linear2(F.gelu(layer.linear1(layer.norm3(x))))
+    return out
+
+
+def _scale(param: torch.Tensor) -> torch.Tensor:
+    return torch.exp(torch.clamp(param.float(), max=_MAX_LOG_SCALE))  # () float32
+
+
+def _to_padded(
+    flat: torch.Tensor, row: torch.Tensor, slot: torch.Tensor, rows: int, width: int
+) -> torch.Tensor:
+    """Scatter (N, D) rows into a zero (rows, width, D) tensor at [row, slot]."""
+    out = flat.new_zeros(rows, width, flat.shape[-1])  # (rows, width, D)
+    out[row, slot] = flat
+    return out
+
+
+class JointSchemaHead(nn.Module):
+    """The joint schema head. `forward` is pure tensor code over one batch (see module docstring)."""
+
+    def __init__(self, config: JointHeadConfig) -> None:
+        super().__init__()
+        self.config = config
+        hidden, width = config.hidden_size, config.width
+        self.hidden_norm = nn.LayerNorm(hidden)
+        self.memory_projection = nn.Linear(hidden, width, bias=False)
+        self.question_projection = nn.Linear(hidden, width, bias=False)
+        self.option_question_projection = nn.Linear(hidden, width, bias=False)
+        self.global_projection = nn.Linear(hidden, width, bias=False)
+        self.option_context_projection = nn.Linear(hidden, width, bias=False)
+        self.option_lexical_projection = nn.Linear(hidden, width, bias=False)
+        self.type_embedding = nn.Embedding(3, width)
+        self.evidence_layers = nn.ModuleList(
+            EvidenceLayer(width, config.heads, config.feedforward) for _ in range(config.routing_layers)
+        )
+        self.option_summary_norm = nn.LayerNorm(width)
+        self.layers = nn.ModuleList(
+            nn.TransformerDecoderLayer(
+                d_model=width,
+                nhead=config.heads,
+                dim_feedforward=config.feedforward,
+                dropout=0.0,
+                activation="gelu",
+                batch_first=True,
+                norm_first=True,
+            )
+            for _ in range(config.layers)
+        )
+        self.field_norm = nn.LayerNorm(width)
+        self.option_norm = nn.LayerNorm(width)
+        self.residual_scorer = _two_layer(4 * width, width, 1)
+        self.prior_logit_scale = nn.Parameter(torch.tensor(math.log(10.0)))
+        self.joint_logit_scale = nn.Parameter(torch.tensor(math.log(10.0)))
+        self.residual_gate = nn.Parameter(torch.tensor(0.0))
+
+    def forward(self, hidden: torch.Tensor, lexical_table: torch.Tensor, index: SpanIndex) -> torch.Tensor:
+        """Per-option probabilities, float32, shape (N,), softmax-normalised within each question.
+
+        hidden: (T, hidden) final normalised thinker states of the batch's real tokens, records back to back.
+        lexical_table: (V, hidden) the thinker's `lm_head.weight` (E).
+        index: the batch's span tables, already on `hidden.device`.
+        """
+        dtype = hidden.dtype
+        width = self.config.width
+        h = self.hidden_norm(hidden)  # (T, H)
+        g = h[index.last_token]  # (B, H)
+        q = segment_mean(h, index.question_tokens, index.question_segment, index.num_questions).to(
+            dtype
+        )  # (Q, H)
+        c = segment_mean(h, index.option_tokens, index.option_segment, index.num_options).to(dtype)  # (N, H)
+        lex_rows = lexical_table[index.option_token_ids].to(dtype)  # (Mo, H)
+        lex = segment_mean(lex_rows, None, index.option_segment, index.num_options).to(dtype)  # (N, H)
+
+        # Memory: (B, L, w), padded per record; padding is masked out of every attention below.
+        mem = _to_padded(
+            self.memory_projection(h),
+            index.token_record,
+            index.token_position,
+            index.num_records,
+            index.max_length,
+        )  # (B, L, w)
+        # (B, L) and (B, K) bool, True = padding, or None where no record is padded (a lone record, or
+        # records of one length: the sizes alone tell, no sync): the masks cost a lone request more
+        # than the attentions themselves (BENCHMARKS.md, "Engine, round four").
+        records = index.num_records
+        mem_pad = None if h.shape[0] == records * index.max_length else index.memory_padding
+        q_pad = None if index.num_questions == records * index.max_questions else index.question_padding
+
+        opt_q = index.option_question
+        o = (
+            self.option_context_projection(c)
+            + self.option_lexical_projection(lex)
+            + self.option_question_projection(q)[opt_q]
+        )  # (N, w)
+        o_pad = _to_padded(
+            o, index.option_record, index.option_slot, index.num_records, index.max_options
+        )  # (B, O, w)
+        for layer in self.evidence_layers:
+            o_pad = layer(o_pad, mem, mem_pad)  # (B, O, w)
+        o = o_pad[index.option_record, index.option_slot]  # (N, w)
+
+        wq = self.question_projection(q)  # (Q, w)
+        scores = (o.float() * wq.float()[opt_q]).sum(-1) / math.sqrt(width)  # (N,) float32
+        weights = segment_softmax(scores, opt_q, index.num_questions)  # (N,) float32
+        summary = torch.zeros(index.num_questions, width, dtype=torch.float32, device=o.device)  # (Q, w)
+        summary.index_add_(0, opt_q, weights[:, None] * o.float())  # (Q, w)
+        field = (
+            wq
+            + self.option_summary_norm(summary.to(dtype))
+            + self.global_projection(g)[index.question_record]
+            + self.type_embedding(index.question_type)
+        )  # (Q, w)
+        f_pad = _to_padded(
+            field, index.question_record, index.question_slot, index.num_records, index.max_questions
+        )  # (B, K, w)
+        for layer in self.layers:
+            f_pad = decoder_layer(
+                cast(nn.TransformerDecoderLayer, layer), f_pad, mem, q_pad, mem_pad
+            )  # (B, K, w)
+        f = self.field_norm(f_pad[index.question_record, index.question_slot])[opt_q]  # (N, w)
+        on = self.option_norm(o)  # (N, w)
+
+        joint = F.cosine_similarity(f.float(), on.float(), dim=-1)  # (N,) float32
+        residual = (
+            self.residual_scorer(torch.cat([f, on, f * on, (f - on).abs()], dim=-1)).squeeze(-1).float()
+        )  # (N,)
+        anchor = (q + g[index.question_record])[opt_q]  # (N, H)
+        prior = (F.normalize(lex.float(), dim=-1) * F.normalize(anchor.float(), dim=-1)).sum(-1)  # (N,)
+        gate = torch.sigmoid(self.residual_gate.float())  # () float32
+        logits = _scale(self.prior_logit_scale) * prior + gate * (
+            _scale(self.joint_logit_scale) * joint + residual
+        )  # (N,) float32
+        return segment_softmax(logits, opt_q, index.num_questions)  # (N,) float32
+
+
+def head_state_dict_keys(config: JointHeadConfig) -> list[str]:
+    """The exact, ordered state-dict keys of a head with this config (built on the meta device)."""
+    with torch.device("meta"):
+        return list(JointSchemaHead(config).state_dict().keys())
