@@ -35,8 +35,13 @@ COPY pyproject.toml README.md ./
 COPY schemas ./schemas
 COPY engine ./engine
 COPY consumer ./consumer
-COPY bench ./bench
-RUN pip install -c constraints.txt . && rm -rf /src
+# the product wheel ships no dev tools; the compose demo runs `clef-router make-tiny-release` (and may use
+# `--stub-engine`) in this image, so the dev tools' package goes beside the installed product
+COPY devtools ./devtools
+RUN pip install -c constraints.txt . \
+    && cp -r devtools "$(python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/" \
+    && (cd / && python -c 'import devtools.tiny_release') \
+    && rm -rf /src
 
 # /models/clef-omni: the real release (bind mount); /models/demo: the tiny release of the compose demo
 # (a named volume, which takes this folder's owner when first created)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from bench.fullsize import build_text_model
+from bench.timing import event_ms
 from engine.model.decoder import PackedInputs, PackedTextDecoder
 
 RESULTS: list[dict[str, Any]] = []
@@ -26,26 +27,6 @@ RESULTS: list[dict[str, Any]] = []
 def emit(**row: Any) -> None:
     RESULTS.append(row)
     print(json.dumps(row), flush=True)
-
-
-def _event() -> Any:
-    make: Any = torch.cuda.Event
-    return make(enable_timing=True)
-
-
-def time_cuda(fn: Callable[[], object], warmup: int = 2, reps: int = 5) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = _event(), _event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return out
 
 
 def packed(model: Any, ids: torch.Tensor, lengths: list[int]) -> PackedInputs:
@@ -103,9 +84,9 @@ def main() -> int:
 
         for b, n in [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]:
             ids = torch.randint(0, vocab, (b, n), device="cuda")
-            hf_ms = [float("nan")] if args.no_hf else time_cuda(partial(model, input_ids=ids))
+            hf_ms = [float("nan")] if args.no_hf else event_ms(partial(model, input_ids=ids))
             p = packed(model, ids, [n] * b)
-            fast_ms = time_cuda(partial(fast, p))
+            fast_ms = event_ms(partial(fast, p))
             torch.cuda.reset_peak_memory_stats()
             fast(p)
             peak = torch.cuda.max_memory_allocated() / 1e9
@@ -125,14 +106,14 @@ def main() -> int:
                 )
 
         if args.graph:
-            from engine.model.decoder import GraphedDecoder
+            from engine.model.graphs import GraphedDecoder
 
             graphed = GraphedDecoder(fast, buckets=(512, 1024, 2048, 4096), max_records=8)
             for lengths in ([800], [300, 200], [512] * 8):
                 ids = torch.randint(0, vocab, (len(lengths), max(lengths)), device="cuda")
                 p = packed(model, ids, lengths)
                 try:
-                    ms = time_cuda(partial(graphed.run, p), warmup=3, reps=20)
+                    ms = event_ms(partial(graphed.run, p), warmup=3, reps=20)
                     out = graphed.run(p)
                     ref = fast(p)
                     emit(
@@ -147,7 +128,7 @@ def main() -> int:
                 except Exception as exc:  # report and go on: a probe
                     emit(kind="error", what="cudagraph", error=repr(exc)[:800])
         # Fused kernels against their PyTorch twins, on fresh random inputs.
-        from engine.kernels import elementwise
+        from engine.kernels import elementwise, moe
 
         x = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16)
         d = torch.randn_like(x)
@@ -181,7 +162,7 @@ def main() -> int:
         cu = torch.arange(0, t + 1, 512, device="cuda", dtype=torch.int32)
         fa = varlen_attn(q, k, v, cu, cu, 512, 512, window_size=(-1, 0))
         assert isinstance(fa, torch.Tensor)
-        ms = time_cuda(lambda: varlen_attn(q, k, v, cu, cu, 512, 512, window_size=(-1, 0)), reps=10)
+        ms = event_ms(lambda: varlen_attn(q, k, v, cu, cu, 512, 512, window_size=(-1, 0)), reps=10)
         emit(kind="time", impl="attn_flash_varlen_64x512", ms_p50=round(statistics.median(ms), 3))
         qb = q.view(64, 512, 32, 128).transpose(1, 2)
         kb = k.view(64, 512, 4, 128).transpose(1, 2)
@@ -200,7 +181,7 @@ def main() -> int:
                         enable_gqa=True,
                     )
                     o: torch.Tensor = fn()
-                    ms = time_cuda(fn, reps=10)
+                    ms = event_ms(fn, reps=10)
                 emit(
                     kind="time",
                     impl=f"attn_sdpa_{be.name}_64x512",
@@ -233,12 +214,12 @@ def main() -> int:
         for name, call in calls:
             try:
                 o = call()
-                ms = time_cuda(call, reps=10)
+                ms = event_ms(call, reps=10)
                 ref_o = fa if name.endswith("64x512") else ref_m
                 emit(kind="time", impl=name, ms_p50=round(statistics.median(ms), 3), rel_err=rel(o, ref_o))
             except Exception as exc:
                 emit(kind="error", what=name, error=repr(exc)[:500])
-        ms = time_cuda(
+        ms = event_ms(
             lambda: varlen_attn(qm, km, vm, cm, cm, max(lens), max(lens), window_size=(-1, 0)), reps=10
         )
         emit(kind="time", impl="attn_flash_varlen_mixed", ms_p50=round(statistics.median(ms), 3))
@@ -251,7 +232,7 @@ def main() -> int:
             return tw / tw.sum(dim=-1, keepdim=True), ti
 
         rw_ref, ri_ref = torch_route()
-        rw, ri = elementwise.route_topk(logits, 8, True)
+        rw, ri = moe.route_topk(logits, 8, True)
         emit(
             kind="check",
             what="kernel_route_topk",
@@ -260,15 +241,15 @@ def main() -> int:
         )
         for name, fn_r in (
             ("route_torch", torch_route),
-            ("route_triton", partial(elementwise.route_topk, logits, 8, True)),
+            ("route_triton", partial(moe.route_topk, logits, 8, True)),
         ):
-            ms = time_cuda(fn_r, reps=20)
+            ms = event_ms(fn_r, reps=20)
             emit(kind="time", impl=f"{name}_32768x128", ms_p50=round(statistics.median(ms), 3))
         # Sorting expert ids: key width decides the radix passes.
         flat = torch.randint(0, 128, (262144,), device="cuda")
         for dt in (torch.int64, torch.int32, torch.int16, torch.uint8):
             keys = flat.to(dt)
-            ms = time_cuda(partial(torch.argsort, keys), warmup=2, reps=10)
+            ms = event_ms(partial(torch.argsort, keys), warmup=2, reps=10)
             emit(kind="time", impl=f"argsort_{dt}", ms_p50=round(statistics.median(ms), 3))
 
         if args.profile:

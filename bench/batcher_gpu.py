@@ -25,10 +25,12 @@ from typing import Any
 import torch
 
 from bench.engine import TimedRun, stream
+from bench.load_run import Metered
 from bench.workload import build_engine, make_request
-from consumer.batching.batcher import Batcher, StagedCalls
+from consumer.batching.batcher import Batcher
 from consumer.settings import BatchingSettings
-from engine.model.decoder import default_buckets
+from engine.batching.cut import BatchLimits
+from engine.model.graphs import default_buckets
 from engine.runner import Engine, EngineConfig
 from schemas.systemone import SystemOneRequest, SystemOneResponse
 
@@ -42,9 +44,7 @@ async def through_batcher(
     the figures are `bench.engine.TimedRun.figures` (from the first submission to the last answer)."""
     settings = BatchingSettings(max_batch_records=max_records, max_batch_tokens=max_tokens)
     timed_run = TimedRun(engine)
-    batcher: Batcher[Any, SystemOneResponse] = Batcher(
-        engine.execute, settings, stages=StagedCalls(engine.stage, timed_run, engine.respond)
-    )
+    batcher: Batcher[Any, Any, Any] = Batcher(Metered(engine, settings.limits, timed_run), settings)
     await batcher.start()
     t0 = time.perf_counter()
     step = settings.prepare_chunk
@@ -76,7 +76,7 @@ def main(out_dir: str | None = None, count: int = 1024) -> int:
         sink.write(line + "\n")
 
     top = max(tokens for _, tokens in SETTINGS)
-    config = EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=top, max_batch_records=256)
+    config = EngineConfig(device="cuda", dtype="bfloat16", limits=BatchLimits(top, 256))
     t0 = time.perf_counter()
     engine = build_engine(config)
     engine.model.enable_fast_path(graph_buckets=default_buckets(top))

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from bench.engine import cuda_ms as timed
 from bench.report import emit_line as emit
+from bench.timing import synced_ms
 
 
 @contextlib.contextmanager
@@ -44,8 +44,8 @@ def parts(engine: Any, prepared: Any) -> tuple[float, float]:
     with torch.inference_mode():
         batch = model.collate([prepared.encoded])
         box: dict[str, torch.Tensor] = {}
-        dec = timed(lambda: box.__setitem__("h", model.hidden_states(batch)))
-        head = timed(lambda: model.head(box["h"], model.lexical_table(), batch.index))
+        dec = synced_ms(lambda: box.__setitem__("h", model.hidden_states(batch)))
+        head = synced_ms(lambda: model.head(box["h"], model.lexical_table(), batch.index))
     return dec, head
 
 
@@ -82,8 +82,8 @@ def main() -> int:
         with head_backends(variant):
             for prep in chunk:
                 run = functools.partial(engine.execute, [prep])
-                cold.append(timed(run))
-                warm.append(statistics.median(timed(run) for _ in range(3)))
+                cold.append(synced_ms(run))
+                warm.append(statistics.median(synced_ms(run) for _ in range(3)))
             for prep in rest[2 * args.count + vi * args.count : 2 * args.count + (vi + 1) * args.count]:
                 d, h = parts(engine, prep)
                 cold_dec.append(d)

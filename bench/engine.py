@@ -1,4 +1,4 @@
-"""`clef-router bench engine`: the whole engine path on the full-size Clef-omni thinker (one H200).
+"""`python -m bench engine`: the whole engine path on the full-size Clef-omni thinker (one H200).
 
 Builds the thinker (text MoE + vision and audio towers) and the joint head at full size with random bf16
 weights directly on the GPU, then measures encode -> batch -> forward -> head -> answers on realistic
@@ -27,7 +27,9 @@ import torch
 
 from bench.fullsize import TEXT_CONFIG
 from bench.report import Bench, write_outputs
+from bench.timing import synced_ms
 from bench.workload import build_engine, make_request
+from engine.batching.cut import BatchLimits
 from engine.runner import Engine, EngineConfig, Prepared, RunResult, StagedBatch
 from schemas.systemone import SystemOneRequest, SystemOneResponse
 
@@ -43,14 +45,6 @@ def flops_per_token(context: int) -> float:
     experts = c["num_experts_per_tok"] * 3 * h * c["moe_intermediate_size"] + h * c["num_experts"]
     attn_scores = 2 * q * context / 2  # causal: on average half the context, QK and PV
     return float(2.0 * layers * (attn_proj + experts + attn_scores))
-
-
-def cuda_ms(fn: Callable[[], object]) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1000.0
 
 
 def stream(
@@ -163,7 +157,7 @@ def baseline(engine: Engine, requests: Sequence[SystemOneRequest], batch_size: i
                 mask[i, : e.num_tokens] = 1
             ids, mask = ids.cuda(), mask.cuda()
             text_model(input_ids=ids, attention_mask=mask)  # warm this shape
-            times.append(cuda_ms(partial(text_model, input_ids=ids, attention_mask=mask)))
+            times.append(synced_ms(partial(text_model, input_ids=ids, attention_mask=mask)))
             tokens += sum(e.num_tokens for e in group)
     seconds = sum(times) / 1000.0
     return {"tokens": tokens, "tok_s": tokens / seconds, "batch_ms_p50": statistics.median(times)}
@@ -173,7 +167,7 @@ def timings(fn: Callable[[], object], reps: int) -> dict[str, float]:
     """p50 / p99 / min milliseconds of `fn` over `reps` synchronised calls, after five warm-up calls."""
     for _ in range(5):
         fn()
-    ms = sorted(cuda_ms(fn) for _ in range(reps))
+    ms = sorted(synced_ms(fn) for _ in range(reps))
     return {
         "ms_p50": statistics.median(ms),
         "ms_p99": ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))],
@@ -224,10 +218,10 @@ def head_share(engine: Engine, requests: Sequence[SystemOneRequest]) -> dict[str
             torch.cuda.synchronize()
             out["collate"].append((time.perf_counter() - t) * 1000)
             hidden: list[torch.Tensor] = []
-            out["backbone"].append(cuda_ms(partial(_append, hidden, model.hidden_states, batch)))
+            out["backbone"].append(synced_ms(partial(_append, hidden, model.hidden_states, batch)))
             flat: list[Any] = []
             head_in = (hidden[0], model.lexical_table(), batch.index)
-            out["head"].append(cuda_ms(partial(_append, flat, _head_to_host, model.head, *head_in)))
+            out["head"].append(synced_ms(partial(_append, flat, _head_to_host, model.head, *head_in)))
             t = time.perf_counter()
             offset = 0
             for p, counts, qids in zip(prepared, batch.options_per_question, batch.question_ids, strict=True):
@@ -266,14 +260,13 @@ def main(out_dir: str | None = None, quick: bool = False) -> int:
     out = Path(out_dir or os.environ.get("OUT") or "bench-out")
     out.mkdir(parents=True, exist_ok=True)
 
-    from engine.model.decoder import default_buckets
+    from engine.model.graphs import default_buckets
 
     # Built without graphs first, to measure the eager fast path; graphs are captured further down.
-    config = EngineConfig(
-        device="cuda", dtype="bfloat16", max_batch_tokens=65536, max_batch_records=256, graph_buckets=()
-    )
+    config = EngineConfig(device="cuda", dtype="bfloat16", limits=BatchLimits(65536, 256), graph_buckets=())
     t0 = time.perf_counter()
-    engine = build_engine(config)
+    # random routers: the plain transformers baseline of the same run ignores router biases
+    engine = build_engine(config, routing="random")
     b = Bench(engine, out, [])
     b.emit(**run_info(t0))
     rng = random.Random(0)
@@ -287,12 +280,12 @@ def main(out_dir: str | None = None, quick: bool = False) -> int:
         **{k: round(v, 2) for k, v in lat.items()},
     )
     t0 = time.perf_counter()
-    engine.model.enable_fast_path(graph_buckets=default_buckets(config.max_batch_tokens))
+    engine.model.enable_fast_path(graph_buckets=default_buckets(config.limits.max_tokens))
     b.emit(
         kind="info",
         what="cuda graphs captured",
         seconds=round(time.perf_counter() - t0, 1),
-        buckets=list(default_buckets(config.max_batch_tokens)),
+        buckets=list(default_buckets(config.limits.max_tokens)),
     )
     stream(engine, reqs512[:64], 32768, 256)  # warm-up: first launches of every kernel
 
@@ -329,7 +322,7 @@ def main(out_dir: str | None = None, quick: bool = False) -> int:
         try:
             for start in range(0, len(prepared), budget // 512):
                 group = prepared[start : start + budget // 512]
-                ms.append(cuda_ms(partial(engine.execute, group)))
+                ms.append(synced_ms(partial(engine.execute, group)))
         except torch.OutOfMemoryError as exc:
             b.emit(kind="error", workload="pre-tokenized", budget=budget, error=str(exc)[:300])
             torch.cuda.empty_cache()

@@ -29,56 +29,16 @@ import os
 import random
 import statistics
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from bench.report import emit_line as emit
+from bench.routing import level, router_biases, routes
 
 HOT_STRIDE = 37  # hot expert of layer l: (l * 37) % E, so layers differ
-
-
-def router_biases(engine: Any) -> list[torch.Tensor]:
-    """Give every MoE router a zero bias (in place, on the device) and return them, layer order."""
-    out = []
-    for layer in engine.model.text_model.layers:
-        gate = layer.mlp.gate
-        e = gate.weight.shape[0]
-        gate.bias = nn.Parameter(torch.zeros(e, dtype=gate.weight.dtype, device=gate.weight.device))
-        out.append(gate.bias.data)
-    return out
-
-
-@contextmanager
-def recorded_routes() -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
-    """Record, per `elementwise.route_topk` call (eager forwards only), the mean router logit of every expert
-    (E,) and the expert ids chosen (T, k)."""
-    from engine.kernels import elementwise
-
-    original = elementwise.route_topk
-    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def wrapper(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        w, i = original(logits, k, normalize)
-        seen.append((logits.float().mean(dim=0), i.detach().clone()))
-        return w, i
-
-    elementwise.route_topk = wrapper
-    try:
-        yield seen
-    finally:
-        elementwise.route_topk = original
-
-
-def routes(engine: Any, batch: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(mean logit per expert, chosen ids) of every MoE layer for one eager forward of `batch`."""
-    with torch.inference_mode(), recorded_routes() as seen:
-        engine.model.hidden_states(batch)
-    return list(seen)
 
 
 def loads(engine: Any, batch: Any, experts: int) -> tuple[list[float], list[float]]:
@@ -90,18 +50,6 @@ def loads(engine: Any, batch: Any, experts: int) -> tuple[list[float], list[floa
         hot.append(float(counts[(layer * HOT_STRIDE) % experts]) / avg)
         busiest.append(float(counts.max()) / avg)
     return hot, busiest
-
-
-def level(engine: Any, biases: list[torch.Tensor], batch: Any, passes: int = 4) -> None:
-    """Bias every router so that each expert's mean logit over `batch` is equal (near-uniform load).
-
-    Random router weights are far from uniform: the hidden states share a common direction, so in most
-    layers one expert is chosen by nearly every token. Layers feed each other, hence a few passes."""
-    for b in biases:
-        b.zero_()
-    for _ in range(passes):
-        for b, (mean, _) in zip(biases, routes(engine, batch), strict=True):
-            b -= (mean - mean.mean()).to(b.dtype)
 
 
 def calibrate(
@@ -135,14 +83,13 @@ def biased_engine() -> tuple[Any, list[torch.Tensor], tuple[int, ...]]:
     every router, added before the CUDA graphs (up to 4,096 tokens) are captured, since they read the
     bias tensors in place."""
     from bench.workload import build_engine
-    from engine.model.decoder import default_buckets
+    from engine.batching.cut import BatchLimits
+    from engine.model.graphs import default_buckets
     from engine.runner import EngineConfig
 
-    config = EngineConfig(
-        device="cuda", dtype="bfloat16", max_batch_tokens=65536, max_batch_records=256, graph_buckets=()
-    )
-    engine = build_engine(config)
-    biases = router_biases(engine)
+    config = EngineConfig(device="cuda", dtype="bfloat16", limits=BatchLimits(65536, 256), graph_buckets=())
+    engine = build_engine(config, routing="random")  # levelled and skewed here, by `calibrate`
+    biases = router_biases(engine.model)
     buckets = default_buckets(4096)
     engine.model.enable_fast_path(graph_buckets=buckets)
     return engine, biases, buckets

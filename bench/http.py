@@ -1,4 +1,4 @@
-"""`clef-router bench http`: the HTTP API's requests/s and latency with the stub engine.
+"""`python -m bench http`: the HTTP API's requests/s and latency with the stub engine.
 
 Starts `clef-router serve --stub-engine` as a child process on 127.0.0.1 (its own CPU, as in production),
 then for each concurrency runs that many keep-alive connections, each sending SystemOne requests back to

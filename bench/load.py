@@ -1,4 +1,4 @@
-"""`python3 -m bench.load` / `clef-router bench load`: latency under load through the service's batcher.
+"""`python3 -m bench.load` / `python -m bench load`: latency under load through the service's batcher.
 
 Drives `consumer.batching.batcher.Batcher` (as `Pipeline` uses it, no Kafka) with the engine: on CUDA the
 full-size
@@ -34,15 +34,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench.routing import ROUTINGS
+
 if TYPE_CHECKING:
     from bench.load_run import LoadRunner
+    from bench.routing import Routing
 
 MIX = ((0.4, 200, 500), (0.4, 500, 1000), (0.2, 1000, 1500))  # (share, min tokens, max tokens)
 LOADS = (0.10, 0.25, 0.50, 0.70, 0.90, 1.10)
 
 
-def build(cpu: bool, max_tokens: int) -> Any:
-    """The engine: full-size on CUDA (blocking, ~20 s), or the tiny release on CPU (a few seconds)."""
+def build(cpu: bool, max_tokens: int, routing: Routing = "levelled") -> Any:
+    """The engine: full-size on CUDA (blocking, ~20 s; `routing` as `bench.routing` sets it up), or the
+    tiny release on CPU (a few seconds)."""
+    from engine.batching.cut import BatchLimits
     from engine.runner import Engine, EngineConfig
 
     if cpu:
@@ -51,15 +56,13 @@ def build(cpu: bool, max_tokens: int) -> Any:
         from devtools.tiny_release import write_tiny_release
 
         tiny = write_tiny_release(Path(tempfile.mkdtemp(prefix="clef-load-")) / "tiny")
-        config = EngineConfig(
-            device="cpu", dtype="float32", max_batch_tokens=max_tokens, max_batch_records=256
-        )
+        config = EngineConfig(device="cpu", dtype="float32", limits=BatchLimits(max_tokens, 256))
         return Engine.from_release(tiny, config=config)
     from bench.workload import build_engine
-    from engine.model.decoder import default_buckets
+    from engine.model.graphs import default_buckets
 
-    config = EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=max_tokens, max_batch_records=256)
-    engine = build_engine(config)
+    config = EngineConfig(device="cuda", dtype="bfloat16", limits=BatchLimits(max_tokens, 256))
+    engine = build_engine(config, routing=routing)
     engine.model.enable_fast_path(graph_buckets=default_buckets(max_tokens))
     return engine
 
@@ -77,9 +80,15 @@ def make_pool(engine: Any, rng: random.Random, size: int) -> list[Any]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of `bench.load` (also those of `clef-router bench load`)."""
+    """The options of `bench.load` (also those of `python -m bench load`)."""
     p.add_argument("--out", default=None, help="output folder (default: $OUT or bench-out/)")
     p.add_argument("--cpu", action="store_true", help="tiny release on CPU (a smoke run)")
+    p.add_argument(
+        "--routing",
+        choices=ROUTINGS,
+        default="levelled",
+        help="full: levelled (default) or random routers",
+    )
     p.add_argument("--seconds", type=float, default=12.0, help="arrival window per load")
     p.add_argument("--loads", default=",".join(str(x) for x in LOADS), help="shares of capacity")
     p.add_argument("--budgets", default="32768,65536,131072", help="fixed token budgets for capacity")
@@ -123,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     budgets = [int(b) for b in args.budgets.split(",")]
     top = max([*budgets, args.adaptive_max])
     t0 = time.perf_counter()
-    engine = build(cpu, top)
+    engine = build(cpu, top, args.routing)
     rng = random.Random(0)
     pool = make_pool(engine, rng, args.pool)
     lengths = sorted(engine.prepare(r).num_tokens for r in pool)

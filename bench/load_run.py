@@ -14,12 +14,14 @@ import functools
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from consumer.batching.batcher import Batcher, StagedCalls
+from consumer.batching.batcher import Batcher
 from consumer.metrics import Metrics
 from consumer.settings import BatchingSettings
+from engine.batching.cut import BatchLimits
+from schemas.systemone import SystemOneRequest, SystemOneResponse
 
 _DEFAULTS = BatchingSettings()
 #: The service's fixed limits (the defaults of `max_batch_records`, `max_batch_tokens`, `max_wait_ms`).
@@ -78,15 +80,43 @@ class RunLog:
         }
 
 
+class Metered:
+    """`engine` as the service's batcher drives it (`engine.types.ServingEngine`), with the batch limits of
+    one run and `run` replaced by a recording one (`RunLog`, `bench.engine.TimedRun`)."""
+
+    def __init__(self, engine: Any, limits: BatchLimits, run: Callable[[Any], Any]) -> None:
+        self._engine = engine
+        self._run = run
+        self.limits = limits
+
+    def prepare(self, request: SystemOneRequest) -> Any:
+        return self._engine.prepare(request)
+
+    def stage(self, batch: Sequence[Any]) -> Any:
+        return self._engine.stage(batch)
+
+    def run(self, staged: Any) -> Any:
+        return self._run(staged)
+
+    def respond(self, ran: Any) -> list[SystemOneResponse]:
+        responses: list[SystemOneResponse] = self._engine.respond(ran)
+        return responses
+
+    def execute(self, batch: Sequence[Any]) -> list[SystemOneResponse]:
+        responses: list[SystemOneResponse] = self._engine.execute(batch)
+        return responses
+
+    def out_of_memory(self, exc: BaseException) -> bool:
+        return bool(self._engine.out_of_memory(exc))
+
+
 def _batcher(
     engine: Any, settings: dict[str, Any], metrics: Metrics | None = None
-) -> tuple[Batcher[Any, Any], RunLog]:
+) -> tuple[Batcher[Any, Any, Any], RunLog]:
     log = RunLog(engine)
-    batcher: Batcher[Any, Any] = Batcher(
-        engine.execute,
-        BatchingSettings.model_validate(settings),
-        metrics=metrics,
-        stages=StagedCalls(engine.stage, log, engine.respond),
+    batching = BatchingSettings.model_validate(settings)
+    batcher: Batcher[Any, Any, Any] = Batcher(
+        Metered(engine, batching.limits, log), batching, metrics=metrics
     )
     return batcher, log
 

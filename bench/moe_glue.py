@@ -3,16 +3,13 @@ per-token sum of the k expert outputs folded into the residual add and RMSNorm (
 
 `python3 -m bench.moe_glue --out DIR` routes T tokens uniformly at random (each token picks 8 distinct
 experts of 128, as in `bench.moe_kernels`) and prints, as JSON lines, microseconds per call of CUDA-graph
-replays (`bench.moe_kernels.cuda_us`):
+replays (`bench.timing.graph_us`):
 
-1. `grouping`: per T, the counting sort `elementwise.group_by_expert` for each scan block against what the
-   fast path ran before it (1-byte keys, argsort, histc), and `group_by_expert_inverse` against the
-   grouped-GEMM paths' old argsort + histc + cumsum + inverse scatter; `exact` says whether the sort
-   equals torch's stable argsort and bincount.
+1. `grouping`: per T, the counting sort `moe.group_by_expert` for each scan block and
+   `group_by_expert_inverse`; `exact` says whether the sort equals torch's stable argsort and bincount.
 2. `pair_sum`: per T, `elementwise.add_pairs_rms_norm` (rows in pair order, and read through an inverse
-   index) against two launches, `combine` then `add_rms_norm`, with the bytes each moves per second.
-   (The per-token sum before `add_pairs_rms_norm` was `engine.kernels.moe_triton._sum_pairs_kernel`; `combine`
-   is now the same kernel as the fused one, without the residual.)
+   index) against two launches, `combine` then `add_rms_norm`, with the bytes each moves per second
+   (`combine` is the fused kernel without the residual).
 
 Writes `moe_glue.jsonl` to `--out`. Not a test: it asserts nothing.
 """
@@ -26,50 +23,30 @@ from pathlib import Path
 
 import torch
 
-from bench.moe_kernels import EXPERTS, HIDDEN, TOP_K, cuda_us, kernel_info
+from bench.moe_kernels import EXPERTS, HIDDEN, TOP_K, kernel_info
 from bench.report import emit_line as emit
-from engine.kernels import elementwise
+from bench.timing import graph_us
+from engine.kernels import elementwise, moe
 
 BLOCKS = (1024, 2048, 4096, 8192, 16384)
 """Scan blocks of `group_by_expert` to time (ids per step of each expert's two scans)."""
-
-
-def old_grouping(top_i: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fast path's grouping before `elementwise.group_by_expert`: argsort of 1-byte keys, histc."""
-    flat = top_i.reshape(-1)  # (S,) int32
-    order = torch.argsort(flat.to(torch.uint8))  # (S,) int64
-    counts = torch.histc(flat, bins=experts, min=0, max=experts - 1)  # (E,) int32
-    return order, counts
-
-
-def old_grouping_inverse(
-    top_i: torch.Tensor, experts: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`old_grouping` plus what the grouped-GEMM paths derived from it: offs (E,) and inv (S,)."""
-    order, counts = old_grouping(top_i, experts)
-    offs = torch.cumsum(counts, dim=0, dtype=torch.int32)
-    inv = torch.empty_like(order)
-    inv[order] = torch.arange(order.numel(), device=order.device)
-    return order, offs, inv
 
 
 def grouping(rows: list[str], t: int, gen: torch.Generator) -> None:
     """One `grouping` line for T tokens."""
     top_i = torch.rand(t, EXPERTS, generator=gen, device="cuda").argsort(dim=1)[:, :TOP_K].int()  # (T, k)
     flat = top_i.reshape(-1)
-    order, counts = elementwise.group_by_expert(top_i, EXPERTS)
+    order, counts = moe.group_by_expert(top_i, EXPERTS)
     exact = torch.equal(order.long(), torch.argsort(flat, stable=True)) and torch.equal(
         counts.long(), torch.bincount(flat, minlength=EXPERTS)
     )
     row: dict[str, object] = {"kind": "grouping", "tokens": t, "pairs": flat.numel(), "exact": exact}
-    row["old_argsort_histc_us"] = round(cuda_us(partial(old_grouping, top_i, EXPERTS)), 1)
     for block in BLOCKS:
         row[f"group_by_expert_b{block}_us"] = round(
-            cuda_us(partial(elementwise.group_by_expert, top_i, EXPERTS, block=block)), 1
+            graph_us(partial(moe.group_by_expert, top_i, EXPERTS, block=block)), 1
         )
-    row["old_inverse_us"] = round(cuda_us(partial(old_grouping_inverse, top_i, EXPERTS)), 1)
     row["group_by_expert_inverse_us"] = round(
-        cuda_us(partial(elementwise.group_by_expert_inverse, top_i, EXPERTS)), 1
+        graph_us(partial(moe.group_by_expert_inverse, top_i, EXPERTS)), 1
     )
     emit(rows, **row)
 
@@ -87,11 +64,11 @@ def pair_sum(rows: list[str], t: int, gen: torch.Generator) -> None:
         return elementwise.add_rms_norm(x, elementwise.combine(pairs, None, TOP_K), w, 1e-6)
 
     us = {
-        "fused_us": cuda_us(partial(elementwise.add_pairs_rms_norm, x, pairs, None, TOP_K, w, 1e-6)),
-        "fused_indexed_us": cuda_us(
+        "fused_us": graph_us(partial(elementwise.add_pairs_rms_norm, x, pairs, None, TOP_K, w, 1e-6)),
+        "fused_indexed_us": graph_us(
             partial(elementwise.add_pairs_rms_norm, x, by_expert, inv, TOP_K, w, 1e-6)
         ),
-        "combine_then_add_rms_norm_us": cuda_us(two_launches),
+        "combine_then_add_rms_norm_us": graph_us(two_launches),
     }
     fused_bytes = (t * TOP_K + 3 * t) * HIDDEN * 2  # read the rows and x, write y and h
     emit(

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -33,38 +31,11 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from bench.report import emit_line as emit
+from bench.timing import graph_us
 from engine.kernels import elementwise, moe
+from engine.kernels.tiles import MoeTiles, Tiles
 
 HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 128, 8
-
-
-def cuda_us(fn: Callable[[], object], reps: int = 20, per_graph: int = 5) -> float:
-    """Median GPU microseconds of one `fn` call: `per_graph` calls captured in a CUDA graph, replayed
-    `reps` times between CUDA events. Timing graph replays leaves out the Python and launch time that
-    events around eager calls would count (the engine replays graphs too)."""
-    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(per_graph):
-            fn()
-    for _ in range(2):
-        graph.replay()
-    times = []
-    for _ in range(reps):
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(float(start.elapsed_time(end)) * 1000.0 / per_graph)
-    del graph
-    return float(statistics.median(times))
 
 
 def routed(t: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -90,7 +61,7 @@ def unfused(
     down: torch.Tensor,
 ) -> torch.Tensor:
     """The fast path's bf16 expert block before `engine.kernels.moe` (as in
-    `fastpath.PackedTextDecoder._moe`)."""
+    `engine.model.decoder.PackedTextDecoder._moe`)."""
     offs = torch.cumsum(counts, dim=0, dtype=torch.int32)
     xs = x.index_select(0, order // TOP_K)
     h = F.grouped_mm(xs, gate_up.transpose(-2, -1), offs=offs)
@@ -139,13 +110,13 @@ _DOWN = (
 )
 
 
-def candidates(kind: str) -> list[moe.Tiles]:
+def candidates(kind: str) -> list[Tiles]:
     """Tile shapes to try for `kind` ("gate_up" or "down"): (block_m, block_n, block_k, warps, stages,
     tma, ws)."""
-    return [moe.Tiles(*t) for t in (_GATE_UP if kind == "gate_up" else _DOWN)]
+    return [Tiles(*t) for t in (_GATE_UP if kind == "gate_up" else _DOWN)]
 
 
-def useful(tiles: moe.Tiles, tokens: int) -> bool:
+def useful(tiles: Tiles, tokens: int) -> bool:
     """64-row tiles for batches up to 16,384 tokens, 128-row tiles from 4,096 tokens."""
     return not ((tiles.block_m <= 64 and tokens > 16384) or (tiles.block_m >= 128 and tokens < 4096))
 
@@ -206,19 +177,19 @@ def main() -> int:
             x = torch.randn(t, HIDDEN, device="cuda").bfloat16()
             cases[t] = (x, *routed(t, gen))
         # 1. the sweep, per kernel: the other kernel's shape fixed at the shipped one
-        best: dict[tuple[str, int], tuple[float, moe.Tiles]] = {}
+        best: dict[tuple[str, int], tuple[float, Tiles]] = {}
         for kind in ("gate_up", "down"):
             for tiles in candidates(kind)[: args.max_candidates]:
                 for t in (t for t in tokens if useful(tiles, t)):
                     x, top_w, order, counts, _ = cases[t]
                     shipped = moe.tiles_for(t * TOP_K, EXPERTS)
                     pair = (
-                        moe.MoeTiles(tiles, shipped.down)
+                        MoeTiles(tiles, shipped.down)
                         if kind == "gate_up"
-                        else moe.MoeTiles(shipped.gate_up, tiles)
+                        else MoeTiles(shipped.gate_up, tiles)
                     )
                     try:
-                        us_all = cuda_us(
+                        us_all = graph_us(
                             partial(moe.experts_forward, x, order, counts, top_w, gate_up, down, pair), 10
                         )
                     except Exception as exc:  # a shape Triton cannot build is skipped
@@ -238,12 +209,12 @@ def main() -> int:
         for t in tokens:
             x, top_w, order, counts, inv = cases[t]
             ref = unfused(x, top_w, order, counts, inv, gate_up, down)
-            us_ref = cuda_us(partial(unfused, x, top_w, order, counts, inv, gate_up, down))
-            tuned = moe.MoeTiles(best[("gate_up", t)][1], best[("down", t)][1])
+            us_ref = graph_us(partial(unfused, x, top_w, order, counts, inv, gate_up, down))
+            tuned = MoeTiles(best[("gate_up", t)][1], best[("down", t)][1])
             row: dict[str, object] = {"kind": "layer", "tokens": t, "unfused_us": round(us_ref, 1)}
             for name, pair in (("shipped", moe.tiles_for(t * TOP_K, EXPERTS)), ("best", tuned)):
                 got = moe.experts_forward(x, order, counts, top_w, gate_up, down, pair)
-                us = cuda_us(partial(moe.experts_forward, x, order, counts, top_w, gate_up, down, pair))
+                us = graph_us(partial(moe.experts_forward, x, order, counts, top_w, gate_up, down, pair))
                 flops = 2.0 * t * TOP_K * 3 * HIDDEN * INTER
                 row |= {
                     f"{name}_us": round(us, 1),
@@ -266,7 +237,7 @@ def main() -> int:
     return 0
 
 
-def _astuple(t: moe.Tiles) -> tuple[int | bool, ...]:
+def _astuple(t: Tiles) -> tuple[int | bool, ...]:
     return (t.block_m, t.block_n, t.block_k, t.warps, t.stages, t.tma, t.ws)
 
 
@@ -281,14 +252,14 @@ def attention(rows: list[str]) -> None:
     cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
     ref = varlen_attn(q, k, v, cu, cu, n, n, window_size=(-1, 0))
     assert isinstance(ref, torch.Tensor)
-    us = cuda_us(lambda: varlen_attn(q, k, v, cu, cu, n, n, window_size=(-1, 0)))
+    us = graph_us(lambda: varlen_attn(q, k, v, cu, cu, n, n, window_size=(-1, 0)))
     emit(rows, kind="attention", kernel="varlen_flash", tokens=n, us=round(us, 1))
     qd, kd, vd = (t.transpose(0, 1)[None] for t in (q, k, v))  # (1, heads, n, d)
     kx, vx = (t.repeat_interleave(hq // hk, dim=1) for t in (kd, vd))
     try:
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             got = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=True)
-            us = cuda_us(lambda: F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=True))
+            us = graph_us(lambda: F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=True))
         diff = float((got[0].transpose(0, 1).float() - ref.float()).abs().max())
         emit(rows, kind="attention", kernel="cudnn_gqa", tokens=n, us=round(us, 1), max_abs_diff=diff)
     except RuntimeError as exc:
@@ -306,7 +277,7 @@ def attention(rows: list[str]) -> None:
         try:
             with sdpa_kernel([backend]):
                 got = F.scaled_dot_product_attention(qd, kx, vx, is_causal=True)
-                us = cuda_us(lambda: F.scaled_dot_product_attention(qd, kx, vx, is_causal=True))
+                us = graph_us(lambda: F.scaled_dot_product_attention(qd, kx, vx, is_causal=True))
             diff = float((got[0].transpose(0, 1).float() - ref.float()).abs().max())
             emit(rows, kind="attention", kernel=name, tokens=n, us=round(us, 1), max_abs_diff=diff)
         except RuntimeError as exc:
@@ -325,7 +296,7 @@ def packed_batch(rows: list[str], records: int = 128, n: int = 512) -> None:
     k = torch.randn(t, hk, d, device="cuda").bfloat16()
     v = torch.randn(t, hk, d, device="cuda").bfloat16()
     cu = torch.arange(0, t + 1, n, dtype=torch.int32, device="cuda")
-    us = cuda_us(lambda: varlen_attn(q, k, v, cu, cu, n, n, window_size=(-1, 0)), per_graph=2)
+    us = graph_us(lambda: varlen_attn(q, k, v, cu, cu, n, n, window_size=(-1, 0)), per_graph=2)
     emit(rows, kind="attention", kernel="varlen_flash", records=records, tokens=n, us=round(us, 1))
     qd = q.view(records, n, hq, d).transpose(1, 2)
     kd = k.view(records, n, hk, d).transpose(1, 2)
@@ -336,7 +307,7 @@ def packed_batch(rows: list[str], records: int = 128, n: int = 512) -> None:
             vx = vd if gqa else vd.repeat_interleave(hq // hk, dim=1)
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 call = partial(F.scaled_dot_product_attention, qd, kx, vx, is_causal=True, enable_gqa=gqa)
-                us = cuda_us(call, per_graph=2)
+                us = graph_us(call, per_graph=2)
             emit(rows, kind="attention", kernel=name, records=records, tokens=n, us=round(us, 1))
         except RuntimeError as exc:
             emit(rows, kind="attention_error", kernel=name, error=str(exc)[:200])
@@ -374,8 +345,8 @@ def expert_ceiling(
     a1 = torch.randn(EXPERTS, m, HIDDEN, device="cuda").bfloat16()
     a2 = torch.randn(EXPERTS, m, INTER, device="cuda").bfloat16()
     bmm = {
-        "gate_up": cuda_us(partial(torch.bmm, a1, gate_up.transpose(1, 2)), per_graph=2),
-        "down": cuda_us(partial(torch.bmm, a2, down.transpose(1, 2)), per_graph=2),
+        "gate_up": graph_us(partial(torch.bmm, a1, gate_up.transpose(1, 2)), per_graph=2),
+        "down": graph_us(partial(torch.bmm, a2, down.transpose(1, 2)), per_graph=2),
     }
     flops = {"gate_up": 2.0 * t * TOP_K * HIDDEN * 2 * INTER, "down": 2.0 * t * TOP_K * INTER * HIDDEN}
     row: dict[str, object] = {"kind": "expert_ceiling", "tokens": t, "rows_per_expert": m}
@@ -402,7 +373,7 @@ def dense_gemms(rows: list[str], gen: torch.Generator) -> None:
         row: dict[str, object] = {"kind": "dense", "tokens": t}
         for name, w in weights.items():
             x = torch.randn(t, w.shape[1], device="cuda", generator=gen).bfloat16()
-            us = cuda_us(partial(F.linear, x, w))
+            us = graph_us(partial(F.linear, x, w))
             row[f"{name}_us"] = round(us, 1)
             row[f"{name}_tflop_s"] = round(2.0 * t * w.numel() / us / 1e6, 1)
         emit(rows, **row)
@@ -429,7 +400,7 @@ def packed_attention_sweep(rows: list[str], gen: torch.Generator) -> None:
     from torch.nn.attention.varlen import varlen_attn
 
     from engine.kernels import attention
-    from engine.kernels.attention import AttentionTiles
+    from engine.kernels.tiles import AttentionTiles
 
     hq, hk, d = 32, 4, 128
     # The second sweep, around the first's best (64, 32, 4 warps, 3 stages, group 8 of 36 shapes:
@@ -448,7 +419,7 @@ def packed_attention_sweep(rows: list[str], gen: torch.Generator) -> None:
         ref = varlen_attn(q, k, v, cu, cu, longest, longest, window_size=(-1, 0))
         assert isinstance(ref, torch.Tensor)
         flash = partial(varlen_attn, q, k, v, cu, cu, longest, longest, window_size=(-1, 0))
-        us_ref = cuda_us(flash, per_graph=per_graph)
+        us_ref = graph_us(flash, per_graph=per_graph)
         flops = sum(2.0 * 2 * hq * d * n * (n + 1) / 2 for n in lengths)
         emit(
             rows,
@@ -462,7 +433,7 @@ def packed_attention_sweep(rows: list[str], gen: torch.Generator) -> None:
             call = partial(attention.attention_triton, q, k, v, cu, longest, tiles)
             try:
                 got = call()
-                us = cuda_us(call, per_graph=per_graph)
+                us = graph_us(call, per_graph=per_graph)
             except Exception as exc:  # a shape Triton cannot build (shared memory) is skipped
                 emit(rows, kind="packed_attention_error", pack=name, tiles=repr(tiles), error=str(exc)[:200])
                 continue

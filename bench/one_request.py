@@ -56,7 +56,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows: list[str] = []
 
-    from bench.experts import biased_engine, level
+    from bench.experts import biased_engine
+    from bench.routing import level
     from bench.workload import make_request
 
     engine, biases, _ = biased_engine()

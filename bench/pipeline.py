@@ -1,4 +1,4 @@
-"""`clef-router bench pipeline`: events/s through the whole service against plain aiokafka loops.
+"""`python -m bench pipeline`: events/s through the whole service against plain aiokafka loops.
 
 Every run uses the same local broker and the same number of pre-produced events; each run reads a fresh
 input topic with a fresh group, and time runs from the first fetched batch until every input offset is
@@ -157,7 +157,7 @@ async def service_run(bootstrap: str, topic: str, count: int, settings_overrides
         batching=settings_overrides.get("batching", {}),
         http={"enabled": False},
     )
-    pipeline = Pipeline(settings, StubEngine())
+    pipeline = Pipeline(settings, StubEngine(settings.batching.limits))
     task = asyncio.create_task(pipeline.run())
     while sum(pipeline.committed().values()) < count:
         if task.done():

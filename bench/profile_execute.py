@@ -13,16 +13,15 @@ from functools import partial
 
 import torch
 
-from bench.engine import cuda_ms
+from bench.timing import synced_ms
 from bench.workload import build_engine, make_request
+from engine.batching.cut import BatchLimits
 from engine.runner import EngineConfig
 
 
 def main() -> int:
     engine = build_engine(
-        EngineConfig(
-            device="cuda", dtype="bfloat16", max_batch_tokens=65536, max_batch_records=256, graph_buckets=()
-        )
+        EngineConfig(device="cuda", dtype="bfloat16", limits=BatchLimits(65536, 256), graph_buckets=())
     )
     rng = random.Random(0)
     prepared = [engine.prepare(make_request(rng, engine, 512)) for _ in range(64)]
@@ -31,10 +30,10 @@ def main() -> int:
         engine.execute(prepared)
     whole, parts = [], []
     for _ in range(5):
-        whole.append(cuda_ms(lambda: engine.execute(prepared)))
+        whole.append(synced_ms(lambda: engine.execute(prepared)))
         with torch.inference_mode():
             batch = model.collate([p.encoded for p in prepared])
-            parts.append(cuda_ms(partial(model.forward_batch, batch)))
+            parts.append(synced_ms(partial(model.forward_batch, batch)))
     print(
         f"execute p50 {statistics.median(whole):.1f} ms; "
         f"forward_batch alone p50 {statistics.median(parts):.1f} ms",

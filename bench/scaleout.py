@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from bench.group_offsets import committed as committed_offsets
 from devtools.stub import sample_event
 
 PARTITIONS = 12
@@ -102,18 +103,6 @@ async def _produce(bootstrap: str, topic: str, rate: float, stop: asyncio.Event,
         await producer.stop()
 
 
-async def _committed(admin: Any, group: str, topic: str, previous: int) -> int:
-    """Offsets the group committed on `topic`, summed; `previous` while the group has no coordinator yet
-    (the first seconds of a new group) or the broker does not answer."""
-    from aiokafka.errors import KafkaError
-
-    try:
-        offsets = await admin.list_consumer_group_offsets(group)
-    except KafkaError:
-        return previous
-    return int(sum(m.offset for tp, m in offsets.items() if tp.topic == topic and m.offset > 0))
-
-
 async def _decision_ids(admin: Any, bootstrap: str, topic: str) -> list[str]:
     """Every event id on the decisions topic, read from the beginning to the current end."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -170,7 +159,7 @@ async def run(
                     break
                 await asyncio.sleep(1.0)
                 fleet.check_alive()
-                committed = await _committed(admin, group, topic, last)
+                committed = await committed_offsets(admin, group, topic, last)
                 sample = {
                     "kind": "sample",
                     "t": round(time.monotonic() - t0, 1),
@@ -186,7 +175,7 @@ async def run(
                 if final and stop.is_set() and committed >= sent[0]:
                     break
         await asyncio.to_thread(fleet.scale_to, 0)
-        committed = await _committed(admin, group, topic, last)
+        committed = await committed_offsets(admin, group, topic, last)
         ids = await _decision_ids(admin, bootstrap, f"{prefix}.decisions")
     finally:
         stop.set()

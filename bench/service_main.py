@@ -1,14 +1,14 @@
 """`python -m bench.service_main ARGS...`: `clef-router ARGS...` for the start-up benches' child process.
 
-Where PyAV cannot be imported (the H200 machine has none), it first registers `bench.e2e`'s placeholder,
-so the engine imports; the benches send no media.
+Where PyAV cannot be imported (the H200 machine has none), it first registers the placeholder
+(`bench.av_placeholder`), so the engine imports; the benches send no media.
 """
 
 from __future__ import annotations
 
 import sys
 
-from bench.e2e import install_av_placeholder
+from bench.av_placeholder import install_av_placeholder
 
 if __name__ == "__main__":
     install_av_placeholder()

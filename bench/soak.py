@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.group_offsets import committed as committed_offsets
 from devtools.stub import sample_event
 
 
@@ -47,23 +48,9 @@ def _fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-async def _committed(bootstrap: str, group: str, topic: str) -> int:
-    from aiokafka.admin import AIOKafkaAdminClient
-    from aiokafka.errors import KafkaError
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
-    await admin.start()
-    try:
-        offsets = await admin.list_consumer_group_offsets(group)
-    except KafkaError:
-        return 0
-    finally:
-        await admin.close()
-    return sum(m.offset for tp, m in offsets.items() if tp.topic == topic and m.offset > 0)
-
-
 async def _soak(bootstrap: str, minutes: float, rate: int, warmup_s: float, every_s: float) -> list[Sample]:
     from aiokafka import AIOKafkaProducer
+    from aiokafka.admin import AIOKafkaAdminClient
 
     prefix = f"soak-{uuid.uuid4().hex[:6]}"
     topic, group = f"{prefix}.in", f"{prefix}.g"
@@ -86,6 +73,8 @@ async def _soak(bootstrap: str, minutes: float, rate: int, warmup_s: float, ever
     await ensure_topics(KafkaSettings(bootstrap_servers=bootstrap, topic_partitions=3), [topic])
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=5)
     await producer.start()
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    await admin.start()
     produced = 0
     service = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "consumer.cli", "run", "--stub-engine",
@@ -108,7 +97,7 @@ async def _soak(bootstrap: str, minutes: float, rate: int, warmup_s: float, ever
             if futs:
                 await asyncio.gather(*futs)
             if now >= next_sample:
-                committed = await _committed(bootstrap, group, topic)
+                committed = await committed_offsets(admin, group, topic)
                 sample = Sample(now - began, _rss_mib(service.pid), _fds(service.pid), produced, committed)
                 samples.append(sample)
                 print(
@@ -119,7 +108,7 @@ async def _soak(bootstrap: str, minutes: float, rate: int, warmup_s: float, ever
                 next_sample += every_s
             await asyncio.sleep(0.05)
         for _ in range(120):  # at most a minute for the service to catch up
-            final = await _committed(bootstrap, group, topic)
+            final = await committed_offsets(admin, group, topic)
             if final >= produced:
                 break
             await asyncio.sleep(0.5)
@@ -128,6 +117,7 @@ async def _soak(bootstrap: str, minutes: float, rate: int, warmup_s: float, ever
         )
     finally:
         await producer.stop()
+        await admin.close()
         with contextlib.suppress(ProcessLookupError):
             service.send_signal(signal.SIGTERM)
         try:

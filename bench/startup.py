@@ -143,9 +143,10 @@ def engine_cmd(args: argparse.Namespace) -> dict[str, Any]:
 
     from bench.engine import latency, stream
     from bench.workload import build_engine, make_request
+    from engine.batching.cut import BatchLimits
     from engine.runner import Engine, EngineConfig
 
-    config = EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=65_536, max_batch_records=256)
+    config = EngineConfig(device="cuda", dtype="bfloat16", limits=BatchLimits(65_536, 256))
     rows: dict[str, Any] = {}
     for name in ("release", "gpu_random", "release_again"):
         engine = (
@@ -209,7 +210,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m bench.startup
     )
     p.add_argument("--timeout-s", type=float, default=300.0, help="serve/restart: give up after this long")
     args = p.parse_args(argv)
-    from bench.e2e import install_av_placeholder
+    from bench.av_placeholder import install_av_placeholder
 
     install_av_placeholder()  # the engine imports PyAV; the H200 machine has none (no media here)
     if args.out is not None:

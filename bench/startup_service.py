@@ -162,7 +162,7 @@ def restart_run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _restart(args: argparse.Namespace) -> dict[str, Any]:
-    from bench.e2e import Ledger, Producer, Tail, event_values
+    from bench.e2e_traffic import Ledger, Producer, Tail, event_values
     from bench.load import build, make_pool
     from consumer.kafka.access import service_topics
     from consumer.settings import load_settings

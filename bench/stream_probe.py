@@ -32,6 +32,7 @@ import torch
 from bench.engine import TimedRun, run_info, stream
 from bench.report import emit_line as emit
 from bench.workload import build_engine, make_request
+from engine.batching.cut import BatchLimits
 from engine.runner import EngineConfig
 
 ALLOCATOR_COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
@@ -101,16 +102,14 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[str] = []
-    from engine.model.decoder import default_buckets
+    from engine.model.graphs import default_buckets
 
-    config = EngineConfig(
-        device="cuda", dtype="bfloat16", max_batch_tokens=65536, max_batch_records=256, graph_buckets=()
-    )
+    config = EngineConfig(device="cuda", dtype="bfloat16", limits=BatchLimits(65536, 256), graph_buckets=())
     t0 = time.perf_counter()
     engine = build_engine(
         config, tune_process=False
     )  # the collector as Python leaves it, until FREEZE_BEFORE
-    engine.model.enable_fast_path(graph_buckets=default_buckets(config.max_batch_tokens))
+    engine.model.enable_fast_path(graph_buckets=default_buckets(config.limits.max_tokens))
     emit(rows, **run_info(t0))
     rng = random.Random(0)
     reqs512 = [make_request(rng, engine, 512) for _ in range(1024)]

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from bench.fullsize import TEXT_CONFIG, randomize_
+from bench.routing import Routing, level, probe_batch, router_biases
 from engine.runner import Engine, EngineConfig
 from schemas.systemone import SystemOneRequest, parse_request
 
@@ -75,8 +76,16 @@ DEPARTMENTS = (
 )
 
 
-def build_engine(config: EngineConfig, num_layers: int | None = None, tune_process: bool = True) -> Engine:
+def build_engine(
+    config: EngineConfig,
+    num_layers: int | None = None,
+    tune_process: bool = True,
+    routing: Routing = "levelled",
+) -> Engine:
     """Full-size thinker + joint head, random bf16 weights on CUDA, tiny-release tokenizer.
+
+    `routing` "levelled" (the default) biases every router to near-uniform expert load, the way a trained
+    router spreads tokens (`bench.routing`); "random" leaves the random routers as built.
 
     `num_layers` (None: the full 48) builds fewer decoder layers, every other shape unchanged, for quick
     probes of the code path; figures from such a build are not full-size figures. With `tune_process`
@@ -118,7 +127,10 @@ def build_engine(config: EngineConfig, num_layers: int | None = None, tune_proce
         head = JointSchemaHead(JointHeadConfig(hidden_size=TEXT_CONFIG["hidden_size"])).to(torch.bfloat16)
     randomize_(head, seed=1)
     model = ClefOmniModel(thinker, head, pad_token_id=int(tokenizer.pad_token_id or 0)).eval()
+    biases = router_biases(model) if routing == "levelled" else []  # before any graph capture
     engine = Engine(model, tokenizer, config)
+    if biases:
+        level(engine, biases, probe_batch(engine))
     if tune_process:
         from consumer.runtime import tune_gc
         from consumer.settings import Settings

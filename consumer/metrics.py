@@ -26,93 +26,128 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.records = Counter(f"{PREFIX}_records", "Input records by final outcome", ["outcome"], registry=r)
+        # registered in this order, which is the order of the exposition
+        self._add_flow_metrics(self.registry)
+        self._add_batch_metrics(self.registry)
+        self._add_outcome_metrics(self.registry)
+        self._add_http_metrics(self.registry)
+        self._add_service_metrics(self.registry)
+
+    def _add_flow_metrics(self, registry: CollectorRegistry) -> None:
+        """Records through the Kafka loop: outcomes, lag, in flight, backpressure."""
+        self.records = Counter(
+            f"{PREFIX}_records", "Input records by final outcome", ["outcome"], registry=registry
+        )
         self.consumer_lag = Gauge(
-            f"{PREFIX}_consumer_lag", "High watermark minus position", ["topic", "partition"], registry=r
+            f"{PREFIX}_consumer_lag",
+            "High watermark minus position",
+            ["topic", "partition"],
+            registry=registry,
         )
         self.in_flight = Gauge(
-            f"{PREFIX}_in_flight_records", "Fetched, not yet committed records", registry=r
+            f"{PREFIX}_in_flight_records", "Fetched, not yet committed records", registry=registry
         )
         self.paused = Gauge(
-            f"{PREFIX}_paused", "1 while input partitions are paused for backpressure", registry=r
+            f"{PREFIX}_paused", "1 while input partitions are paused for backpressure", registry=registry
         )
+
+    def _add_batch_metrics(self, registry: CollectorRegistry) -> None:
+        """Engine batches: size, tokens, queue wait, fill, budget, GPU and engine time."""
         self.batch_records = BulkHistogram(
-            f"{PREFIX}_batch_records", "Records per engine batch", buckets=COUNT_BUCKETS, registry=r
+            f"{PREFIX}_batch_records", "Records per engine batch", buckets=COUNT_BUCKETS, registry=registry
         )
         self.batch_tokens = BulkHistogram(
-            f"{PREFIX}_batch_tokens", "Tokens per engine batch", buckets=TOKEN_BUCKETS, registry=r
+            f"{PREFIX}_batch_tokens", "Tokens per engine batch", buckets=TOKEN_BUCKETS, registry=registry
         )
         self.queue_wait = BulkHistogram(
             f"{PREFIX}_queue_wait_seconds",
             "Prepared record waiting for its batch to start",
             buckets=LATENCY_BUCKETS,
-            registry=r,
+            registry=registry,
         )
         self.batch_fill = BulkHistogram(
             f"{PREFIX}_batch_fill_ratio",
             "Tokens per engine batch over the token budget it was cut with",
             buckets=FILL_BUCKETS,
-            registry=r,
+            registry=registry,
         )
         self.batch_budget = Gauge(
             f"{PREFIX}_batch_budget_tokens",
             "Token budget of the last batch cut (fixed: max_batch_tokens; adaptive: follows the queue)",
-            registry=r,
+            registry=registry,
         )
         self.gpu_busy = Counter(
             f"{PREFIX}_gpu_busy_seconds",
             "Seconds the GPU thread spent running batches; rate() is the GPU busy share",
-            registry=r,
+            registry=registry,
         )
         self.engine_seconds = BulkHistogram(
-            f"{PREFIX}_engine_seconds", "Engine execute time per batch", buckets=LATENCY_BUCKETS, registry=r
+            f"{PREFIX}_engine_seconds",
+            "Engine execute time per batch",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
         )
+
+    def _add_outcome_metrics(self, registry: CollectorRegistry) -> None:
+        """What became of records: latency, DLQ, routes, retries, splits, commits, rebalances."""
         self.end_to_end = BulkHistogram(
             f"{PREFIX}_end_to_end_seconds",
             "Record timestamp to outputs acknowledged",
             buckets=LATENCY_BUCKETS,
-            registry=r,
+            registry=registry,
         )
-        self.dlq = Counter(f"{PREFIX}_dlq_records", "Dead-lettered records by reason", ["reason"], registry=r)
+        self.dlq = Counter(
+            f"{PREFIX}_dlq_records", "Dead-lettered records by reason", ["reason"], registry=registry
+        )
         self.routed = Counter(
             f"{PREFIX}_routed_records",
             "Answered records by the route topic they went to",
             ["topic"],
-            registry=r,
+            registry=registry,
         )
-        self.retries = Counter(f"{PREFIX}_retries", "Retries by kind", ["kind"], registry=r)
+        self.retries = Counter(f"{PREFIX}_retries", "Retries by kind", ["kind"], registry=registry)
         self.batch_splits = Counter(
-            f"{PREFIX}_batch_splits", "Engine batches split after a failure", registry=r
+            f"{PREFIX}_batch_splits", "Engine batches split after a failure", registry=registry
         )
         self.state_truncated = Counter(
-            f"{PREFIX}_state_truncated", "Answers with a truncated state", registry=r
+            f"{PREFIX}_state_truncated", "Answers with a truncated state", registry=registry
         )
-        self.commits = Counter(f"{PREFIX}_commits", "Offset commits sent", registry=r)
+        self.commits = Counter(f"{PREFIX}_commits", "Offset commits sent", registry=registry)
         self.rebalances = Counter(
-            f"{PREFIX}_rebalances", "Partition assignment changes", ["kind"], registry=r
+            f"{PREFIX}_rebalances", "Partition assignment changes", ["kind"], registry=registry
         )
+
+    def _add_http_metrics(self, registry: CollectorRegistry) -> None:
+        """The HTTP API: requests by path and status, in flight, latency."""
         self.http_requests = Counter(
-            f"{PREFIX}_http_requests", "HTTP requests by path and status", ["path", "status"], registry=r
+            f"{PREFIX}_http_requests",
+            "HTTP requests by path and status",
+            ["path", "status"],
+            registry=registry,
         )
         self.http_in_flight = Gauge(
-            f"{PREFIX}_http_in_flight", "POST /v1/systemone requests being answered", registry=r
+            f"{PREFIX}_http_in_flight", "POST /v1/systemone requests being answered", registry=registry
         )
         self.http_seconds = BulkHistogram(
             f"{PREFIX}_http_request_seconds",
             "HTTP request start to response sent, every route",
             buckets=LATENCY_BUCKETS,
-            registry=r,
+            registry=registry,
         )
+
+    def _add_service_metrics(self, registry: CollectorRegistry) -> None:
+        """The service itself: broker reachability (`run`) and the engine being loaded."""
         self.broker_reachable = Gauge(
-            f"{PREFIX}_broker_reachable", "1 while the last broker probe answered (run only)", registry=r
+            f"{PREFIX}_broker_reachable",
+            "1 while the last broker probe answered (run only)",
+            registry=registry,
         )
         self.broker_unreachable_seconds = Gauge(
             f"{PREFIX}_broker_unreachable_seconds",
             "Seconds since the broker last answered a probe (0 while reachable)",
-            registry=r,
+            registry=registry,
         )
-        self.model_loaded = Gauge(f"{PREFIX}_model_loaded", "1 once the engine is ready", registry=r)
+        self.model_loaded = Gauge(f"{PREFIX}_model_loaded", "1 once the engine is ready", registry=registry)
 
     def render(self) -> bytes:
         """Prometheus text exposition of every metric."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import pydantic_core
 
+from engine.batching.cut import SERVICE_LIMITS, BatchLimits
 from schemas.request import SystemOneRequest, option_table
 from schemas.response import SystemOneResponse, build_response
 
@@ -27,7 +28,8 @@ class StubPrepared:
 
 class StubEngine:
     """An `engine.types.ServingEngine` that answers instantly: deterministic, state-dependent probabilities.
-    Its staged calls do all the work in `run` (`stage` and `respond` hand the batch through).
+    Its staged calls do all the work in `run` (`stage` and `respond` hand the batch through). `limits` are
+    the batch limits a batcher cuts its batches by (default: the service's).
 
     Responses are cached per (questions object, variant), so the cost per record is a dictionary lookup
     for events of the default schema (whose questions object is shared).
@@ -35,7 +37,8 @@ class StubEngine:
 
     VARIANTS = 7
 
-    def __init__(self) -> None:
+    def __init__(self, limits: BatchLimits = SERVICE_LIMITS) -> None:
+        self.limits = limits
         self._cache: dict[tuple[int, int], tuple[object, SystemOneResponse]] = {}
 
     def prepare(self, request: SystemOneRequest) -> StubPrepared:

@@ -11,14 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from engine.api import systemone
+    from engine.config import EngineConfig
     from engine.model.release import load_release_model
-    from engine.runner import Engine, EngineConfig
+    from engine.runner import Engine
 
 __all__ = ["Engine", "EngineConfig", "load_release_model", "systemone"]
 
 _HOMES = {
     "Engine": "engine.runner",
-    "EngineConfig": "engine.runner",
+    "EngineConfig": "engine.config",
     "load_release_model": "engine.model.release",
     "systemone": "engine.api",
 }

@@ -8,14 +8,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from engine.config import EngineConfig, dtype_name
 from engine.model.clef import ClefOmniModel
-from engine.runner import Engine, EngineConfig, dtype_name
+from engine.runner import Engine
 from schemas.systemone import SystemOneRequest, SystemOneResponse, parse_request
 
+if TYPE_CHECKING:
+    from torch import nn
 
-def _unwrap(model: Any, processor: object) -> tuple[ClefOmniModel, object]:
+    from engine.model.release import LoadedModel
+
+
+def _unwrap(model: LoadedModel | ClefOmniModel, processor: object) -> tuple[ClefOmniModel, object]:
     """The `ClefOmniModel` and the tokenizer to use for (`LoadedModel` or model, processor or tokenizer).
 
     A `LoadedModel`'s own tokenizer stands in when `processor` is None (no multimodal processor)."""
@@ -28,7 +34,7 @@ def _unwrap(model: Any, processor: object) -> tuple[ClefOmniModel, object]:
     return model, processor
 
 
-def config_for(model: Any, **overrides: Any) -> EngineConfig:
+def config_for(model: nn.Module, **overrides: Any) -> EngineConfig:
     """An `EngineConfig` matching where `model` lives (device and dtype of its first parameter)."""
     first = next(iter(model.parameters()))
     base = EngineConfig(device=str(first.device), dtype=dtype_name(first.dtype) or "float32")
@@ -36,7 +42,7 @@ def config_for(model: Any, **overrides: Any) -> EngineConfig:
 
 
 def systemone(
-    model: Any,
+    model: LoadedModel | ClefOmniModel,
     processor: object,
     request: SystemOneRequest | Mapping[str, Any] | str | bytes,
     **config: Any,

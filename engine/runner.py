@@ -13,19 +13,22 @@ any thread). Staging batch N+1 and answering batch N-1 then overlap batch N's fo
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Generic
 
 import numpy as np
 import numpy.typing as npt
 import torch
+from typing_extensions import TypeVar
 
-from engine.batching.collate import Layout, ModelBatch, forward, plan_batches
+from engine.batching.collate import Layout, forward
+from engine.batching.cut import BatchLimits, plan_batches
 from engine.batching.split import EngineError, run_split
-from engine.encoding.encode import DEFAULT_MAX_TOKENS, TextEncoder, encoder_for
-from engine.media import MediaError, MediaLimits, MediaPolicy
+from engine.config import TORCH_DTYPES, DTypeName, EngineConfig, dtype_name
+from engine.encoding.encode import TextEncoder, encoder_for
+from engine.handoff import MediaHook, MediaInputLike, ModelLike, Prepared, RunResult, StagedBatch
+from engine.media import MediaError
 from engine.model.clef import ClefOmniModel
 from engine.types import EncodedRequest
 from schemas.systemone import (
@@ -38,102 +41,27 @@ from schemas.systemone import (
     parse_request,
 )
 
+# The engine's one entry: its config, dtype map and hand-offs live in `engine.config`/`engine.handoff` and
+# are importable from here too.
+__all__ = [
+    "TORCH_DTYPES",
+    "DTypeName",
+    "Engine",
+    "EngineConfig",
+    "Prepared",
+    "RunResult",
+    "StagedBatch",
+    "dtype_name",
+]
+
 log = logging.getLogger(__name__)
 
-DTypeName = Literal["float32", "bfloat16", "float16"]
-TORCH_DTYPES: dict[DTypeName, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
-"""The one map between the engine's dtype names (settings, `EngineConfig.dtype`) and torch dtypes."""
+M = TypeVar("M", bound=ModelLike, default=ClefOmniModel)
 
 
-def dtype_name(dtype: torch.dtype) -> DTypeName | None:
-    """The name of `dtype` in `TORCH_DTYPES`, or None for a dtype the engine does not run in."""
-    return next((name for name, d in TORCH_DTYPES.items() if d == dtype), None)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    """How the engine runs. `max_batch_tokens`/`max_batch_records` bound one forward pass; a record
-    longer than `max_batch_tokens` still runs, alone. `layout` picks the collate layout (`auto`: the
-    model's `preferred_layout`). `device`/`dtype` apply when loading a release. On CUDA, `fast_path`
-    runs text-only batches through the packed varlen decoder (`engine.model.decoder`), replaying CUDA graphs
-    captured per token bucket (`graph_buckets`; None: `fastpath.default_buckets(max_batch_tokens)`, empty:
-    no graphs); `fp8_experts` runs the MoE experts in FP8 there (`engine.kernels.fp8`, opt-in). A record
-    failing
-    alone is tried `single_record_attempts` times (`engine.batching.split`). A server maps its own settings
-    onto
-    this in one place (`consumer.engine_config`)."""
-
-    device: str = "cuda"
-    dtype: DTypeName = "bfloat16"
-    max_batch_tokens: int = 65_536
-    max_batch_records: int = 64
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    single_record_attempts: int = 2
-    truncate_state: bool = True
-    confidence_formula: Literal["typesafe", "top"] = "typesafe"
-    layout: Literal["auto", "packed", "padded"] = "auto"
-    fast_path: bool = True
-    fp8_experts: bool = False
-    graph_buckets: tuple[int, ...] | None = None
-    media_limits: MediaLimits = field(default_factory=MediaLimits)
-    media_policy: MediaPolicy = field(default_factory=MediaPolicy)
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return TORCH_DTYPES[self.dtype]
-
-
-class MediaInputLike(Protocol):
-    """What a media hook returns (e.g. `engine.media.expand.PreparedMedia`)."""
-
-    @property
-    def token_ids(self) -> Sequence[int]: ...
-    @property
-    def tensors(self) -> Mapping[str, Any]: ...
-
-
-MediaHook = Callable[[SystemOneRequest], MediaInputLike]
-"""Decodes a request's media; raises `RequestError` (a media reason code) for bad or forbidden media."""
-
-
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """A validated, encoded request, ready to join a batch."""
-
-    request: SystemOneRequest
-    encoded: EncodedRequest
-
-    @property
-    def num_tokens(self) -> int:
-        return self.encoded.num_tokens
-
-
-@dataclass(frozen=True, slots=True)
-class StagedBatch:
-    """A collated batch whose tensors are on (or being copied to) the model's device; see `Engine.stage`.
-
-    `parts` holds one collated pass per group of record indices: one for a uniform batch, more when the
-    text fast path splits off the media records or a right-padded group is cut to the token budget.
-    """
-
-    prepared: tuple[Prepared, ...]
-    parts: tuple[tuple[tuple[int, ...], ModelBatch], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class RunResult:
-    """Per record of a staged batch (batch order), its option probabilities keyed by question id."""
-
-    prepared: tuple[Prepared, ...]
-    probabilities: tuple[dict[str, npt.NDArray[np.float32]], ...]
-
-
-class Engine:
-    """One loaded Clef model plus its tokenizer; see the module docstring for the threading rules.
+class Engine(Generic[M]):
+    """One loaded model (a `ModelLike`: the Clef model, or a test's stand-in) plus its tokenizer; see the
+    module docstring for the threading rules.
 
     `tokenizer` is the release tokenizer (or a processor carrying it as `.tokenizer`); `media_hook` decodes
     a request's media (None: text only, a request with media is a permanent 400). Satisfies
@@ -143,7 +71,7 @@ class Engine:
 
     def __init__(
         self,
-        model: ClefOmniModel,
+        model: M,
         tokenizer: object,
         config: EngineConfig | None = None,
         *,
@@ -155,13 +83,12 @@ class Engine:
         self._encoder: TextEncoder = encoder_for(tokenizer)
         self._media_hook = media_hook
         cfg = self.config
-        on_cuda = getattr(getattr(model, "device", None), "type", "cpu") == "cuda"
-        if cfg.fast_path and on_cuda and not getattr(model, "fast_path", True):
-            from engine.model.decoder import default_buckets
+        if cfg.fast_path and model.device.type == "cuda" and not model.fast_path:
+            from engine.model.graphs import default_buckets
 
             buckets = cfg.graph_buckets
             if buckets is None:
-                buckets = default_buckets(cfg.max_batch_tokens)
+                buckets = default_buckets(cfg.limits.max_tokens)
             model.enable_fast_path(graph_buckets=buckets, fp8_experts=cfg.fp8_experts)
         self._layout: Layout | None = None if self.config.layout == "auto" else self.config.layout
 
@@ -172,7 +99,7 @@ class Engine:
         device: str | None = None,
         dtype: DTypeName | None = None,
         config: EngineConfig | None = None,
-    ) -> Engine:
+    ) -> Engine[ClefOmniModel]:
         """Load a release directory (blocking, seconds to minutes) and wrap it in an engine.
 
         `device`/`dtype` override the ones in `config`. The media hook decodes media under
@@ -196,7 +123,12 @@ class Engine:
             hook = media_hook(loaded.tokenizer, processors, cfg.media_limits, cfg.media_policy)
         except (OSError, KeyError, TypeError, ValueError) as exc:
             log.warning("media disabled for %s: %s", path, exc)
-        return cls(loaded.model, loaded.tokenizer, cfg, media_hook=hook)
+        return Engine(loaded.model, loaded.tokenizer, cfg, media_hook=hook)
+
+    @property
+    def limits(self) -> BatchLimits:
+        """What one forward pass may hold (`EngineConfig.limits`); a server's batcher cuts by these."""
+        return self.config.limits
 
     def _media(self, request: SystemOneRequest) -> MediaInputLike | None:
         """The one place a request's media is decoded (None for a text-only request).
@@ -234,7 +166,7 @@ class Engine:
 
     def execute(self, batch: Sequence[Prepared]) -> list[SystemOneResponse]:
         """Run `batch` (one forward pass; more when the text fast path splits off media records or a
-        right-padded group would exceed `max_batch_tokens`, see `stage`) and build a response per record,
+        right-padded group would exceed `limits.max_tokens`, see `stage`) and build a response per record,
         in batch order: `respond(run(stage(batch)))`.
 
         Call from one worker thread only. May raise `torch.OutOfMemoryError` (the caller splits the
@@ -248,7 +180,7 @@ class Engine:
         """Collate `batch` on the CPU, one part per forward pass, and start the copies to the device
         (thread-safe, non-blocking). Parts: text and media records apart on the text fast path, and a
         right-padded group (media on a GPU with dense attention, or `layout="padded"`) cut so that records
-        x longest fits `max_batch_tokens`.
+        x longest fits `limits.max_tokens`.
 
         The copy is queued on the device's current stream, so it lands before any later `run`. Raises
         ValueError for an empty batch; may raise `torch.OutOfMemoryError`.
@@ -264,16 +196,16 @@ class Engine:
 
     def _forward_groups(self, encoded: Sequence[EncodedRequest]) -> list[tuple[int, ...]]:
         """Indexes into `encoded` per forward pass, each in batch order: text and media records apart when
-        the text fast path is on, and a group that will be right-padded cut by `plan_batches` so that its
-        records x longest stays within `max_batch_tokens` (callers such as the service's batcher budget
-        the plain sum of tokens, which is what a packed group costs).
+        the text fast path is on, and a group that will be right-padded cut by `plan_batches` at its padded
+        cost (records x longest within `limits`; the service's batcher cuts by the packed cost, the plain
+        sum of tokens).
 
         A packed group that would need a dense attention mask runs one record per pass instead (see
         `_one_per_pass`): a single unpadded sequence needs no mask at all (sdpa's `is_causal`), so memory
         stays linear in its length, and each record's answer is exactly its answer alone."""
         media = [bool(e.media) for e in encoded]
         groups = [tuple(range(len(encoded)))]
-        if any(media) and not all(media) and getattr(self.model, "fast_path", False):
+        if any(media) and not all(media) and self.model.fast_path:
             groups = [
                 tuple(i for i, m in enumerate(media) if not m),
                 tuple(i for i, m in enumerate(media) if m),
@@ -288,25 +220,17 @@ class Engine:
             if len(group) == 1 or layout != "padded":
                 out.append(group)
                 continue
-            plan = plan_batches(
-                [encoded[i].num_tokens for i in group],
-                max_tokens=self.config.max_batch_tokens,
-                max_records=self.config.max_batch_records,
-            )
+            plan = plan_batches([encoded[i].num_tokens for i in group], self.limits, "padded")
             out += [tuple(sorted(group[k] for k in part)) for part in plan]
         return out
 
     def _one_per_pass(self, layout: Layout, with_media: bool) -> bool:
         """True when several records packed in one row would make transformers build a dense attention
         mask: without varlen attention a packed row becomes a block-diagonal (T, T) mask over the whole
-        pack (4.3 GB of bool for 65k tokens). This is the CPU's default layout. A right-padded group
-        (dense attention on a GPU, or `layout="padded"`) keeps its (B, 1, L, L) mask, bounded by the
-        token budget that `plan_batches` applies to it; a record that fills the budget runs alone and
-        unpadded, with no mask."""
-        can_pack: Callable[[bool], bool] | None = getattr(self.model, "can_pack", None)
-        if can_pack is None:  # a stand-in model without transformers' attention (tests)
-            return False
-        return layout == "packed" and not can_pack(with_media)
+        pack (T^2 bools). This is the CPU's default layout. A right-padded group (dense attention on a GPU,
+        or `layout="padded"`) keeps its (B, 1, L, L) mask, bounded by the token budget that `plan_batches`
+        applies to it; a record that fills the budget runs alone and unpadded, with no mask."""
+        return layout == "packed" and not self.model.can_pack(with_media)
 
     def run(self, staged: StagedBatch) -> RunResult:
         """Forward pass(es), head and one device-to-host copy per part (blocking; the GPU thread only).
@@ -366,12 +290,8 @@ class Engine:
             except Exception as exc:  # a bug or library failure on this record must not sink the others
                 log.warning("preparing request %d failed", index, exc_info=True)
                 results[index] = _engine_failed("cannot prepare the request", exc)
-        plan = plan_batches(
-            [p.num_tokens for _, p in ready],
-            max_tokens=self.config.max_batch_tokens,
-            max_records=self.config.max_batch_records,
-            packed=(self._layout or self.model.layout_for(False)) == "packed",
-        )
+        layout = self._layout or self.model.layout_for(False)
+        plan = plan_batches([p.num_tokens for _, p in ready], self.limits, layout)
         for group in plan:
             batch = [ready[k] for k in group]
             split = run_split(

@@ -5,8 +5,8 @@ collates several of them into one forward pass, and the model returns per-option
 `schemas.systemone.option_table` order for every question of every record.
 
 `ServingEngine` is the one protocol a server (the Kafka consumer, the HTTP service) drives the engine
-through; `engine.runner.Engine` satisfies it, and so do test and benchmark stand-ins. This module imports
-no torch at import time, so a server can name the protocol without loading torch.
+through; `engine.runner.Engine` satisfies it, and so do `devtools.stub.StubEngine` and test stand-ins. This
+module imports no torch at import time, so a server can name the protocol without loading torch.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from engine.batching.cut import BatchLimits
 
 if TYPE_CHECKING:
     import torch
@@ -62,6 +64,7 @@ def map_tensor_fields(obj: _D, fn: Callable[[torch.Tensor], torch.Tensor]) -> _D
     """A copy of dataclass `obj` with `fn` applied to every field holding a tensor (e.g. a device move)."""
     import torch
 
+    # getattr by dataclass field name: the fields are only known through `dataclasses.fields`
     moved = {f.name: fn(v) for f in fields(obj) if isinstance(v := getattr(obj, f.name), torch.Tensor)}
     return replace(obj, **moved)
 
@@ -81,6 +84,7 @@ RanT = TypeVar("RanT")
 class ServingEngine(Protocol[PreparedT, StagedT, RanT]):
     """The engine as a server drives it: prepare -> stage -> run -> respond, plus failure handling.
 
+    - `limits`: what one batch may hold; the server cuts its batches by these (`engine.batching.cut`).
     - `prepare` (CPU, any thread, thread-safe): validate and encode; raises `RequestError` (permanent).
     - `stage` (any thread): collate a batch and start its copy to the device.
     - `run` (the one GPU thread): the forward pass(es) of a staged batch.
@@ -91,6 +95,9 @@ class ServingEngine(Protocol[PreparedT, StagedT, RanT]):
       memory first, so a retry of a smaller batch can fit. The server never inspects the exception itself.
     Every step but `prepare` may raise for a batch; the server then splits the batch and retries it.
     """
+
+    @property
+    def limits(self) -> BatchLimits: ...
 
     def prepare(self, request: SystemOneRequest) -> PreparedT: ...
 

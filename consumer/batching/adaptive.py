@@ -1,8 +1,10 @@
 """Adaptive batch sizing: the GPU cost model and the pure rule that decides when to cut the next batch.
 
-The fixed rule (`batcher.plan_next` with `max_wait_ms`) waits for a batch to fill or for its deadline, so
-under light load every record pays the wait and under a backlog the budget may be smaller than the GPU's
-best. The adaptive rule (`plan_adaptive`) instead follows the queue and the measured GPU time:
+Both modes cut by the engine's one rule (`engine.batching.cut.take`: packed cost, arrival order, within
+the engine's `BatchLimits`); they differ in the token budget and the moment. The fixed mode waits up to
+`max_wait_ms` for a batch to fill, so under light load every record pays the wait and under a backlog the
+budget may be smaller than the GPU's best. The adaptive rule (`plan_adaptive`) instead follows the queue
+and the measured GPU time:
 
 - While the GPU has nothing to do, the records that are ready go at once (no wait: at light load a batch is
   one or a few records, and a record's latency is close to the engine's single-request latency).
@@ -11,7 +13,7 @@ best. The adaptive rule (`plan_adaptive`) instead follows the queue and the meas
 - Its token budget is what the GPU runs in half the latency target (a record then waits for at most one
   batch and runs in the next), so a burst is served in slices that each meet the target; once the oldest
   waiting record has waited more than half the target, the target is lost for the queue anyway and the
-  budget opens to `max_batch_tokens`, where the GPU is most efficient, until the backlog is gone.
+  budget opens to the engine's `max_tokens`, where the GPU is most efficient, until the backlog is gone.
 
 `CostModel` predicts a batch's GPU seconds as `overhead + per_token * tokens`, a least-squares fit over
 the last batches the GPU ran. Everything here is pure and single-threaded (the batcher calls it on the
@@ -24,6 +26,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from engine.batching.cut import BatchLimits, take
 
 
 class CostLike(Protocol):
@@ -119,27 +123,6 @@ class GpuQueue:
         return max(0.0, self._mark + predicted - now) if self._outstanding else 0.0
 
 
-def plan_next(tokens: Sequence[int], max_records: int, max_tokens: int) -> tuple[int, bool]:
-    """How many leading records form the next batch, and whether that batch is full already.
-
-    Full means a limit is reached: `max_records` records, the token budget exactly used, or the next
-    record not fitting. The first record always fits (alone if larger than the budget). Pure; the one
-    packing rule of both modes.
-    """
-    count = 0
-    used = 0
-    for size in tokens:
-        if count == max_records:
-            return count, True
-        if count > 0 and used + size > max_tokens:
-            return count, True
-        count += 1
-        used += size
-        if used >= max_tokens:
-            return count, True
-    return count, count >= max_records
-
-
 @dataclass(frozen=True, slots=True)
 class AdaptiveView:
     """What the batcher knows when it plans: all durations in seconds.
@@ -182,20 +165,20 @@ def plan_adaptive(
     view: AdaptiveView,
     cost: CostLike,
     *,
-    max_records: int,
-    max_tokens: int,
+    limits: BatchLimits,
     latency_target: float,
     fallback_wait: float,
 ) -> AdaptiveDecision:
     """Decide the next batch from the ready records' token counts (in arrival order). Pure.
 
-    Cut now when the budget is full or the GPU frees up within `view.lead`; otherwise wait until `lead`
-    before the GPU's predicted end (`fallback_wait` when the cost model cannot predict it yet).
+    The batch is what `take` cuts within `limits` with the adaptive budget as its token limit. Cut now when
+    that batch is full or the GPU frees up within `view.lead`; otherwise wait until `lead` before the GPU's
+    predicted end (`fallback_wait` when the cost model cannot predict it yet).
     """
     budget = adaptive_budget(
-        cost, max_tokens=max_tokens, latency_target=latency_target, head_age=view.head_age
+        cost, max_tokens=limits.max_tokens, latency_target=latency_target, head_age=view.head_age
     )
-    count, full = plan_next(tokens, max_records, budget)
+    count, full = take(tokens, limits.with_tokens(budget), "packed")
     if count == 0:
         return AdaptiveDecision(0, fallback_wait, budget)
     if full or view.gpu_free_in <= view.lead:

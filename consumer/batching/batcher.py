@@ -3,13 +3,13 @@
 Callers `submit` a run of items with their prepare function (decode + `engine.prepare`, CPU only). Each
 submission is prepared by one call in a thread pool, so JSON parsing, validation, tokenizing and media
 decoding overlap the GPU and never block the event loop.
-Prepared records wait in arrival order. With `mode = "fixed"` a batch is flushed when it reaches
-`max_batch_records`, when the next record would push it over `max_batch_tokens` (a record larger than the
-budget runs alone), or `max_wait_ms` after its first record became ready. With `mode = "adaptive"` (the
-default) the size and the moment follow the queue and the GPU time measured per batch
-(`consumer.batching.adaptive`):
-at once while the GPU is idle, just before it frees up while it is busy, within a budget derived from
-`latency_target_ms` unless a backlog built, always within `max_batch_records` and `max_batch_tokens`.
+Prepared records wait in arrival order. Every batch is cut by the engine's one rule within the engine's
+own limits (`ServingEngine.limits`, `engine.batching.cut.take` at the packed cost: a record larger than the
+budget runs alone). With `mode = "fixed"` a batch is flushed when it is full by those limits or
+`max_wait_ms` after its first record became ready. With `mode = "adaptive"` (the default) the size and the
+moment follow the queue and the GPU time measured per batch (`consumer.batching.adaptive`): at once while
+the GPU is idle, just before it frees up while it is busy, within a budget derived from
+`latency_target_ms` unless a backlog built, always within the engine's limits.
 At most `max_pending_batches` batches are handed to the single GPU thread at once; the rest wait
 here (and the pipeline pauses fetching through its in-flight bound).
 
@@ -17,9 +17,8 @@ Each submission gets one future that resolves to one outcome per item, in order:
 prepare call's own exception (e.g. `RequestError`), or an `EngineError` when the record failed even alone
 (see `retry`). One future per run of records, not per record: the service submits a fetched run at a time.
 
-A cut batch runs through `consumer.batching.gpu.GpuRunner`: with `stages` (an engine's
-`stage`/`run`/`respond`)
-only `run` occupies the GPU thread; a failed batch is split by the engine's one rule
+A cut batch runs through `consumer.batching.gpu.GpuRunner`: the engine's `stage` and `respond` run in the
+prepare pool, only `run` occupies the GPU thread; a failed batch is split by the engine's one rule
 (`engine.batching.split`).
 """
 
@@ -32,74 +31,78 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar, cast
 
-from consumer.batching.adaptive import AdaptiveView, CostLike, CostModel, GpuQueue, plan_adaptive, plan_next
-from consumer.batching.gpu import GpuRunner, StagedCalls
+from consumer.batching.adaptive import AdaptiveView, CostLike, CostModel, GpuQueue, plan_adaptive
+from consumer.batching.gpu import GpuRunner
 from consumer.clock import Clock, SystemClock
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
 from consumer.settings import BatchingSettings
-from engine.batching.split import EngineError, never_out_of_memory
-from engine.types import PreparedLike
+from engine.batching.cut import take
+from engine.batching.split import EngineError
+from engine.types import PreparedLike, ServingEngine
 from schemas.errors import DlqReason
+from schemas.response import SystemOneResponse
 
-__all__ = ["Batcher", "StagedCalls", "plan_next"]
+__all__ = ["Batcher", "Outcome"]
 
 log = get_logger("consumer.batching.batcher")
 
 
-PreparedT = TypeVar("PreparedT", bound=PreparedLike)
-ResponseT = TypeVar("ResponseT")
+P = TypeVar("P", bound=PreparedLike)
+S = TypeVar("S")
+R = TypeVar("R")
 ItemT = TypeVar("ItemT")
 
+Outcome = SystemOneResponse | BaseException
+"""What one submitted item ends as: the engine's response, its prepare error, or an `EngineError`."""
 
-class _Submission(Generic[ResponseT]):
+
+class _Submission:
     """One `submit` call: its outcomes, how many are still missing, its future, when it became ready."""
 
     __slots__ = ("future", "left", "outcomes", "ready_at")
 
-    def __init__(self, future: asyncio.Future[list[ResponseT | BaseException]], size: int) -> None:
+    def __init__(self, future: asyncio.Future[list[Outcome]], size: int) -> None:
         self.future = future
-        self.outcomes: list[ResponseT | BaseException | None] = [None] * size
+        self.outcomes: list[Outcome | None] = [None] * size
         self.left = size
         self.ready_at = 0.0
 
-    def settle(self, index: int, outcome: ResponseT | BaseException) -> None:
+    def settle(self, index: int, outcome: Outcome) -> None:
         """Store one outcome; resolves the future with every outcome once the last one arrives."""
         self.outcomes[index] = outcome
         self.left -= 1
         if self.left == 0 and not self.future.done():
-            self.future.set_result(cast("list[ResponseT | BaseException]", self.outcomes))
+            self.future.set_result(cast("list[Outcome]", self.outcomes))
 
 
 # A prepared record waiting for its batch: (prepared, its submission, its index in the submission).
-_Job = tuple[PreparedT, _Submission[ResponseT], int]
+_Job = tuple[P, _Submission, int]
 
 
-class Batcher(Generic[PreparedT, ResponseT]):
-    """See the module docstring. Start with `start()`, stop with `close()`; all methods run on the loop."""
+class Batcher(Generic[P, S, R]):
+    """Batches for `engine`, cut within `engine.limits` (see the module docstring); `settings` give the
+    mode, the waits and the pools. Start with `start()`, stop with `close()`; all methods run on the loop."""
 
     def __init__(
         self,
-        execute: Callable[[Sequence[PreparedT]], list[ResponseT]],
+        engine: ServingEngine[P, S, R],
         settings: BatchingSettings,
         *,
         clock: Clock | None = None,
         metrics: Metrics | None = None,
         single_attempts: int = 2,
-        out_of_memory: Callable[[BaseException], bool] = never_out_of_memory,
-        stages: StagedCalls[PreparedT, ResponseT] | None = None,
         cost: CostLike | None = None,
     ) -> None:
         self._settings = settings
+        self._limits = engine.limits
         self._clock = clock or SystemClock()
         self._metrics = metrics
-        self._ready: deque[_Job[PreparedT, ResponseT]] = deque()
+        self._ready: deque[_Job[P]] = deque()
         self._wakeup = asyncio.Event()
         self._gpu_slots = asyncio.Semaphore(settings.max_pending_batches)
         self._prepare_pool = ThreadPoolExecutor(settings.prepare_workers, thread_name_prefix="clef-prepare")
-        self._gpu = GpuRunner(
-            execute, stages, self._prepare_pool, single_attempts=single_attempts, out_of_memory=out_of_memory
-        )
+        self._gpu = GpuRunner(engine, self._prepare_pool, single_attempts=single_attempts)
         self._tasks: set[asyncio.Future[Any]] = set()
         self._collector: asyncio.Task[None] | None = None
         self._closing = False
@@ -114,9 +117,7 @@ class Batcher(Generic[PreparedT, ResponseT]):
         """Prepared records waiting for a batch."""
         return len(self._ready)
 
-    def submit(
-        self, prepare: Callable[[ItemT], PreparedT], items: Sequence[ItemT]
-    ) -> asyncio.Future[list[ResponseT | BaseException]]:
+    def submit(self, prepare: Callable[[ItemT], P], items: Sequence[ItemT]) -> asyncio.Future[list[Outcome]]:
         """Schedule `prepare(item)` for each item (one thread-pool call for all of them); returns one future
         for the submission, resolving to one outcome per item, in order (non-blocking).
 
@@ -126,7 +127,7 @@ class Batcher(Generic[PreparedT, ResponseT]):
         if self._closing:
             raise RuntimeError("batcher is closing")
         loop = asyncio.get_running_loop()
-        sub: _Submission[ResponseT] = _Submission(loop.create_future(), len(items))
+        sub = _Submission(loop.create_future(), len(items))
         if not items:
             sub.future.set_result([])
             return sub.future
@@ -134,9 +135,7 @@ class Batcher(Generic[PreparedT, ResponseT]):
         self._track(asyncio.ensure_future(self._admit(work, sub)))
         return sub.future
 
-    async def _admit(
-        self, work: asyncio.Future[list[PreparedT | BaseException]], sub: _Submission[ResponseT]
-    ) -> None:
+    async def _admit(self, work: asyncio.Future[list[P | BaseException]], sub: _Submission) -> None:
         try:
             results = await work
         except BaseException:
@@ -176,28 +175,27 @@ class Batcher(Generic[PreparedT, ResponseT]):
 
     def _plan(self) -> tuple[int, float, int]:
         """The next batch: (records to cut, seconds to wait first instead (0: cut now), token budget)."""
-        cfg = self._settings
-        head = itertools.islice(self._ready, cfg.max_batch_records + 1)
+        cfg, limits = self._settings, self._limits
+        head = itertools.islice(self._ready, limits.max_records + 1)
         tokens = [job[0].num_tokens for job in head]
         now = self._clock.now()
         head_age = now - self._ready[0][1].ready_at
         if cfg.mode == "fixed":
-            count, full = plan_next(tokens, cfg.max_batch_records, cfg.max_batch_tokens)
+            count, full = take(tokens, limits, "packed")
             remaining = cfg.max_wait_ms / 1000.0 - head_age
-            return count, (0.0 if full else max(0.0, remaining)), cfg.max_batch_tokens
+            return count, (0.0 if full else max(0.0, remaining)), limits.max_tokens
         view = AdaptiveView(head_age=head_age, gpu_free_in=self._queue.free_in(now), lead=self._gpu.lead)
         decision = plan_adaptive(
             tokens,
             view,
             self._queue.cost,
-            max_records=cfg.max_batch_records,
-            max_tokens=cfg.max_batch_tokens,
+            limits=limits,
             latency_target=cfg.latency_target_ms / 1000.0,
             fallback_wait=cfg.max_wait_ms / 1000.0,
         )
         return decision.count, decision.wait, decision.budget
 
-    def _cut(self, batch: list[_Job[PreparedT, ResponseT]], budget: int) -> None:
+    def _cut(self, batch: list[_Job[P]], budget: int) -> None:
         """Hand a batch to `_dispatch` and count it as outstanding on the GPU."""
         tokens = sum(job[0].num_tokens for job in batch)
         self._queue.cut(tokens, self._clock.now(), self._gpu.lead)
@@ -225,7 +223,7 @@ class Batcher(Generic[PreparedT, ResponseT]):
             waiter.cancel()
             sleeper.cancel()
 
-    async def _dispatch(self, batch: list[_Job[PreparedT, ResponseT]], tokens: int) -> None:
+    async def _dispatch(self, batch: list[_Job[P]], tokens: int) -> None:
         started = self._clock.now()
         prepared = [job[0] for job in batch]
 
@@ -244,7 +242,7 @@ class Batcher(Generic[PreparedT, ResponseT]):
                 sub.settle(index, EngineError(DlqReason.engine_failed, exc, 1))
             raise
         failures = 0
-        counts: dict[_Submission[ResponseT], int] = {}  # records of each submission in this batch
+        counts: dict[_Submission, int] = {}  # records of each submission in this batch
         for (_, sub, index), outcome in zip(batch, result.outcomes, strict=True):
             if type(outcome) is EngineError:
                 failures += 1
@@ -303,11 +301,9 @@ class Batcher(Generic[PreparedT, ResponseT]):
         self._gpu.shutdown()
 
 
-def _prepare_all(
-    prepare: Callable[[ItemT], PreparedT], items: Sequence[ItemT]
-) -> list[PreparedT | BaseException]:
+def _prepare_all(prepare: Callable[[ItemT], P], items: Sequence[ItemT]) -> list[P | BaseException]:
     """Prepare every item in a pool thread; an exception is returned in place of its record's result."""
-    out: list[PreparedT | BaseException] = []
+    out: list[P | BaseException] = []
     for item in items:
         try:
             out.append(prepare(item))

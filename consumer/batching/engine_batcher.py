@@ -1,7 +1,8 @@
 """The one way the service puts an engine behind a `Batcher` (the Kafka pipeline and `serve` share it).
 
-The engine is reached only through `engine.types.ServingEngine` (typed, torch-free): its staged calls, its
-`execute` for split retries and its own out-of-memory check. The consumer never imports torch.
+The engine is reached only through `engine.types.ServingEngine` (typed, torch-free): its batch limits, its
+staged calls, its `execute` for split retries and its own out-of-memory check. The consumer never imports
+torch.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from consumer.batching.batcher import Batcher, StagedCalls
+from consumer.batching.batcher import Batcher
 from consumer.metrics import Metrics
 from consumer.settings import Settings
 from engine.types import PreparedLike, ServingEngine
@@ -26,23 +27,16 @@ S = TypeVar("S")
 R = TypeVar("R")
 
 
-def engine_batcher(
-    settings: Settings, engine: ServingEngine[P, S, R], metrics: Metrics
-) -> Batcher[P, SystemOneResponse]:
-    """A batcher over `engine` configured from `settings` (batching limits, single-record attempts, the
-    engine's staged calls and out-of-memory check). Not started; the caller owns its lifecycle."""
+def engine_batcher(settings: Settings, engine: ServingEngine[P, S, R], metrics: Metrics) -> Batcher[P, S, R]:
+    """A batcher over `engine` (its limits, staged calls and out-of-memory check) configured from
+    `settings` (mode, waits, pools, single-record attempts). Not started; the caller owns its lifecycle."""
     return Batcher(
-        engine.execute,
-        settings.batching,
-        metrics=metrics,
-        single_attempts=settings.engine.single_record_attempts,
-        out_of_memory=engine.out_of_memory,
-        stages=StagedCalls(engine.stage, engine.run, engine.respond),
+        engine, settings.batching, metrics=metrics, single_attempts=settings.engine.single_record_attempts
     )
 
 
 async def answer_body(
-    batcher: Batcher[P, SystemOneResponse],
+    batcher: Batcher[P, S, R],
     engine: ServingEngine[P, S, R],
     limits: RequestLimits,
     body: bytes,

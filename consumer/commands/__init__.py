@@ -7,10 +7,10 @@ Contract for a command module ``consumer/commands/<name>.py`` (listed in ``consu
         p.add_argument(...)
         p.set_defaults(func=_run)          # _run(args: argparse.Namespace) -> int (the exit code)
 
-    # subcommands of a shared group go under that group's subparsers, e.g. ``clef-router bench engine``:
+    # subcommands of a group go under that group's subparsers, e.g. ``clef-router dlq replay``:
     def register(commands: Commands) -> None:
-        p = commands.bench.add_parser("engine", help="...")
-        p.set_defaults(func=_bench_engine)
+        p = commands.group("dlq", "Dead-letter topic tools").add_parser("replay", help="...")
+        p.set_defaults(func=_replay)
 
 Handlers raise ``UsageError`` for bad input (exit 2) and ``CommandError`` for other expected failures
 (exit 1); ``consumer.cli.main`` turns any exception into one line on stderr. Import heavy packages (torch,
@@ -46,8 +46,8 @@ class Commands:
     """What ``register`` receives: adds top-level subcommands and gives access to shared groups.
 
     ``add_parser`` adds a top-level subcommand (same signature as argparse's ``add_parser``).
-    ``bench`` is the subparsers object of the ``clef-router bench`` group, created on first use, so
-    several modules can add ``bench`` subcommands.
+    ``group`` gives the subparsers object of a group, created on first use, so several modules can add
+    subcommands to one group.
     """
 
     def __init__(self, subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -69,8 +69,3 @@ class Commands:
             found.required = True
             self._groups[name] = found
         return found
-
-    @property
-    def bench(self) -> argparse._SubParsersAction[argparse.ArgumentParser]:
-        """Subparsers of ``clef-router bench`` (engine and pipeline benchmarks)."""
-        return self.group("bench", "Benchmarks (engine, pipeline)")

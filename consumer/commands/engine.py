@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from consumer.commands import Commands, UsageError
+from engine.batching.cut import API_LIMITS
 
 if TYPE_CHECKING:
     from schemas.systemone import RequestError, SystemOneRequest, SystemOneResponse
@@ -52,8 +53,18 @@ def register(commands: Commands) -> None:
     decide.add_argument(
         "--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on cuda, else float32"
     )
-    decide.add_argument("--max-batch-tokens", type=int, default=65_536, help="token budget per forward pass")
-    decide.add_argument("--max-batch-records", type=int, default=64, help="records per forward pass")
+    decide.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=API_LIMITS.max_tokens,
+        help="token budget per forward pass (default: the Python API's)",
+    )
+    decide.add_argument(
+        "--max-batch-records",
+        type=int,
+        default=API_LIMITS.max_records,
+        help="records per forward pass (default: the Python API's)",
+    )
     decide.add_argument(
         "--confidence-formula", choices=("typesafe", "top"), default="typesafe", help="confidence definition"
     )
@@ -67,6 +78,9 @@ def register(commands: Commands) -> None:
 
 
 def _make_tiny_release(args: argparse.Namespace) -> int:
+    from consumer.commands.checkout import require_dev_package
+
+    require_dev_package("devtools", "clef-router make-tiny-release")
     from devtools.tiny_release import write_tiny_release
 
     path = write_tiny_release(args.dir, seed=args.seed, layout=args.layout)

@@ -52,6 +52,9 @@ def register(commands: Commands) -> None:
 
 
 def _kafka_local(args: argparse.Namespace) -> int:
+    from consumer.commands.checkout import require_dev_package
+
+    require_dev_package("devtools", "clef-router kafka-local")
     from devtools.kafka_jars import KafkaFetchError, ensure_kafka_jars
     from devtools.kafka_local import BrokerError, LocalKafka
 

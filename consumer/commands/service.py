@@ -93,7 +93,9 @@ def _run(args: argparse.Namespace) -> int:
     log = get_logger("consumer.service")
     log.info("settings", settings=settings.masked())
     serving = (
-        _serve(settings, _stub_engine()) if args.stub_engine else _serve(settings, _load_engine(settings))
+        _serve(settings, _stub_engine(settings))
+        if args.stub_engine
+        else _serve(settings, _load_engine(settings))
     )
     log.info(
         "engine_loaded",
@@ -152,11 +154,15 @@ def _load_engine(settings: Settings) -> Engine:
         raise UsageError(f"cannot load the release in {e.model_path}: {error_text(exc)}") from exc
 
 
-def _stub_engine() -> StubEngine:
-    """`--stub-engine`: the dev tool's engine that answers instantly (imported only for this flag)."""
+def _stub_engine(settings: Settings) -> StubEngine:
+    """`--stub-engine`: the dev tool's engine that answers instantly, within the configured batch limits
+    (imported only for this flag)."""
+    from consumer.commands.checkout import require_dev_package
+
+    require_dev_package("devtools", "--stub-engine")
     from devtools.stub import StubEngine
 
-    return StubEngine()
+    return StubEngine(settings.batching.limits)
 
 
 async def _serve(settings: Settings, engine: ServingEngine[P, S, R]) -> None:
@@ -215,7 +221,7 @@ def _serve_http(args: argparse.Namespace) -> int:
     log = get_logger("consumer.service")
     log.info("settings", settings=settings.masked())
     serving = (
-        _serve_http_async(settings, _stub_engine())
+        _serve_http_async(settings, _stub_engine(settings))
         if args.stub_engine
         else _serve_http_async(settings, _load_engine(settings))
     )

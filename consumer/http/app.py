@@ -20,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 
+from consumer.http.backend import Backend
 from consumer.http.body import BodyError, read_body
 from consumer.http.docs import install_docs
 from consumer.http.errors import ApiError, install_error_handlers
@@ -49,22 +50,6 @@ from schemas.response import SystemOneResponse
 log = get_logger("consumer.http.app")
 
 JSON = "application/json"
-
-
-class Backend(Protocol):
-    """What the app needs from the service (`consumer.pipeline.pipeline.Pipeline`,
-    `consumer.http.backends.HttpService`)."""
-
-    async def answer(
-        self, body: bytes, check: Callable[[SystemOneRequest], None] | None = None
-    ) -> SystemOneResponse:
-        """Answer one request body; `check` sees the parsed request before the engine and what it raises
-        is re-raised. Raises `RequestError` (client error), `EngineError`, `RuntimeError` (stopping)."""
-        ...
-
-    def ready(self) -> bool: ...
-
-    def healthy(self) -> bool: ...
 
 
 class _Api:
@@ -173,8 +158,12 @@ class _Api:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
 
-def _error_responses(codes: Sequence[int]) -> dict[int | str, dict[str, Any]]:
-    out: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in codes}
+Handler = Callable[[Request], Awaitable[Response]]
+Responses = dict[int | str, dict[str, object]]  # FastAPI's `responses=`: status -> OpenAPI response fields
+
+
+def _error_responses(codes: Sequence[int]) -> Responses:
+    out: Responses = {code: {"model": ErrorBody} for code in codes}
     out[422] = {"model": ValidationBody, "description": "validation failure (body not JSON included)"}
     return out
 
@@ -193,6 +182,15 @@ def create_app(settings: HttpSettings, backend: Backend, metrics: Metrics, model
     )
     install_docs(app)
     auth_codes = [401] if api.keys else []
+    _add_systemone_route(app, api, auth_codes)
+    _add_get_routes(app, api, auth_codes)
+    app.openapi = lambda: _openapi_document(app)  # type: ignore[method-assign]
+    install_error_handlers(app)
+    return RequestContext(app, metrics)
+
+
+def _add_systemone_route(app: FastAPI, api: _Api, auth_codes: list[int]) -> None:
+    """`POST /v1/systemone`; its body is documented as a `SystemOneRequest` (the handler reads it raw)."""
     app.add_api_route(
         "/v1/systemone",
         api.systemone,
@@ -209,8 +207,12 @@ def create_app(settings: HttpSettings, backend: Backend, metrics: Metrics, model
             }
         },
     )
-    health: dict[int | str, dict[str, Any]] = {200: {"model": HealthStatus}, 503: {"model": HealthStatus}}
-    gets: list[tuple[str, Any, str, dict[int | str, dict[str, Any]]]] = [
+
+
+def _add_get_routes(app: FastAPI, api: _Api, auth_codes: list[int]) -> None:
+    """`/v1/models`, `/healthz`, `/readyz`, `/metrics`: each as GET and as HEAD."""
+    health: Responses = {200: {"model": HealthStatus}, 503: {"model": HealthStatus}}
+    gets: list[tuple[str, Handler, str, Responses]] = [
         (
             "/v1/models",
             api.models,
@@ -231,24 +233,22 @@ def create_app(settings: HttpSettings, backend: Backend, metrics: Metrics, model
         # HEAD runs the GET handler; uvicorn sends the headers only (kept out of the OpenAPI document)
         app.add_api_route(path, handler, methods=["HEAD"], include_in_schema=False)
 
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            doc = get_openapi(
-                title=app.title, version=app.version, description=app.description, routes=app.routes
-            )
-            request_schema = SystemOneRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-            schemas.update(request_schema.pop("$defs", {}))
-            schemas["SystemOneRequest"] = request_schema
-            for name in ("NoulQuestion", "ChoiceQuestion", "ScoreQuestion"):
-                # a question's `type` has a default in Python, but on the wire it is the union's tag
-                required = schemas[name].setdefault("required", [])
-                if "type" not in required:
-                    required.insert(0, "type")
-            app.openapi_schema = doc
-        return app.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
-
-    install_error_handlers(app)
-    return RequestContext(app, metrics)
+def _openapi_document(app: FastAPI) -> dict[str, Any]:
+    """The OpenAPI document (built on first call, then cached on `app`), with `SystemOneRequest` and the
+    models it refers to under `components/schemas`. `Any`: FastAPI's JSON document type."""
+    if app.openapi_schema is None:
+        doc = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        request_schema = SystemOneRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        schemas.update(request_schema.pop("$defs", {}))
+        schemas["SystemOneRequest"] = request_schema
+        for name in ("NoulQuestion", "ChoiceQuestion", "ScoreQuestion"):
+            # a question's `type` has a default in Python, but on the wire it is the union's tag
+            required = schemas[name].setdefault("required", [])
+            if "type" not in required:
+                required.insert(0, "type")
+        app.openapi_schema = doc
+    return app.openapi_schema

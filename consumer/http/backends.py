@@ -1,4 +1,4 @@
-"""Backends of the HTTP app (`consumer.http.app.Backend`) for `clef-router serve` and `clef-router run`.
+"""Backends of the HTTP app (`consumer.http.backend.Backend`) for `clef-router serve` and `clef-router run`.
 
 - `HttpService` (`serve`): the engine behind its own batcher, no Kafka. Same settings, same engine, same
   batching as `run`. Ready once the batcher runs and until a stop begins; healthy unless requests are in
@@ -14,6 +14,7 @@ from typing import Generic, Protocol, TypeVar
 
 from consumer.batching.batcher import Batcher
 from consumer.batching.engine_batcher import RequestCheck, answer_body, engine_batcher
+from consumer.http.backend import Backend
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
 from consumer.settings import Settings
@@ -38,7 +39,7 @@ class HttpService(Generic[P, S, R]):
         self.metrics = metrics or Metrics()
         self._engine = engine
         self._limits = RequestLimits(max_value_bytes=settings.engine.max_message_bytes)
-        self.batcher: Batcher[P, SystemOneResponse] = engine_batcher(settings, engine, self.metrics)
+        self.batcher: Batcher[P, S, R] = engine_batcher(settings, engine, self.metrics)
         self._started = False
         self._stopping = False
         self._in_flight = 0
@@ -79,14 +80,6 @@ class HttpService(Generic[P, S, R]):
         return idle or time.monotonic() - self._last_progress < self.settings.http.watchdog_s
 
 
-class _PipelineLike(Protocol):
-    async def answer(self, body: bytes, check: RequestCheck | None = None) -> SystemOneResponse: ...
-
-    def ready(self) -> bool: ...
-
-    def healthy(self) -> bool: ...
-
-
 class _Reachability(Protocol):
     def reachable(self) -> bool: ...
 
@@ -94,7 +87,7 @@ class _Reachability(Protocol):
 class ServiceBackend:
     """`run`'s backend: the pipeline, with readiness that also needs a reachable broker."""
 
-    def __init__(self, pipeline: _PipelineLike, broker: _Reachability) -> None:
+    def __init__(self, pipeline: Backend, broker: _Reachability) -> None:
         self._pipeline = pipeline
         self._broker = broker
 

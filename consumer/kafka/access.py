@@ -42,8 +42,9 @@ from consumer.kafka.protocol import (
     parse_group_operations,
     parse_topic_access,
 )
+from consumer.kafka.settings import KafkaSettings
 from consumer.logging import get_logger
-from consumer.settings import KafkaSettings, Settings, TopicSettings
+from consumer.settings import Settings, TopicSettings
 
 log = get_logger("consumer.kafka.access")
 

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from aiokafka.admin import AIOKafkaAdminClient
 
 from consumer.kafka.config import client_options
+from consumer.kafka.settings import KafkaSettings
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
-from consumer.settings import KafkaSettings
 
 log = get_logger("consumer.kafka.broker_watch")
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from consumer.settings import KafkaSecuritySettings, KafkaSettings
+from consumer.kafka.settings import KafkaSecuritySettings, KafkaSettings
 
 _SSL_PROTOCOLS = ("SSL", "SASL_SSL")
 _SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")

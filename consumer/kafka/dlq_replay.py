@@ -8,12 +8,17 @@ of `schemas.dead_letter` removed), acknowledged before its DLQ offset is committ
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from consumer.kafka.settings import KafkaSettings
 from consumer.records import OutRecord
-from consumer.settings import KafkaSettings
 from schemas.dead_letter import DlqHeaderError, parse_dlq_headers, strip_dlq_headers
 from schemas.errors import DlqReason
+
+if TYPE_CHECKING:  # aiokafka and the producer are imported when a replay runs, not with the CLI
+    from aiokafka import ConsumerRecord
+
+    from consumer.kafka.producer import Producer
 
 
 def reason_filter(reasons: Collection[str]) -> frozenset[DlqReason]:
@@ -65,22 +70,9 @@ async def replay(
                         todo.discard(tp)
                         break
                     last = rec.offset
-                    headers = [(k, bytes(v) if v is not None else None) for k, v in rec.headers]
-                    try:
-                        info = parse_dlq_headers(headers)
-                    except DlqHeaderError:
-                        counts["unreadable"] += 1
-                        continue
-                    if reasons and info.reason not in reasons:
-                        counts["skipped"] += 1
-                        continue
-                    if not dry_run:
-                        out = OutRecord(
-                            info.original_topic, rec.key, rec.value, tuple(strip_dlq_headers(headers))
-                        )
-                        await producer.send_retrying(out, kafka.send_attempts)
-                    counts["replayed"] += 1
-                    if rec.offset + 1 >= ends[tp]:
+                    outcome = await _replay_record(rec, producer, kafka, reasons, dry_run)
+                    counts[outcome] += 1
+                    if outcome == "replayed" and rec.offset + 1 >= ends[tp]:
                         todo.discard(tp)
                 if not dry_run and last is not None:
                     await consumer.commit({tp: last + 1})
@@ -91,3 +83,25 @@ async def replay(
         await producer.stop()
         await consumer.stop()
     return counts
+
+
+async def _replay_record(
+    rec: ConsumerRecord,
+    producer: Producer,
+    kafka: KafkaSettings,
+    reasons: frozenset[DlqReason],
+    dry_run: bool,
+) -> Literal["replayed", "skipped", "unreadable"]:
+    """Send one DLQ record back to its original topic (unless `dry_run`), acknowledged; says what became of
+    it. Raises what `Producer.send_retrying` raises once its attempts are spent."""
+    headers = [(k, bytes(v) if v is not None else None) for k, v in rec.headers]
+    try:
+        info = parse_dlq_headers(headers)
+    except DlqHeaderError:
+        return "unreadable"
+    if reasons and info.reason not in reasons:
+        return "skipped"
+    if not dry_run:
+        out = OutRecord(info.original_topic, rec.key, rec.value, tuple(strip_dlq_headers(headers)))
+        await producer.send_retrying(out, kafka.send_attempts)
+    return "replayed"

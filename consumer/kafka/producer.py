@@ -20,10 +20,10 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 
 from consumer.kafka.config import client_options
+from consumer.kafka.settings import KafkaSettings
 from consumer.logging import get_logger
 from consumer.records import OutRecord
 from consumer.retry import transient_retry
-from consumer.settings import KafkaSettings
 
 log = get_logger("consumer.kafka.producer")
 

@@ -25,10 +25,10 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
 from consumer.kafka.config import client_options
+from consumer.kafka.settings import KafkaSettings
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
 from consumer.retry import transient_retry
-from consumer.settings import KafkaSettings
 
 log = get_logger("consumer.kafka.source")
 

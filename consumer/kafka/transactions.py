@@ -23,10 +23,10 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError, ProducerFenced
 
 from consumer.kafka.producer import Producer
+from consumer.kafka.settings import KafkaSettings
 from consumer.logging import get_logger
 from consumer.records import OutRecord
 from consumer.retry import transient_retry
-from consumer.settings import KafkaSettings
 
 log = get_logger("consumer.kafka.transactions")
 

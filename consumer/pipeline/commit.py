@@ -26,11 +26,11 @@ from typing import Protocol
 
 from aiokafka import TopicPartition
 
+from consumer.kafka.settings import KafkaSettings
 from consumer.kafka.transactions import PartitionTransactions, TransactionFencedError
 from consumer.logging import get_logger
 from consumer.pipeline.offsets import OffsetTracker
 from consumer.records import OutRecord
-from consumer.settings import KafkaSettings
 
 log = get_logger("consumer.pipeline.commit")
 

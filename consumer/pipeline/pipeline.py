@@ -44,7 +44,7 @@ from consumer.pipeline.commit import Committer
 from consumer.pipeline.decode import decode_value, header_event_id
 from consumer.pipeline.emitter import Emitter
 from consumer.pipeline.outputs import default_engine_info
-from consumer.pipeline.shutdown import shutdown
+from consumer.pipeline.shutdown import Stages, shutdown
 from consumer.records import InputRecord, PartitionState, Unit
 from consumer.runtime import tune_gc
 from consumer.settings import Settings
@@ -84,7 +84,7 @@ class Pipeline(Generic[P, S, R]):
         self.metrics = metrics or Metrics()
         self._engine = engine
         self._limits = RequestLimits(max_value_bytes=settings.engine.max_message_bytes)
-        self.batcher: Batcher[P, SystemOneResponse] = engine_batcher(settings, engine, self.metrics)
+        self.batcher: Batcher[P, S, R] = engine_batcher(settings, engine, self.metrics)
         self.producer = producer or Producer(settings.kafka)
         self.source = source or Source(settings.kafka, settings.topics.input, metrics=self.metrics)
         self.committer = Committer(settings.kafka, self.source)
@@ -133,7 +133,7 @@ class Pipeline(Generic[P, S, R]):
         try:
             await self._fetch_loop()
         finally:
-            await shutdown(self, commits)
+            await shutdown(self._stages(), commits, self._drain_all, self.open_partitions)
         if self.fatal is not None:
             raise self.fatal
 
@@ -321,3 +321,22 @@ class Pipeline(Generic[P, S, R]):
     def open_partitions(self) -> list[PartitionState]:
         """The emitter queues of the partitions owned now (shutdown)."""
         return list(self._states.values())
+
+    # ---- shutdown -----------------------------------------------------------------------------------------
+    def _stages(self) -> Stages[P, S, R]:
+        """The stages and bounds `consumer.pipeline.shutdown` closes them with (built when `run` ends)."""
+        kafka = self.settings.kafka
+        return Stages(
+            source=self.source,
+            batcher=self.batcher,
+            emitter=self.emitter,
+            committer=self.committer,
+            producer=self.producer,
+            metrics=self.metrics,
+            shutdown_timeout_s=kafka.shutdown_timeout_s,
+            close_reserve_s=kafka.close_reserve_s,
+        )
+
+    async def _drain_all(self, timeout_s: float) -> bool:
+        """`drain` of all in flight and every revoke in progress (False at once after a fatal error)."""
+        return await self.drain(None, timeout_s)

@@ -33,6 +33,8 @@ BatchEncode = Callable[[list[str]], list[list[int]]]
 def _batch_encoder(tokenizer: object) -> BatchEncode:
     """Find the fastest way to tokenize with `tokenizer` (a `tokenizers.Tokenizer`, a transformers
     tokenizer, or a processor carrying one as `.tokenizer`). Raises `TypeError` for anything else."""
+    # Probes of third-party tokenizers: a transformers fast tokenizer wraps a `tokenizers.Tokenizer` as
+    # `backend_tokenizer`; a `tokenizers.Tokenizer` itself has `encode_batch`.
     backend: Any = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None and callable(getattr(tokenizer, "encode_batch", None)):
         backend = tokenizer
@@ -44,9 +46,11 @@ def _batch_encoder(tokenizer: object) -> BatchEncode:
             return [e.ids for e in batch(texts, add_special_tokens=False)]
 
         return encode_fast
+    # A transformers processor carries its tokenizer as `.tokenizer`.
     inner = getattr(tokenizer, "tokenizer", None)
     if inner is not None and inner is not tokenizer:
         return _batch_encoder(inner)
+    # A slow (pure-Python) transformers tokenizer offers only `encode`.
     slow: Any = getattr(tokenizer, "encode", None)
     if not callable(slow):
         raise TypeError(f"cannot tokenize with {type(tokenizer).__name__}: no encode method")

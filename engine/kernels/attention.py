@@ -1,12 +1,9 @@
 """Causal attention over records packed back to back on one token axis (the fast path's multi-record
-attention), through one Triton kernel on the GPU, with a PyTorch twin.
+attention), through one Triton kernel on the GPU (`engine.kernels.attention_triton`), with the PyTorch
+twin it is tested against.
 
 The fast path packs a batch's records into one axis `T` with boundaries `cu_seqlens`; every token attends
-to the earlier tokens of its own record only. On the H200 the Triton kernel
-(`engine.kernels.attention_triton`)
-replaces torch's variable-length FlashAttention 2 (`torch.nn.attention.varlen.varlen_attn`), whose
-sm80 kernel ran 1.84 ms per layer at 128 x 512 tokens, 88 ms of a 784 ms batch (BENCHMARKS.md, "Engine,
-round three"; this module's figures are in "Engine, round four").
+to the earlier tokens of its own record only.
 
 Contract: q (T, hq, d), k and v (T, hk, d), contiguous, hq a multiple of hk (grouped-query attention),
 the softmax scale 1 / sqrt(d); `cu_seqlens` (N+1,) int32 on the same device, `max_seqlen` at least the
@@ -20,10 +17,11 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F  # noqa: N812
+
+from engine.kernels.tiles import AttentionTiles, shipped
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs fall back to PyTorch.
     import triton
@@ -35,24 +33,8 @@ except ImportError:  # pragma: no cover - depends on the install
     HAVE_TRITON = False
 
 
-@dataclass(frozen=True, slots=True)
-class AttentionTiles:
-    """Query rows and key rows per step of one program, warps, software-pipelining stages, and how many
-    query heads of one kv head share a program's rows (`block_m / group` tokens each; fewer when a kv head
-    has fewer query heads: the greatest common divisor)."""
-
-    block_m: int
-    block_n: int
-    warps: int
-    stages: int
-    group: int = 1
-
-
-TILES = AttentionTiles(64, 32, 4, 3, group=8)
-"""The launch shape of `attention` on the GPU: 8 tokens x the 8 query heads of one kv head per program.
-Best of 36 shapes on every pack of `bench.moe_kernels --packed-attention-only` (H200): 927.0 us at
-128 x 512 tokens against 1,849.9 us for varlen FlashAttention 2, 27.5 against 51.9 us for one record of
-896; the best shape with one head per program took 1,063.1 us at 128 x 512."""
+TILES = shipped().attention
+"""The launch shape of `attention` on the GPU (`engine.kernels.tiles`, "attention")."""
 
 
 def supported(head_dim: int) -> bool:

@@ -11,12 +11,12 @@ the two expert GEMMs per row (one scale per token, dynamic). The GEMMs then read
     down:    (S, I) x (E, I, H) e4m3, scales (S,) x (E, H)   -> (S, H) bf16
 
 Attention, norms, the router and the head stay bf16. Answers drift from bf16 by quantisation error
-(measured in BENCHMARKS.md); batch invariance holds as in bf16, because every scale is per row or per
+(BENCHMARKS.md, "FP8 experts"); batch invariance holds as in bf16, because every scale is per row or per
 channel and so never depends on the other records of a batch.
 
 Contract: `quantize_experts` and the GEMM need CUDA with compute capability 9.0 (Hopper) for the fused
-kernels; on CPU the same arithmetic runs in float32 (tests). Nothing here allocates per call beyond the
-outputs.
+kernels (the activations' quantisation kernels are in `engine.kernels.fp8_triton`); on CPU the same
+arithmetic runs in float32 (tests). Nothing here allocates per call beyond the outputs.
 """
 
 from __future__ import annotations
@@ -25,7 +25,14 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kernels import elementwise
+try:  # Triton ships with CUDA builds of torch; CPU-only installs fall back to PyTorch.
+    import triton
+
+    from engine.kernels.fp8_triton import _row_quant_fp8_kernel, _swiglu_fp8_kernel
+
+    HAVE_TRITON = True
+except ImportError:  # pragma: no cover - depends on the install
+    HAVE_TRITON = False
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448.0
@@ -73,8 +80,8 @@ def quantize_experts(gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> Fp8
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(R, K) -> (R, K) e4m3 and (R,) float32 scales, one per row (dynamic, amax / 448)."""
-    if elementwise.HAVE_TRITON and x.is_cuda:
-        return elementwise.row_quant_fp8(x, FP8, FP8_MAX)
+    if HAVE_TRITON and x.is_cuda:
+        return _quantize_rows_triton(x)
     xf = x.float()
     scale = xf.abs().amax(dim=-1).clamp_min(1e-12) / FP8_MAX  # (R,)
     return (xf / scale[:, None]).to(FP8), scale
@@ -82,12 +89,44 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def swiglu_quantized(h: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """silu(gate) * up * w for (S, 2I) rows and (S,) weights, quantised per row: (S, I) e4m3, (S,) scales."""
-    if elementwise.HAVE_TRITON and h.is_cuda:
-        return elementwise.swiglu_fp8(h, w, FP8, FP8_MAX)
+    if HAVE_TRITON and h.is_cuda:
+        return _swiglu_quantized_triton(h, w)
     gate, up = h.float().chunk(2, dim=-1)
     a = torch.nn.functional.silu(gate) * up * w.float()[:, None]  # (S, I) float32
     scale = a.abs().amax(dim=-1).clamp_min(1e-12) / FP8_MAX
     return (a / scale[:, None]).to(FP8), scale
+
+
+def _quantize_rows_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # `quantize_rows` in one launch of grid (R,).
+    r, n = x.shape
+    q = torch.empty(r, n, dtype=FP8, device=x.device)  # (R, K)
+    s = torch.empty(r, dtype=torch.float32, device=x.device)  # (R,)
+    if r:
+        _row_quant_fp8_kernel[(r,)](
+            x.contiguous(), q, s, n=n, block=triton.next_power_of_2(n), fp8_max=FP8_MAX, num_warps=4
+        )
+    return q, s
+
+
+def _swiglu_quantized_triton(h: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # `swiglu_quantized` in one launch of grid (S,).
+    s_rows, two_i = h.shape
+    inter = two_i // 2
+    q = torch.empty(s_rows, inter, dtype=FP8, device=h.device)  # (S, I)
+    s = torch.empty(s_rows, dtype=torch.float32, device=h.device)  # (S,)
+    if s_rows:
+        _swiglu_fp8_kernel[(s_rows,)](
+            h,
+            w.contiguous(),
+            q,
+            s,
+            inter=inter,
+            block=triton.next_power_of_2(inter),
+            fp8_max=FP8_MAX,
+            num_warps=4,
+        )
+    return q, s
 
 
 def gather_rows(q: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -1,92 +1,176 @@
-"""The MoE experts of one layer after routing, fused for the GPU fast path (Triton), with a PyTorch twin.
+"""The MoE block of one layer for the GPU fast path (Triton kernels in `engine.kernels.moe_triton`), each op
+with the plain-PyTorch twin it is tested against:
 
-The unfused path (`fastpath`, CUTLASS grouped GEMMs) runs, between the router and the residual, the token
-gather into expert order, the gate/up GEMM, SwiGLU (after a gather of the routing weights), the down GEMM,
-and the per-token sum read through the inverse permutation. Here there are two kernels, and two
-intermediate tensors never exist:
-
-    order (S,) pairs sorted by expert, counts (E,)            [S = T * k token-expert pairs;
-                                                              `elementwise.group_by_expert`]
-    gate_up: x[order // k] (gathered in the A load) . W_gate|up[e]  -> silu(g) * u * routing weight
-             (S, I) in expert order                              [(S, 2I) never written]
-    down:    (S, I) . W_down[e] -> (S, H) written in pair order (token * k + j)   [no inverse index]
+    route_topk:       router logits (T, E) -> float32 weights (T, k), expert ids (T, k)
+    group_by_expert:  ids (T, k) -> order (S,) pairs sorted by expert, counts (E,)   [S = T * k pairs]
+    experts_pairs:    gate_up: x[order // k] (gathered in the A load) . W_gate|up[e] -> silu(g) * u * weight
+                               (S, I) in expert order                          [(S, 2I) never written]
+                      down:    (S, I) . W_down[e] -> (S, H) in pair order (token * k + j) [no inverse index]
 
 `experts_pairs` returns those (S, H) pair-order rows: the fast path sums each token's k rows inside its
 residual add and RMSNorm (`elementwise.add_pairs_rms_norm`). `experts_forward` adds the per-token sum,
 out[t] = sum_j y[t * k + j] (T, H) (`elementwise.combine`), for callers that want the block's output.
 
-Tile shapes are picked per call from the average rows per expert: a lone request (~50 rows per expert)
-is bound by reading the weights, a large batch (thousands of rows) by the tensor cores; both use the
-same k step, so a record's result does not depend on the tile shape chosen for its batch beyond
-accumulation order inside a tensor-core step. Shapes and their measured speed: BENCHMARKS.md.
+The expert kernels' tile shapes (`SMALL`, `LARGE`, data in `engine.kernels.tiles`) are picked per call
+from the average rows per expert: a lone request is bound by reading the weights, a large batch by the
+tensor cores; both use the same k step, so a record's result does not depend on the tile shape chosen
+for its batch beyond accumulation order inside a tensor-core step.
 
-Contract: `experts_pairs` and `experts_forward` take contiguous CUDA tensors in the activation dtype for
-the Triton path (`experts_pairs_triton`, for expert sizes `supported` accepts; it also runs under
-Triton's interpreter on CPU, for tests); anything else (CPU tests) runs `experts_pairs_reference`, the
-same arithmetic in plain PyTorch, which syncs and so cannot be captured in a CUDA graph. `counts` must
-be the per-expert histogram of the pairs' expert ids and `order` the pair ids sorted by expert (stably
-or not).
+Contract: the Triton path takes contiguous CUDA tensors in the activation dtype (`experts_pairs_triton`
+for expert sizes `supported` accepts; the routing and grouping kernels for any size; all of them also
+run under Triton's interpreter on CPU, `TRITON_INTERPRET=1`, for tests). Anything else runs the twins,
+which sync and so cannot be captured in a CUDA graph. Every Triton launch has a grid fixed by the shapes
+and no host sync. `counts` must be the per-expert histogram of the pairs' expert ids and `order` the
+pair ids sorted by expert (stably or not).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 
 from engine.kernels import elementwise
+from engine.kernels.tiles import MoeTiles, shipped
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs fall back to PyTorch.
     import triton
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from engine.kernels.moe_triton import (
+        _group_by_expert_kernel,
         _moe_down_kernel,
         _moe_down_tma_kernel,
         _moe_gate_up_kernel,
         _moe_gate_up_tma_kernel,
+        _route_topk_kernel,
     )
 
     HAVE_TRITON = True
 except ImportError:  # pragma: no cover - depends on the install
     HAVE_TRITON = False
 
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+"""Triton's CPU interpreter is on (tests): the routing and grouping kernels run on CPU tensors too."""
 
-@dataclass(frozen=True, slots=True)
-class Tiles:
-    """One kernel's launch shape: rows, output columns and reduction step per program, warps, stages."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    warps: int
-    stages: int
-    tma: bool = False
-    """Weights (and the down projection's activations) through TMA descriptors instead of pointer loads."""
-    ws: bool = False
-    """Triton's automatic warp specialisation of the k-loop (with `tma` only)."""
-
-
-@dataclass(frozen=True, slots=True)
-class MoeTiles:
-    """Launch shapes of the two expert kernels for one regime."""
-
-    gate_up: Tiles
-    down: Tiles
-
-
-SMALL = MoeTiles(gate_up=Tiles(64, 64, 64, 4, 4), down=Tiles(64, 128, 64, 4, 4))
-"""Few rows per expert (a lone request): weight-read bound. One full-size layer, 800 tokens, uniform
-routing, graph replays on the H200 (`bench.moe_kernels`): 319.9 us (3.78 TB/s of weights) against
-442.0 us unfused; TMA loads made no difference here (317.9 us)."""
-LARGE = MoeTiles(gate_up=Tiles(128, 128, 64, 8, 4, tma=True), down=Tiles(128, 256, 64, 8, 3, tma=True))
-"""Many rows per expert (large batches): tensor-core bound, weights (and the down projection's rows)
-through TMA. Same bench: 9,788.3 us at 65,536 tokens against 10,293.2 us unfused and 10,455.0 us for the same
-shapes with pointer loads; the sweep's best at 4,096 tokens (767.9 us against 831.9 unfused) differs only in
-the down kernel's stage count (4)."""
-LARGE_FROM_ROWS_PER_EXPERT = 192
+SMALL = shipped().moe_small
+"""Expert kernel shapes for few rows per expert (a lone request): weight-read bound."""
+LARGE = shipped().moe_large
+"""Expert kernel shapes for many rows per expert (large batches): tensor-core bound."""
+LARGE_FROM_ROWS_PER_EXPERT = shipped().moe_large_from_rows_per_expert
 """Average rows per expert from which `LARGE` is used."""
+
+GROUP_BLOCK = 4096
+"""Expert ids per step of `group_by_expert`'s scans (one request's ~6,400 pairs: two steps)."""
+COUNTING_SORT_MAX_PAIRS = 32_768
+"""Pairs up to which `group_by_expert` runs its counting sort; above, torch's radix sort and histc. Each
+of the E programs scans all S ids, so its cost grows with S (chosen by `bench.moe_glue`; BENCHMARKS.md,
+"Engine, round four", "MoE glue")."""
+
+
+def _use_triton(t: torch.Tensor) -> bool:
+    return HAVE_TRITON and (t.is_cuda or _INTERPRETED)
+
+
+def route_topk(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k experts per token from router logits (T, E): float32 softmax as the reference thinker does.
+
+    Returns weights (T, k) float32 (renormalised to sum 1 over the k when `normalize`) and expert ids
+    (T, k), largest first. On CUDA the ids are int32 and a tie goes to the lowest expert id; the CPU twin
+    returns `torch.topk`'s int64 ids.
+    """
+    if not _use_triton(logits):
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # (T, E)
+        top_w, top_i = torch.topk(probs, k, dim=-1)  # (T, k)
+        if normalize:
+            top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+        return top_w, top_i
+    t, e = logits.shape
+    top_w = torch.empty(t, k, dtype=torch.float32, device=logits.device)
+    top_i = torch.empty(t, k, dtype=torch.int32, device=logits.device)
+    if t:
+        rows = 16
+        _route_topk_kernel[(triton.cdiv(t, rows),)](
+            logits.contiguous(),
+            top_w,
+            top_i,
+            t,
+            e=e,
+            e_pad=triton.next_power_of_2(e),
+            k=k,
+            k_pad=triton.next_power_of_2(k),
+            normalize=normalize,
+            block_rows=rows,
+            num_warps=4,
+        )
+    return top_w, top_i
+
+
+def group_by_expert(
+    top_i: torch.Tensor, num_experts: int, *, block: int = GROUP_BLOCK
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token-expert pairs of `top_i` (T, k) expert ids grouped by expert, for the MoE kernels.
+
+    Returns `order` (T k,) int32, the pair ids (token * k + j) sorted by expert, ascending within an
+    expert (a stable sort: `torch.argsort(stable=True)`), and `counts` (E,) int32, the pairs per expert
+    (`torch.bincount`). Up to `COUNTING_SORT_MAX_PAIRS` pairs one Triton launch of grid (E,), above it
+    torch's radix sort and histc; no host sync either way (CUDA-graph capturable). The CPU twin takes
+    `torch.topk`'s int64 ids. `block` is the ids per scan step (benchmarks, tests).
+    """
+    order, counts, _, _ = _group(top_i, num_experts, False, block)
+    return order, counts
+
+
+def group_by_expert_inverse(
+    top_i: torch.Tensor, num_experts: int, *, block: int = GROUP_BLOCK
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`group_by_expert` for the grouped GEMMs: `order` (T k,) int32, `ends` (E,) int32 cumulative pair
+    counts (`grouped_mm`'s offs) and `inv` (T k,) int32, the slot of each pair in `order`
+    (order[inv[p]] == p), from the same launch."""
+    order, _, ends, inv = _group(top_i, num_experts, True, block)
+    assert inv is not None
+    return order, ends, inv
+
+
+def _group(
+    top_i: torch.Tensor, num_experts: int, inverse: bool, block: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    # (order, counts, ends, inv or None) of the flattened ids; without `inverse`, `ends` is unspecified
+    # (the caller drops it).
+    flat = top_i.reshape(-1)  # (S,) pair p = token * k + j
+    s = flat.numel()
+    if not _use_triton(flat) or s > COUNTING_SORT_MAX_PAIRS:
+        # Radix sort (stable) of 1-byte keys: one pass instead of eight for int64 expert ids.
+        keys = flat.to(torch.uint8) if num_experts <= 256 else flat.to(torch.int32)
+        order = torch.argsort(keys, stable=True).to(torch.int32)  # (S,)
+        if flat.is_cuda:  # histc, not bincount: static shapes, no host sync (CUDA graphs)
+            counts = torch.histc(flat.int(), bins=num_experts, min=0, max=num_experts - 1).int()  # (E,)
+        else:
+            counts = torch.bincount(flat.long(), minlength=num_experts).to(torch.int32)  # (E,)
+        if not inverse:  # `group_by_expert` drops `ends`: no cumsum kernel for it
+            return order, counts, counts, None
+        ends = torch.cumsum(counts, dim=0, dtype=torch.int32)  # (E,)
+        inv = torch.empty_like(order)
+        inv[order.long()] = torch.arange(s, dtype=torch.int32, device=flat.device)  # (S,)
+        return order, counts, ends, inv
+    order = torch.empty(s, dtype=torch.int32, device=flat.device)
+    slots = torch.empty(s, dtype=torch.int32, device=flat.device) if inverse else None
+    counts = torch.empty(num_experts, dtype=torch.int32, device=flat.device)
+    ends = torch.empty_like(counts)
+    _group_by_expert_kernel[(num_experts,)](
+        flat.contiguous(),
+        order,
+        order if slots is None else slots,  # not written without `inverse`
+        counts,
+        ends,
+        s,
+        e=num_experts,
+        block=block,
+        inverse=inverse,
+        num_warps=max(4, min(16, block // 512)),
+    )
+    return order, counts, ends, slots
 
 
 def tiles_for(pairs: int, experts: int) -> MoeTiles:
@@ -152,7 +236,7 @@ def experts_pairs(
     (token * k + j), not yet summed over a token's k experts (`elementwise.add_pairs_rms_norm` does that).
 
     `x` (T, H) normalised hidden states; `order` (T k,) pair ids (token * k + j) sorted by expert;
-    `counts` (E,) pairs per expert (both as `elementwise.group_by_expert` returns them); `top_w` (T, k)
+    `counts` (E,) pairs per expert (both as `group_by_expert` returns them); `top_w` (T, k)
     float32 routing weights; `gate_up_proj` (E, 2I, H) and `down_proj` (E, H, I) as transformers stores
     them. `tiles` overrides the regime (benchmarks).
     """

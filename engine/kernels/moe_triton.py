@@ -1,7 +1,7 @@
-"""Triton kernels of the fused MoE expert path; the typed wrappers and the plain-PyTorch twin live in
-`engine.kernels.moe`.
+"""Triton kernels of the MoE block: routing, grouping of the token-expert pairs by expert, and the two fused
+expert GEMMs; the typed launchers and the plain-PyTorch twins live in `engine.kernels.moe`.
 
-Both kernels read the expert grouping the same way: `order` (S,) lists the token-expert pairs sorted by
+The expert kernels read the grouping the same way: `order` (S,) lists the token-expert pairs sorted by
 expert, `counts` (E,) how many pairs each expert got. Expert e owns ceil(counts[e] / block_m) row tiles;
 tile ids run over the experts in order, and the launch grid covers an upper bound of the tile count (a
 static shape, so a CUDA graph can capture it): programs past the last tile return at once. Every row of
@@ -225,3 +225,89 @@ def _moe_down_tma_kernel(
         w = w_desc.load([expert, n0, kk]).reshape(block_n, block_k)
         acc = tl.dot(a, w.T, acc)
     _store_pairs(acc, out_ptr, rmask, pair, n0 + tl.arange(0, block_n), hidden)
+
+
+@triton.jit(do_not_specialize=["rows"])  # one compiled kernel whatever the batch size
+def _route_topk_kernel(
+    logits_ptr,
+    w_ptr,
+    i_ptr,
+    rows,
+    e: tl.constexpr,
+    e_pad: tl.constexpr,
+    k: tl.constexpr,
+    k_pad: tl.constexpr,
+    normalize: tl.constexpr,
+    block_rows: tl.constexpr,
+):
+    # One program per `block_rows` tokens: float32 softmax statistics, k rounds of arg-max (lowest index
+    # wins a tie), then the chosen probabilities, renormalised over the k when `normalize`.
+    r = tl.program_id(0).to(tl.int64) * block_rows + tl.arange(0, block_rows)[:, None]  # (R, 1)
+    c = tl.arange(0, e_pad)[None, :]  # (1, Ep)
+    kc = tl.arange(0, k_pad)[None, :]  # (1, kp)
+    valid = r < rows
+    x = tl.load(logits_ptr + r * e + c, mask=valid & (c < e), other=float("-inf")).to(tl.float32)
+    mx = tl.max(x, axis=1)[:, None]  # (R, 1)
+    denom = tl.sum(tl.exp(x - mx), axis=1)[:, None]  # (R, 1)
+    vals = tl.zeros([block_rows, k_pad], dtype=tl.float32)
+    idxs = tl.zeros([block_rows, k_pad], dtype=tl.int32)
+    for j in tl.static_range(k):
+        best = tl.max(x, axis=1)[:, None]  # (R, 1)
+        pick = tl.min(tl.where(x == best, c, e_pad), axis=1)[:, None]  # (R, 1)
+        vals = tl.where(kc == j, tl.exp(best - mx), vals)
+        idxs = tl.where(kc == j, pick, idxs)
+        x = tl.where(c == pick, float("-inf"), x)
+    if normalize:  # noqa: SIM108 - a constexpr branch, resolved when Triton compiles
+        vals = vals / tl.sum(vals, axis=1)[:, None]
+    else:
+        vals = vals / denom
+    tl.store(w_ptr + r * k + kc, vals, mask=valid & (kc < k))
+    tl.store(i_ptr + r * k + kc, idxs, mask=valid & (kc < k))
+
+
+@triton.jit
+def _group_by_expert_kernel(
+    ids_ptr,
+    order_ptr,
+    inv_ptr,
+    counts_ptr,
+    ends_ptr,
+    pairs,
+    e: tl.constexpr,
+    block: tl.constexpr,
+    inverse: tl.constexpr,
+):
+    # A counting sort of the S = `pairs` expert ids, one program per expert `ex`: pass 1 counts the ids
+    # below ex (where its pairs start in `order`) and equal to it; pass 2 writes the ids of its pairs at
+    # start + their running rank, in ascending pair id (a stable sort), and with `inverse` each pair's
+    # slot in `inv`. Every program reads all S ids (4 S bytes, L2-resident) twice; the grid is (E,)
+    # whatever S, so a CUDA graph can capture it.
+    ex = tl.program_id(0)
+    offs = tl.arange(0, block)
+    below = tl.zeros([block], dtype=tl.int32)
+    mine = tl.zeros([block], dtype=tl.int32)
+    # `while`, not `range`, over the runtime pair count: Triton's interpreter cannot take a runtime
+    # scalar as a `range` bound (tests run this kernel under it).
+    b = 0
+    while b < pairs:
+        p = b + offs
+        key = tl.load(ids_ptr + p, mask=p < pairs, other=e)  # padding: an id past every expert
+        below += (key < ex).to(tl.int32)
+        mine += (key == ex).to(tl.int32)
+        b += block
+    start = tl.sum(below, axis=0)
+    count = tl.sum(mine, axis=0)
+    tl.store(counts_ptr + ex, count)
+    tl.store(ends_ptr + ex, start + count)
+    placed = start
+    b = 0
+    while b < pairs:
+        p = b + offs
+        hit = tl.load(ids_ptr + p, mask=p < pairs, other=e) == ex
+        hits = hit.to(tl.int32)
+        slot = placed + tl.cumsum(hits, axis=0) - 1  # (block,) inclusive running rank
+        tl.store(order_ptr + slot, p, mask=hit)
+        if inverse:
+            tl.store(inv_ptr + p, slot, mask=hit)
+        placed += tl.sum(hits, axis=0)
+        b += block

@@ -61,6 +61,8 @@ class MediaTokens:
         ids = {}
         for token in (*SPECIAL, *AUDIO_SPECIAL):
             value = tokenizer.convert_tokens_to_ids(token)
+            # A transformers tokenizer returns its `unk_token_id` for a token it lacks; tokenizer-like objects
+            # without an unknown token may have no such attribute.
             if not isinstance(value, int) or value < 0 or value == getattr(tokenizer, "unk_token_id", None):
                 raise ValueError(f"tokenizer has no {token} token")
             ids[token] = value

@@ -44,8 +44,15 @@ class MediaLimits:
     max_videos: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("image_bytes", "audio_bytes", "video_bytes", "total_bytes", "video_frame_pixels"):
-            if getattr(self, name) <= 0:
+        sizes = {
+            "image_bytes": self.image_bytes,
+            "audio_bytes": self.audio_bytes,
+            "video_bytes": self.video_bytes,
+            "total_bytes": self.total_bytes,
+            "video_frame_pixels": self.video_frame_pixels,
+        }
+        for name, value in sizes.items():
+            if value <= 0:
                 raise ValueError(f"{name} must be positive")
 
     @property

@@ -18,7 +18,8 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.batching.collate import Layout, ModelBatch, collate
-from engine.model.decoder import GraphedDecoder, PackedInputs, PackedTextDecoder, varlen_available
+from engine.model.decoder import PackedInputs, PackedTextDecoder, varlen_available
+from engine.model.graphs import GraphedDecoder
 from engine.model.head import JointSchemaHead
 from engine.model.media import media_hidden_states, rope_positions
 from engine.model.thinker import part_paths
@@ -59,14 +60,14 @@ class ClefOmniModel(nn.Module):
     ) -> bool:
         """Use the padding-free varlen decoder (`engine.model.decoder`) for text-only batches on CUDA.
 
-        Optional CUDA graphs replay the decoder for batches up to the largest of `graph_buckets` tokens
-        (single requests and small batches, where kernel launches dominate). `fp8_experts` runs the MoE
-        experts in FP8 (`engine.kernels.fp8`, opt-in; the release is bf16). Calling again switches either and
-        recaptures the graphs. Returns False (and changes nothing) off CUDA or when this torch lacks
-        varlen attention / grouped GEMMs. `fused_experts=False` runs bf16 experts unfused (CUTLASS grouped
-        GEMMs; benchmarks compare the two, see `engine.kernels.moe`), `triton_attention=False` runs attention
-        through
-        torch's varlen FlashAttention 2 instead of `engine.kernels.attention` (likewise).
+        Optional CUDA graphs (`engine.model.graphs`) replay the decoder for batches up to the largest of
+        `graph_buckets` tokens (single requests and small batches, where kernel launches dominate).
+        `fp8_experts` runs the MoE experts in FP8 (`engine.kernels.fp8`, opt-in; the release is bf16).
+        `fused_experts=False` runs bf16 experts unfused (CUTLASS grouped GEMMs instead of
+        `engine.kernels.moe`), `triton_attention=False` runs attention through torch's varlen
+        FlashAttention 2 instead of `engine.kernels.attention`. Calling again switches any of them and
+        recaptures the graphs. Blocking (graph capture: a few hundred ms per graph at full size). Returns
+        False (and changes nothing) off CUDA or when this torch lacks varlen attention / grouped GEMMs.
         """
         if self.device.type != "cuda" or not varlen_available():
             return False
@@ -95,9 +96,9 @@ class ClefOmniModel(nn.Module):
 
     @property
     def text_model(self) -> Any:
-        """The thinker's text decoder (`embed_tokens`, `layers`, `norm`, `rotary_emb`): `thinker.model` under
-        transformers 5.17, `thinker.model.language_model` under 5.24 (see
-        `engine.model.thinker.part_paths`)."""
+        """The thinker's text decoder (`embed_tokens`, `layers`, `norm`, `rotary_emb`), at the module path
+        `engine.model.thinker.part_paths` found once: `thinker.model` under transformers 5.17,
+        `thinker.model.language_model` under 5.24."""
         return self.thinker.get_submodule(self._text_path)
 
     @property
@@ -109,9 +110,15 @@ class ClefOmniModel(nn.Module):
         return next(self.head.parameters()).device
 
     @property
+    def _thinker_config(self) -> Any:
+        """The thinker's transformers config (`Qwen3OmniMoeThinkerConfig`)."""
+        config: Any = self.thinker.config
+        return config
+
+    @property
     def attn_implementation(self) -> str:
-        config: Any = getattr(self.thinker, "config", None)
-        return str(getattr(config, "_attn_implementation", None) or "sdpa")
+        """The thinker's attention implementation (`sdpa` while transformers has not resolved one)."""
+        return str(self._thinker_config._attn_implementation or "sdpa")
 
     @property
     def preferred_layout(self) -> Layout:
@@ -142,21 +149,19 @@ class ClefOmniModel(nn.Module):
         return self.media_layout if with_media else self.preferred_layout
 
     def rope_index(self, record: EncodedRequest) -> torch.Tensor:
-        """(3, L) int64 t/h/w rope positions of a media record (CPU; see `model_media.rope_positions`)."""
+        """(3, L) int64 t/h/w rope positions of a media record (CPU; `engine.model.media.rope_positions`)."""
         return rope_positions(self.thinker, record)
 
     def collate(self, encoded: Sequence[EncodedRequest], layout: Layout | None = None) -> ModelBatch:
         """`engine.batching.collate.collate` with this model's layout, pad id, device and media rope index."""
         with_media = any(rec.media for rec in encoded)
-        config: Any = getattr(self.thinker, "config", None)
-        audio_config: Any = getattr(config, "audio_config", None)
         return collate(
             encoded,
             layout=layout or self.layout_for(with_media),
             pad_token_id=self.pad_token_id,
             device=self.device,
             rope_index=self.rope_index if with_media else None,
-            n_window=int(getattr(audio_config, "n_window", 50)),
+            n_window=int(self._thinker_config.audio_config.n_window),
         )
 
     def hidden_states(self, batch: ModelBatch) -> torch.Tensor:
@@ -164,7 +169,7 @@ class ClefOmniModel(nn.Module):
         text_model = self.text_model
         hidden: torch.Tensor
         if batch.media is not None:  # media never takes the text-only fast path
-            hidden = media_hidden_states(self.thinker, batch)  # (rows, cols, H)
+            hidden = media_hidden_states(self.thinker, text_model, batch)  # (rows, cols, H)
         elif self._fast is not None and batch.layout == "packed":
             return self._fast_hidden_states(text_model, batch)
         else:
@@ -203,19 +208,17 @@ class ClefOmniModel(nn.Module):
     def forward_probabilities(self, batch: ModelBatch) -> torch.Tensor:
         """Flat (N,) float32 option probabilities on the model's device (see `SpanIndex` for the order).
 
-        The head's masked attention may not take cuDNN's SDPA: cuDNN builds a plan for every new
-        (records, longest) shape, which cost the head 148 ms on the first batch of each shape against
-        9.4 ms warm on the H200 (`bench.cold_probe`), and under load nearly every small batch has a new
-        shape; the other backends need no plan (11.6 ms cold, 10.4 ms warm). Transformers' padded path
-        (media) keeps the default choice: without cuDNN its padded batches moved 2.10e-03 from the same
-        records alone, above the SPEC's 2e-3 (tests/gpu/test_media_gpu.py).
+        The head's attention never takes cuDNN's SDPA: cuDNN builds a plan for every new (records,
+        longest) shape, and under load nearly every small batch has a new shape; the other backends need no
+        plan (`bench.cold_probe`; BENCHMARKS.md, "Latency under load"). Transformers' padded path (media)
+        keeps the default choice, which holds its batches within the SPEC's 2e-3 of the same records alone
+        (tests/gpu/test_media_gpu.py).
 
         On CUDA the head takes the memory-efficient kernel only: a padded batch's attentions are masked,
         and FlashAttention, which SDPA prefers when there is no mask (a lone record, records of one
-        length), would give those records other roundings than the same records in a padded batch. The
-        price on the H200: 22.0 us per head attention against 9.1 us, 0.13 ms of GPU time for one
-        800-token request's ten (BENCHMARKS.md, "Engine, round five"). Off CUDA (CPU tests, the float32
-        conformance run) torch's choice stands.
+        length), would give those records other roundings than the same records in a padded batch (its
+        cost: BENCHMARKS.md, "Engine, round five"). Off CUDA (CPU tests, the float32 conformance run)
+        torch's choice stands.
         """
         hidden = self.hidden_states(batch)  # (T, H)
         cuda = hidden.device.type == "cuda"

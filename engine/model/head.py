@@ -4,8 +4,7 @@ The head reads the thinker's final normalised hidden states of every record of a
 `(T, hidden)` matrix of real tokens, records back to back) and the lexical table E (the thinker's `lm_head`
 weight), and returns one float32 probability per option, in the order of `SpanIndex` (records, then questions,
 then options in `option_table` order). Everything is gathered with index tensors built by
-`engine.batching.collate`;
-there is no Python loop over records, questions or options in `forward`.
+`engine.batching.collate`; there is no Python loop over records, questions or options in `forward`.
 
 State-dict keys (exactly what a released `joint_head.safetensors` holds, SPEC section 4; `R` = routing_layers,
 `N` = layers; 22 + 14 R + 18 N tensors):
@@ -36,7 +35,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import cast
 
@@ -80,17 +79,8 @@ class JointHeadConfig:
         return cls(**values)
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "hidden_size": self.hidden_size,
-                "width": self.width,
-                "routing_layers": self.routing_layers,
-                "layers": self.layers,
-                "heads": self.heads,
-                "feedforward": self.feedforward,
-            },
-            indent=2,
-        )
+        """`joint_head_config.json`'s text: every field, in declaration order."""
+        return json.dumps(asdict(self), indent=2)
 
 
 def _two_layer(width_in: int, width_mid: int, width_out: int) -> nn.Sequential:
@@ -127,10 +117,10 @@ def attend(
     memory (B, L, w); memory_pad (B, L) True = padding, or None. Self-attention when `memory is x`.
 
     nn.MultiheadAttention computes masked and unmasked attention differently (its fused native path for
-    self-attention treats a mask apart), so with it a lone record (no mask) and the same record in a
-    padded batch moved apart by up to 1.64e-03 in bf16 on the H200. Through this one call (and one SDPA
-    kernel on CUDA, see `ClefOmniModel.forward_probabilities`) they differ by 1.63e-06 on the fast path
-    and 5.96e-08 padded (tests/gpu/test_engine_gpu.py).
+    self-attention treats a mask apart), so through it a lone record (no mask) and the same record in a
+    padded batch get different roundings. Through this one call (and one SDPA kernel on CUDA, see
+    `ClefOmniModel.forward_probabilities`) they agree within the SPEC's batch invariance
+    (tests/gpu/test_engine_gpu.py; BENCHMARKS.md, "Engine, round five").
     """
     width = x.shape[-1]
     heads = attention.num_heads
@@ -226,17 +216,8 @@ class JointSchemaHead(nn.Module):
         lexical_table: (V, hidden) the thinker's `lm_head.weight` (E).
         index: the batch's span tables, already on `hidden.device`.
         """
-        dtype = hidden.dtype
-        width = self.config.width
         h = self.hidden_norm(hidden)  # (T, H)
-        g = h[index.last_token]  # (B, H)
-        q = segment_mean(h, index.question_tokens, index.question_segment, index.num_questions).to(
-            dtype
-        )  # (Q, H)
-        c = segment_mean(h, index.option_tokens, index.option_segment, index.num_options).to(dtype)  # (N, H)
-        lex_rows = lexical_table[index.option_token_ids].to(dtype)  # (Mo, H)
-        lex = segment_mean(lex_rows, None, index.option_segment, index.num_options).to(dtype)  # (N, H)
-
+        pooled = _pool(h, lexical_table, index, hidden.dtype)
         # Memory: (B, L, w), padded per record; padding is masked out of every attention below.
         mem = _to_padded(
             self.memory_projection(h),
@@ -245,37 +226,56 @@ class JointSchemaHead(nn.Module):
             index.num_records,
             index.max_length,
         )  # (B, L, w)
-        # (B, L) and (B, K) bool, True = padding, or None where no record is padded (a lone record, or
-        # records of one length: the sizes alone tell, no sync): the masks cost a lone request more
-        # than the attentions themselves (BENCHMARKS.md, "Engine, round four").
-        records = index.num_records
-        mem_pad = None if h.shape[0] == records * index.max_length else index.memory_padding
-        q_pad = None if index.num_questions == records * index.max_questions else index.question_padding
+        mem_pad, q_pad = _padding_masks(h, index)
+        o = self._route_options(pooled, mem, mem_pad, index)  # (N, w)
+        field = self._fields(o, pooled, index)  # (Q, w)
+        f = self._decode_fields(field, mem, q_pad, mem_pad, index)  # (N, w)
+        return self._probabilities(f, o, pooled, index)  # (N,) float32
 
-        opt_q = index.option_question
+    def _route_options(
+        self, pooled: _Pooled, mem: torch.Tensor, mem_pad: torch.Tensor | None, index: SpanIndex
+    ) -> torch.Tensor:
+        """The option vectors (N, w) after the evidence layers attended them to their record's memory."""
         o = (
-            self.option_context_projection(c)
-            + self.option_lexical_projection(lex)
-            + self.option_question_projection(q)[opt_q]
+            self.option_context_projection(pooled.c)
+            + self.option_lexical_projection(pooled.lex)
+            + self.option_question_projection(pooled.q)[index.option_question]
         )  # (N, w)
         o_pad = _to_padded(
             o, index.option_record, index.option_slot, index.num_records, index.max_options
         )  # (B, O, w)
         for layer in self.evidence_layers:
             o_pad = layer(o_pad, mem, mem_pad)  # (B, O, w)
-        o = o_pad[index.option_record, index.option_slot]  # (N, w)
+        return o_pad[index.option_record, index.option_slot]  # (N, w)
 
-        wq = self.question_projection(q)  # (Q, w)
+    def _fields(self, o: torch.Tensor, pooled: _Pooled, index: SpanIndex) -> torch.Tensor:
+        """The field vector (Q, w) of each question: its projection, the attention-weighted summary of its
+        options `o` (N, w), its record's global vector and its question type."""
+        width = self.config.width
+        opt_q = index.option_question
+        wq = self.question_projection(pooled.q)  # (Q, w)
         scores = (o.float() * wq.float()[opt_q]).sum(-1) / math.sqrt(width)  # (N,) float32
         weights = segment_softmax(scores, opt_q, index.num_questions)  # (N,) float32
         summary = torch.zeros(index.num_questions, width, dtype=torch.float32, device=o.device)  # (Q, w)
         summary.index_add_(0, opt_q, weights[:, None] * o.float())  # (Q, w)
-        field = (
+        field: torch.Tensor = (
             wq
-            + self.option_summary_norm(summary.to(dtype))
-            + self.global_projection(g)[index.question_record]
+            + self.option_summary_norm(summary.to(pooled.q.dtype))
+            + self.global_projection(pooled.g)[index.question_record]
             + self.type_embedding(index.question_type)
         )  # (Q, w)
+        return field
+
+    def _decode_fields(
+        self,
+        field: torch.Tensor,
+        mem: torch.Tensor,
+        q_pad: torch.Tensor | None,
+        mem_pad: torch.Tensor | None,
+        index: SpanIndex,
+    ) -> torch.Tensor:
+        """The fields (Q, w) through the decoder layers over the memory, normalised, one row per option
+        of their question: (N, w)."""
         f_pad = _to_padded(
             field, index.question_record, index.question_slot, index.num_records, index.max_questions
         )  # (B, K, w)
@@ -283,20 +283,60 @@ class JointSchemaHead(nn.Module):
             f_pad = decoder_layer(
                 cast(nn.TransformerDecoderLayer, layer), f_pad, mem, q_pad, mem_pad
             )  # (B, K, w)
-        f = self.field_norm(f_pad[index.question_record, index.question_slot])[opt_q]  # (N, w)
-        on = self.option_norm(o)  # (N, w)
+        f: torch.Tensor = self.field_norm(f_pad[index.question_record, index.question_slot])
+        return f[index.option_question]  # (N, w)
 
+    def _probabilities(
+        self, f: torch.Tensor, o: torch.Tensor, pooled: _Pooled, index: SpanIndex
+    ) -> torch.Tensor:
+        """Softmax within each question of each option's prior, joint and residual scores: (N,) float32."""
+        opt_q = index.option_question
+        on = self.option_norm(o)  # (N, w)
         joint = F.cosine_similarity(f.float(), on.float(), dim=-1)  # (N,) float32
         residual = (
             self.residual_scorer(torch.cat([f, on, f * on, (f - on).abs()], dim=-1)).squeeze(-1).float()
         )  # (N,)
-        anchor = (q + g[index.question_record])[opt_q]  # (N, H)
-        prior = (F.normalize(lex.float(), dim=-1) * F.normalize(anchor.float(), dim=-1)).sum(-1)  # (N,)
+        anchor = (pooled.q + pooled.g[index.question_record])[opt_q]  # (N, H)
+        prior = (F.normalize(pooled.lex.float(), dim=-1) * F.normalize(anchor.float(), dim=-1)).sum(
+            -1
+        )  # (N,)
         gate = torch.sigmoid(self.residual_gate.float())  # () float32
         logits = _scale(self.prior_logit_scale) * prior + gate * (
             _scale(self.joint_logit_scale) * joint + residual
         )  # (N,) float32
         return segment_softmax(logits, opt_q, index.num_questions)  # (N,) float32
+
+
+@dataclass(frozen=True, slots=True)
+class _Pooled:
+    """A batch's normalised hidden states pooled per record, question and option, in the hidden dtype."""
+
+    g: torch.Tensor  # (B, H) each record's last token
+    q: torch.Tensor  # (Q, H) mean over each question's tokens
+    c: torch.Tensor  # (N, H) mean over each option's tokens
+    lex: torch.Tensor  # (N, H) mean of each option's lexical-table rows
+
+
+def _pool(h: torch.Tensor, lexical_table: torch.Tensor, index: SpanIndex, dtype: torch.dtype) -> _Pooled:
+    """`_Pooled` of the normalised states `h` (T, H); the means are cast to `dtype`."""
+    g = h[index.last_token]  # (B, H)
+    q = segment_mean(h, index.question_tokens, index.question_segment, index.num_questions).to(
+        dtype
+    )  # (Q, H)
+    c = segment_mean(h, index.option_tokens, index.option_segment, index.num_options).to(dtype)  # (N, H)
+    lex_rows = lexical_table[index.option_token_ids].to(dtype)  # (Mo, H)
+    lex = segment_mean(lex_rows, None, index.option_segment, index.num_options).to(dtype)  # (N, H)
+    return _Pooled(g, q, c, lex)
+
+
+def _padding_masks(h: torch.Tensor, index: SpanIndex) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(B, L) memory and (B, K) question padding masks, True = padding, or None where no record is padded
+    (a lone record, or records of one length: the sizes alone tell, no sync). The masks cost a lone
+    request more than the attentions themselves (BENCHMARKS.md, "Engine, round four")."""
+    records = index.num_records
+    mem_pad = None if h.shape[0] == records * index.max_length else index.memory_padding
+    q_pad = None if index.num_questions == records * index.max_questions else index.question_padding
+    return mem_pad, q_pad
 
 
 def head_state_dict_keys(config: JointHeadConfig) -> list[str]:

@@ -5,10 +5,10 @@ Uses transformers' Qwen3-Omni thinker methods (`get_rope_index`, `get_image_feat
 position ids and the deepstack visual embeddings, as the thinker's own forward does -- minus the
 language-model head over every token, which Clef never needs.
 
-Works across transformers 5.x: the text model is `thinker.model` in early 5.x and
-`thinker.model.language_model` later (`text_model` finds it); vision features come back as one tensor
-or as per-item tuples (`_flat` joins either); placeholder masks are computed here from the config's
-token ids rather than through `get_placeholder_mask`, which moved off the thinker.
+Works across transformers 5.x: the caller passes the text model (`ClefOmniModel.text_model`, found by
+`engine.model.thinker.part_paths`); vision features come back as one tensor or as per-item tuples
+(`_flat` joins either); placeholder masks are computed here from the config's token ids rather than
+through `get_placeholder_mask`, which moved off the thinker.
 
 Batch invariance: vision towers see every image/video of the batch in one call (their attention is
 block-diagonal per item); the audio tower runs once per `MediaBatch.audio_groups` group, so a clip's
@@ -60,19 +60,6 @@ def rope_positions(thinker: Any, record: EncodedRequest) -> torch.Tensor:
     head = torch.arange(start, dtype=torch.int64)[None, :].expand(3, start)  # (3, start)
     tail = torch.arange(after, after + record.num_tokens - end, dtype=torch.int64)[None, :]  # (1, L - end)
     return torch.cat([head, middle, tail.expand(3, -1)], dim=1)  # (3, L)
-
-
-def text_model(thinker: Any) -> Any:
-    """The thinker's decoder-only text model (token embeddings, layers, final norm).
-
-    Raises TypeError when neither known layout (`thinker.model` or `thinker.model.language_model`)
-    holds one, naming what was found, instead of failing later on a missing attribute.
-    """
-    inner = getattr(thinker, "model", None)
-    for candidate in (getattr(inner, "language_model", None), inner):
-        if candidate is not None and hasattr(candidate, "embed_tokens") and hasattr(candidate, "layers"):
-            return candidate
-    raise TypeError(f"cannot find the text model of {type(thinker).__name__} (model: {type(inner).__name__})")
 
 
 def _flat(features: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
@@ -137,11 +124,11 @@ def _merge_deepstack(
     return visual, layers
 
 
-def media_hidden_states(thinker: Any, batch: ModelBatch) -> torch.Tensor:
-    """(rows, cols, H) final normalised hidden states of a batch that carries media."""
+def media_hidden_states(thinker: Any, text: Any, batch: ModelBatch) -> torch.Tensor:
+    """(rows, cols, H) final normalised hidden states of a batch that carries media, through the thinker's
+    towers and its text model `text` (`ClefOmniModel.text_model`)."""
     media = batch.media
     assert media is not None
-    text = text_model(thinker)
     embeds: torch.Tensor = text.embed_tokens(batch.input_ids)  # (rows, cols, H)
     ids = media.placeholder_ids.to(embeds.device)
     image_mask, video_mask, audio_mask = _placeholder_masks(thinker, ids)  # 3 x (rows, cols, 1)

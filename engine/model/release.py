@@ -1,12 +1,10 @@
 """Read a Clef-omni release directory and load the thinker + joint head (SPEC section 3).
 
 Keys, expert layouts (fused or one tensor per expert) and shapes are checked against the installed thinker
-from the index and the shard headers before any tensor data is read (`engine.model.release_plan`); then only
-the
-bytes of `thinker.*` tensors are read, in parallel, straight into the parameters
-(`engine.model.release_read`):
-the bytes of `talker.*` and `code2wav.*` tensors are never read, and shards holding only those are never
-opened.
+from the index and the shard headers before any tensor data is read (`engine.model.release_plan`); then
+only the bytes of `thinker.*` tensors are read, in parallel, straight into the parameters
+(`engine.model.release_read`): the bytes of `talker.*` and `code2wav.*` tensors are never read, and
+shards holding only those are never opened.
 
 A release names its tensors as the checkpoint does (`thinker.model.layers.N.*`, `thinker.visual.*`,
 `thinker.audio_tower.*`, ...) whatever transformers is installed; `engine.model.thinker.checkpoint_names` maps

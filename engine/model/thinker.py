@@ -7,8 +7,9 @@ correct. A whole meta-device build followed by `to_empty` would leave those buff
 not in the release. The loader then installs the tensors it has read as the parameters (`install_tensors`).
 
 Releases name the thinker's tensors as the checkpoint does, while transformers versions place its modules
-differently (5.24 nests the text decoder and towers under `model`); `checkpoint_names` maps between the two
-from the installed module tree, and `text_model` finds the text decoder.
+differently (5.24 nests the text decoder and towers under `model`); `part_paths` finds each part in the
+installed module tree (the one place that locates the text decoder), and `checkpoint_names` maps between
+the two.
 """
 
 from __future__ import annotations
@@ -123,6 +124,7 @@ def part_paths(thinker: nn.Module) -> dict[str, str]:
     and each tower the one module of that name (`visual` / `model.visual`). Raises ValueError when a part
     is missing or ambiguous, so an unknown layout fails before any weight is read.
     """
+    # transformers' PreTrainedModel has both accessors; any other nn.Module (a wrong build) has neither.
     get_in: Any = getattr(thinker, "get_input_embeddings", None)
     get_out: Any = getattr(thinker, "get_output_embeddings", None)
     if get_in is None or get_out is None:
@@ -159,9 +161,3 @@ def checkpoint_names(thinker: nn.Module, prefix: str = "thinker.") -> dict[str, 
     if len(set(names.values())) != len(names):
         raise ValueError("two thinker tensors map to the same checkpoint name")
     return names
-
-
-def text_model(thinker: nn.Module) -> Any:
-    """The thinker's text decoder (`embed_tokens`, `layers`, `norm`, `rotary_emb`), whichever module path the
-    installed transformers gives it (see `part_paths`)."""
-    return thinker.get_submodule(part_paths(thinker)["model"])

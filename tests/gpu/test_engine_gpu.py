@@ -97,12 +97,12 @@ def test_fast_path_batch_invariance_and_accuracy_bf16_cuda(tmp_path: Path, graph
 
 
 def test_route_topk_kernel_matches_softmax_topk_cuda() -> None:
-    from engine.kernels import elementwise
+    from engine.kernels import moe
 
     torch.manual_seed(0)
     logits = torch.randn(5000, 128, device="cuda", dtype=torch.bfloat16)
     for normalize in (True, False):
-        w, i = elementwise.route_topk(logits, 8, normalize)
+        w, i = moe.route_topk(logits, 8, normalize)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         ref_w, _ = torch.topk(probs, 8, dim=-1)
         if normalize:

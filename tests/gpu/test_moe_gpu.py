@@ -22,7 +22,7 @@ def _case(t: int, hidden: int, inter: int, experts: int, k: int, seed: int) -> t
     gate_up = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) * 0.02).bfloat16()
     down = (torch.randn(experts, hidden, inter, device="cuda", generator=gen) * 0.02).bfloat16()
     logits = torch.randn(t, experts, device="cuda", generator=gen).bfloat16()
-    top_w, top_i = elementwise.route_topk(logits, k, True)
+    top_w, top_i = moe.route_topk(logits, k, True)
     flat = top_i.reshape(-1)
     order = torch.argsort(flat.to(torch.uint8))
     counts = torch.histc(flat, bins=experts, min=0, max=experts - 1).int()
@@ -82,14 +82,14 @@ def _ids_of(order: torch.Tensor, counts: torch.Tensor, t: int, k: int) -> torch.
 
 
 def _routed_ids(t: int, k: int, experts: int, seed: int, skewed: bool) -> torch.Tensor:
-    """(T, k) int32 expert ids from `elementwise.route_topk` on random logits; `skewed`: expert 0 never
+    """(T, k) int32 expert ids from `moe.route_topk` on random logits; `skewed`: expert 0 never
     chosen, expert 1 by every token, as an untrained router does."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     logits = torch.randn(t, experts, device="cuda", generator=gen)
     if skewed:
         logits[:, 0] = -1e4
         logits[:, 1] += 1e4
-    return elementwise.route_topk(logits.bfloat16(), k, True)[1]
+    return moe.route_topk(logits.bfloat16(), k, True)[1]
 
 
 @pytest.mark.parametrize("tokens", [807, 65536])
@@ -112,8 +112,8 @@ def test_group_by_expert_is_a_stable_argsort_and_bincount_cuda(tokens: int, skew
 
     def group(ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (
-            *elementwise.group_by_expert(ids, experts),
-            *elementwise.group_by_expert_inverse(ids, experts),
+            *moe.group_by_expert(ids, experts),
+            *moe.group_by_expert_inverse(ids, experts),
         )
 
     check(top_i, group(top_i))
@@ -172,7 +172,7 @@ def test_moe_glue_matches_the_argsort_histc_path_cuda() -> None:
     w = (1.0 + 0.1 * torch.randn_like(x[0])).bfloat16()
     old = moe.experts_forward(x, old_order, old_counts, top_w, gate_up, down)
     want = elementwise.add_rms_norm(residual, old, w, 1e-6)
-    order, counts = elementwise.group_by_expert(top_i, 128)
+    order, counts = moe.group_by_expert(top_i, 128)
     pairs = moe.experts_pairs(x, order, counts, top_w, gate_up, down)  # (T k, H)
     got = elementwise.add_pairs_rms_norm(residual, pairs, None, 8, w, 1e-6)
     assert torch.equal(got[0], want[0])

@@ -18,14 +18,15 @@ from consumer.commands.service import _serve
 from consumer.logging import configure_logging, get_logger
 from consumer.settings import load_settings
 from devtools.stub import StubEngine, StubPrepared
+from engine.batching.cut import BatchLimits
 from schemas.response import SystemOneResponse
 
 
 class SlowStub(StubEngine):
     """A stub engine that takes `batch_s` seconds per batch (a busy GPU)."""
 
-    def __init__(self, batch_s: float) -> None:
-        super().__init__()
+    def __init__(self, batch_s: float, limits: BatchLimits) -> None:
+        super().__init__(limits)
         self.batch_s = batch_s
 
     def execute(self, batch: Sequence[StubPrepared]) -> list[SystemOneResponse]:
@@ -39,7 +40,8 @@ def main() -> None:
     for handler in logging.getLogger().handlers:  # stdlib (aiokafka) lines show their level, for the tests
         handler.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))
     get_logger("tests.slow_service").info("settings", settings=settings.masked())
-    asyncio.run(_serve(settings, SlowStub(float(os.environ.get("SLOW_STUB_BATCH_S", "0.5")))))
+    engine = SlowStub(float(os.environ.get("SLOW_STUB_BATCH_S", "0.5")), settings.batching.limits)
+    asyncio.run(_serve(settings, engine))
 
 
 if __name__ == "__main__":

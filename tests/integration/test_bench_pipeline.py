@@ -1,4 +1,4 @@
-"""`clef-router bench pipeline` runs end to end on a real broker (a tiny run: this checks that the three
+"""`python -m bench pipeline` runs end to end on a real broker (a tiny run: this checks that the three
 loops finish and report, not their speed)."""
 
 from __future__ import annotations

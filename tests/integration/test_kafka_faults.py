@@ -90,7 +90,7 @@ async def _scenario(
         topic = settings.topics.input[0]
         await asyncio.to_thread(broker.create_topics, [topic], partitions=3)
         await produce_events(broker.bootstrap_servers, topic, 0, EVENTS)
-        pipeline = Pipeline(settings, SlowStub())
+        pipeline = Pipeline(settings, SlowStub(settings.batching.limits))
         runs.append((settings, pipeline, asyncio.create_task(pipeline.run())))
     try:
         for settings, _, task in runs:

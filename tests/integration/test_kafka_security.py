@@ -97,7 +97,7 @@ async def _route_events(secure: SecureKafka, settings: Settings) -> None:
     topic = settings.topics.input[0]
     await asyncio.to_thread(secure.broker.create_topics, [topic], partitions=3)
     await produce_events(secure.admin, topic, 0, EVENTS)
-    pipeline = Pipeline(settings, StubEngine())
+    pipeline = Pipeline(settings, StubEngine(settings.batching.limits))
     task = asyncio.create_task(pipeline.run())
     try:
         done = await wait_committed(

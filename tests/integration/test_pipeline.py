@@ -495,7 +495,7 @@ async def test_exactly_once_mode_publishes_each_output_once_in_transactions(
         kafka={"exactly_once": True},
         engine={"max_message_bytes": 4096},
     )
-    pipeline = Pipeline(settings, StubEngine())
+    pipeline = Pipeline(settings, StubEngine(settings.batching.limits))
     await _run_until_committed(pipeline, len(items), timeout_s=120)
 
     committed_view = await _read_all(

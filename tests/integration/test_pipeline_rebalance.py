@@ -82,14 +82,14 @@ async def test_member_joins_mid_stream_nothing_lost(
     await producer.stop()
 
     settings = _settings(kafka_broker, prefix, topic, exactly_once)
-    first = Pipeline(settings, SlowStub())
+    first = Pipeline(settings, SlowStub(settings.batching.limits))
     task_a = asyncio.create_task(first.run())
     deadline = time.monotonic() + 60
     while sum(first.committed().values()) < 300:
         assert time.monotonic() < deadline
         assert not task_a.done()
         await asyncio.sleep(0.05)
-    second = Pipeline(settings, SlowStub())
+    second = Pipeline(settings, SlowStub(settings.batching.limits))
     task_b = asyncio.create_task(second.run())
     try:
         committed = await _wait_group_done(kafka_broker, settings, topic, total, timeout_s=120)
@@ -242,7 +242,7 @@ async def test_sigterm_while_draining_for_a_joining_member(
         if sigterm_first:
             sent = time.monotonic()
             proc.send_signal(signal.SIGTERM)
-        second = Pipeline(settings, StubEngine())
+        second = Pipeline(settings, StubEngine(settings.batching.limits))
         task_b = asyncio.create_task(second.run())
         while True:  # A is in its revoke callback for B's join
             revoking = _events(_log_lines(log), "partitions_revoking")[revokes_before:]

@@ -85,7 +85,7 @@ async def test_a_stop_that_cannot_drain_abandons_the_rest_quietly_within_its_bou
         batching={"max_batch_records": 16, "max_wait_ms": 5},
         http={"enabled": False},
     )
-    pipeline = Pipeline(settings, SlowStub())
+    pipeline = Pipeline(settings, SlowStub(settings.batching.limits))  # batches of 16, as the service cuts
     with capture_logs() as logs:
         task = asyncio.create_task(pipeline.run())
         deadline = time.monotonic() + 60

@@ -1,5 +1,6 @@
-"""`bench.e2e`'s pure parts: the per-load figures, the service window, the summary, the PyAV placeholder and
-the record values (the whole run on a real broker: tests/integration/test_bench_e2e.py)."""
+"""`bench.e2e`'s pure parts: the per-load figures, the service window and the summary (`bench.e2e_report`),
+the record values (`bench.e2e_traffic`) and the PyAV placeholder (`bench.av_placeholder`); the whole run on
+a real broker: tests/integration/test_bench_e2e.py."""
 
 from __future__ import annotations
 
@@ -9,15 +10,9 @@ from typing import Any
 
 import pytest
 
-from bench.e2e import (
-    Ledger,
-    Sent,
-    event_values,
-    install_av_placeholder,
-    load_figures,
-    service_window,
-    summary_text,
-)
+from bench.av_placeholder import install_av_placeholder
+from bench.e2e_report import load_figures, service_window, summary_text
+from bench.e2e_traffic import Ledger, Sent, event_values
 
 
 def _ledger() -> Ledger:

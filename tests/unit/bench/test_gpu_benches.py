@@ -9,6 +9,7 @@ import pytest
 
 from bench import moe_kernels
 from engine.kernels import moe
+from engine.kernels.tiles import Tiles
 
 
 @pytest.mark.parametrize(
@@ -34,7 +35,7 @@ def test_sweep_candidates_fit_the_layer_and_hopper_shared_memory(kind: str) -> N
 
 
 def test_sweep_sizes_match_the_regimes() -> None:
-    narrow, wide = moe.Tiles(64, 64, 64, 4, 4), moe.Tiles(128, 128, 64, 8, 3)
+    narrow, wide = Tiles(64, 64, 64, 4, 4), Tiles(128, 128, 64, 8, 3)
     assert moe_kernels.useful(narrow, 800)
     assert not moe_kernels.useful(wide, 800)
     assert moe_kernels.useful(wide, 65536)

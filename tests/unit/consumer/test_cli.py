@@ -60,10 +60,11 @@ def _install_fake_commands(monkeypatch: pytest.MonkeyPatch) -> None:
     def register(commands: Commands) -> None:
         for name, func in (("boom", boom), ("usage", usage), ("invalid", invalid)):
             commands.add_parser(name, help=name).set_defaults(func=func)
-        commands.bench.add_parser("fake", help="fake bench").set_defaults(func=boom)
+        commands.group("tools", "fake group").add_parser("fake", help="fake tool").set_defaults(func=boom)
 
     def register_more(commands: Commands) -> None:
-        commands.bench.add_parser("other", help="second module under bench").set_defaults(func=usage)
+        group = commands.group("tools", "fake group")
+        group.add_parser("other", help="second module in the group").set_defaults(func=usage)
 
     fake = types.ModuleType("consumer.commands._fake")
     fake.register = register  # type: ignore[attr-defined]
@@ -80,10 +81,10 @@ def _install_fake_commands(monkeypatch: pytest.MonkeyPatch) -> None:
         (["boom"], 1, "RuntimeError: boom with a second line"),
         (["usage"], 2, "bad --thing"),
         (["invalid"], 2, "invalid input"),
-        (["bench", "fake"], 1, "boom"),
-        (["bench", "other"], 2, "bad --thing"),
+        (["tools", "fake"], 1, "boom"),
+        (["tools", "other"], 2, "bad --thing"),
         (["no-such-command"], 2, "invalid choice"),
-        (["bench"], 2, "required"),
+        (["tools"], 2, "required"),
         (["kafka-local", "--port", "70000"], 2, "--port must be between"),
     ],
 )

@@ -1,5 +1,5 @@
-"""Shared fixtures: one tiny release per session, a float32 CPU model, random encoded records, and an
-in-test BPE tokenizer for the text side of the engine."""
+"""Shared fixtures: a float32 CPU model of the session's tiny release (`tiny_release`, from
+tests/unit/conftest.py), random encoded records, and an in-test BPE tokenizer for the engine's text side."""
 
 from __future__ import annotations
 
@@ -10,14 +10,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from devtools.tiny_release import write_tiny_release
 from engine.model.release import LoadedModel, load_release_model
 from engine.types import EncodedRequest
-
-
-@pytest.fixture(scope="session")
-def tiny_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_release(tmp_path_factory.mktemp("tiny") / "release", seed=0)
 
 
 @pytest.fixture(scope="session")
@@ -53,16 +47,6 @@ def make_record(rng: random.Random, length: int, num_questions: int, vocab: int 
 def records() -> list[EncodedRequest]:
     rng = random.Random(1234)
     return [make_record(rng, n, q) for n, q in ((40, 1), (130, 3), (75, 2), (200, 5), (12, 1))]
-
-
-@pytest.fixture(scope="session")
-def loaded_tokenizer_and_config(tiny_release: Path) -> tuple[object, dict[str, object]]:
-    import json
-
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tiny_release))
-    return tok, json.loads((tiny_release / "config.json").read_text())
 
 
 SPECIAL = [

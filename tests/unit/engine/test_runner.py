@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from engine import Engine, EngineConfig, load_release_model, systemone
+from engine.batching.cut import BatchLimits
 from engine.encoding.encode import encode_request
 from schemas.systemone import (
     ChoiceAnswer,
@@ -109,9 +110,8 @@ def test_decide_keeps_order_and_isolates_bad_requests(engine: Engine) -> None:
 
 def test_batching_does_not_change_answers(tiny_release: Path, engine: Engine) -> None:
     together = engine.decide(VALID)
-    small = Engine(
-        engine.model, engine.tokenizer, EngineConfig(device="cpu", dtype="float32", max_batch_records=1)
-    )
+    config = EngineConfig(device="cpu", dtype="float32", limits=BatchLimits(max_tokens=65_536, max_records=1))
+    small = Engine(engine.model, engine.tokenizer, config)
     alone = small.decide(VALID)
     for a, b in zip(together, alone, strict=True):
         assert isinstance(a, SystemOneResponse)
@@ -191,13 +191,13 @@ def test_staged_execution_across_threads_equals_execute(engine: Engine) -> None:
 
 def test_padded_groups_are_cut_to_the_token_budget(tiny_release: Path) -> None:
     """The service's batcher budgets the plain sum of tokens; a right-padded batch costs records x longest,
-    so `stage` cuts it into parts that fit `max_batch_tokens`, and the answers stay those of each record."""
+    so `stage` cuts it into parts that fit `limits.max_tokens`, and the answers stay those of each record."""
     from schemas.systemone import parse_request
 
     budget = 700
     padded = Engine.from_release(
         tiny_release,
-        config=EngineConfig(device="cpu", dtype="float32", layout="padded", max_batch_tokens=budget),
+        config=EngineConfig(device="cpu", dtype="float32", layout="padded", limits=BatchLimits(budget, 64)),
     )
     prepared = [padded.prepare(parse_request(body)) for body in VALID * 2]
     lengths = [p.num_tokens for p in prepared]

@@ -17,7 +17,8 @@ from schemas.systemone import DlqReason, RequestError, SystemOneResponse
 
 
 class FakeModel:
-    """Uniform probabilities; OOM for batches over `max_records`; NaN for records whose state has 'nan'."""
+    """A CPU `engine.handoff.ModelLike` without a fast path that packs every batch: uniform probabilities;
+    OOM for batches over `max_records`; NaN for records whose state has 'nan'."""
 
     def __init__(self, max_records: int, tokenizer: Tokenizer) -> None:
         self.max_records = max_records
@@ -25,8 +26,22 @@ class FakeModel:
         self.batch_sizes: list[int] = []
         self.answered: list[int] = []
 
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def fast_path(self) -> bool:
+        return False
+
+    def enable_fast_path(self, *, graph_buckets: tuple[int, ...] = (), fp8_experts: bool = False) -> bool:
+        return False  # CPU: nothing to build (the engine asks on CUDA only)
+
     def layout_for(self, with_media: bool) -> Layout:
         return "packed"
+
+    def can_pack(self, with_media: bool) -> bool:
+        return True  # no transformers attention here: a packed row needs no dense mask
 
     def collate(self, encoded: Sequence[EncodedRequest], layout: Layout | None = None) -> ModelBatch:
         self._nan = [self._has_nan(rec.input_ids) for rec in encoded]
@@ -54,7 +69,7 @@ def body(state: str) -> dict[str, Any]:
 
 def test_oom_halves_the_batch_and_nan_fails_only_its_record(bpe_tokenizer: Tokenizer) -> None:
     fake = FakeModel(max_records=2, tokenizer=bpe_tokenizer)
-    engine = Engine(fake, bpe_tokenizer, EngineConfig(device="cpu", dtype="float32"))  # type: ignore[arg-type]
+    engine = Engine(fake, bpe_tokenizer, EngineConfig(device="cpu", dtype="float32"))
     states = ["one", "two", "nan here", "four", "five"]
     results = engine.decide([body(s) for s in states])
     assert fake.batch_sizes[0] == 5  # tried together first, then halved until it fits
@@ -74,7 +89,7 @@ def test_oom_halves_the_batch_and_nan_fails_only_its_record(bpe_tokenizer: Token
 
 def test_a_record_that_runs_out_of_memory_alone_gets_an_error(bpe_tokenizer: Tokenizer) -> None:
     fake = FakeModel(max_records=0, tokenizer=bpe_tokenizer)
-    engine = Engine(fake, bpe_tokenizer, EngineConfig(device="cpu", dtype="float32"))  # type: ignore[arg-type]
+    engine = Engine(fake, bpe_tokenizer, EngineConfig(device="cpu", dtype="float32"))
     [result] = engine.decide([body("x")])
     assert isinstance(result, RequestError)
     assert result.reason is DlqReason.oom_single_record
@@ -106,7 +121,7 @@ class CrashingModel(FakeModel):
 
 def test_an_unexpected_model_error_fails_only_its_record(bpe_tokenizer: Tokenizer) -> None:
     fake = CrashingModel(bpe_tokenizer)
-    engine = Engine(fake, bpe_tokenizer, EngineConfig(device="cpu", dtype="float32"))  # type: ignore[arg-type]
+    engine = Engine(fake, bpe_tokenizer, EngineConfig(device="cpu", dtype="float32"))
     states = ["one", "two", "crash now", "four", "five"]
     results = engine.decide([body(s) for s in states])
     assert fake.batch_sizes[0] == 5  # one batch first; the failure is then narrowed down by halving
@@ -123,7 +138,7 @@ def test_an_unexpected_model_error_fails_only_its_record(bpe_tokenizer: Tokenize
 
 def test_an_unexpected_prepare_error_fails_only_its_record(bpe_tokenizer: Tokenizer) -> None:
     fake = FakeModel(max_records=64, tokenizer=bpe_tokenizer)
-    engine = Engine(fake, bpe_tokenizer, EngineConfig(device="cpu", dtype="float32"))  # type: ignore[arg-type]
+    engine = Engine(fake, bpe_tokenizer, EngineConfig(device="cpu", dtype="float32"))
     prepare = engine.prepare
 
     def flaky(request: Any) -> Any:

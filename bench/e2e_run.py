@@ -1,0 +1,258 @@
+"""`bench.e2e`'s measured run: the engines it serves with, then steps 4-7 of `bench.e2e`'s docstring on a
+started broker: the service's topics, the real `Pipeline` in this event loop, the producer's loads one after
+another each followed by a drain (traffic in and out: `bench.e2e_traffic`), and the lag sampler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from bench.e2e_report import Emit, load_figures, service_counters, service_window
+from bench.e2e_traffic import Ledger, Producer, Tail
+
+if TYPE_CHECKING:
+    from bench.routing import Routing
+    from consumer.pipeline.pipeline import Pipeline
+    from devtools.kafka_local import LocalKafka
+
+SAMPLE_EVERY_S = 1.0
+KAFKA_CALL_TIMEOUT_S = 5.0
+
+
+def build_engines(
+    kind: str, layers: int | None, max_tokens: int, routing: Routing = "levelled"
+) -> tuple[Any, Any]:
+    """(engine for the pipeline, engine whose tokenizer sizes the events); blocking. `full`: the full-size
+    model on CUDA (`layers` decoder layers, None = 48); `tiny`: the tiny release on CPU (both the same);
+    `stub`: `StubEngine`, events sized with the tiny release."""
+    from bench.load import build
+    from engine.batching.cut import BatchLimits
+
+    if kind == "tiny":
+        engine = build(True, max_tokens)
+        return engine, engine
+    if kind == "stub":
+        from devtools.stub import StubEngine
+
+        return StubEngine(BatchLimits(max_tokens, 256)), build(True, max_tokens)
+    from bench.workload import build_engine
+    from engine.model.graphs import default_buckets
+    from engine.runner import EngineConfig
+
+    config = EngineConfig(device="cuda", dtype="bfloat16", limits=BatchLimits(max_tokens, 256))
+    engine = build_engine(config, num_layers=layers, routing=routing)
+    engine.model.enable_fast_path(graph_buckets=default_buckets(max_tokens))
+    return engine, engine
+
+
+class LagSampler:
+    """Once a second: high watermarks of the input partitions against the group's committed offsets."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        group: str,
+        topic: str,
+        partitions: int,
+        pipeline: Pipeline[Any, Any, Any],
+        ledger: Ledger,
+    ) -> None:
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        self._tps = [TopicPartition(topic, p) for p in range(partitions)]
+        self._group = group
+        self._offsets = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        self._admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        self._pipeline = pipeline
+        self._ledger = ledger
+        self.samples: list[dict[str, Any]] = []
+        self.load = -1  # index of the load now running (-1: warm-up or between loads)
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, t0: float, emit: Emit) -> None:
+        await self._offsets.start()
+        await self._admin.start()
+        self._task = asyncio.create_task(self._loop(t0, emit), name="e2e-lag")
+
+    async def sample(self) -> tuple[int, int]:
+        """(sum of high watermarks, sum of committed offsets) over the input partitions."""
+        ends = await asyncio.wait_for(self._offsets.end_offsets(self._tps), KAFKA_CALL_TIMEOUT_S)
+        committed = await asyncio.wait_for(
+            self._admin.list_consumer_group_offsets(self._group, partitions=self._tps), KAFKA_CALL_TIMEOUT_S
+        )
+        done = sum(max(0, m.offset) for tp, m in committed.items() if tp in ends)
+        return sum(ends.values()), done
+
+    async def _loop(self, t0: float, emit: Emit) -> None:
+        due = time.perf_counter()
+        while True:
+            due += SAMPLE_EVERY_S
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            try:
+                high, committed = await self.sample()
+            except Exception as exc:  # a slow answer under load: note it, keep sampling
+                emit(kind="lag_error", t=round(time.perf_counter() - t0, 2), error=repr(exc)[:200])
+                continue
+            line = {
+                "kind": "lag",
+                "t": round(time.perf_counter() - t0, 2),
+                "load": self.load,
+                "high_watermark": high,
+                "committed": committed,
+                "lag": high - committed,
+                "produced": len(self._ledger.sent),
+                "decided": len(self._ledger.decided),
+                "in_flight": self._pipeline.in_flight,
+            }
+            self.samples.append(line)
+            emit(**line)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._offsets.stop()
+        await self._admin.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The Kafka part of a run: loads, durations and bounds (seconds)."""
+
+    rates: tuple[float, ...]
+    seconds: float
+    warmup_s: float
+    drain_s: float
+    poisson: bool
+    partitions: int
+    batching: dict[str, Any]
+    deadline: float  # perf_counter time after which no load starts and drains stop
+
+
+async def drain(ledger: Ledger, load: int, limit: float, stop: asyncio.Event) -> float:
+    """Wait until every event of `load` is decided or dead-lettered (at most `limit` s); returns seconds."""
+    began = time.perf_counter()
+    ids = [eid for eid, s in ledger.sent.items() if s.load == load]
+    while time.perf_counter() - began < limit and not stop.is_set():
+        if all(eid in ledger.decided or eid in ledger.dead for eid in ids):
+            break
+        await asyncio.sleep(0.05)
+    return round(time.perf_counter() - began, 2)
+
+
+async def kafka_run(
+    broker: LocalKafka, engine: Any, values: Sequence[bytes], plan: Plan, t0: float, emit: Emit
+) -> list[dict[str, Any]]:
+    """Steps 4-7 of `bench.e2e`'s docstring; returns the `load` lines. Stops early on SIGINT/SIGTERM."""
+    from consumer.kafka.access import service_topics
+    from consumer.pipeline.pipeline import Pipeline
+    from consumer.settings import load_settings
+
+    bootstrap = broker.bootstrap_servers
+    group = f"e2e-{uuid.uuid4().hex[:8]}"
+    settings = load_settings(
+        kafka={"bootstrap_servers": bootstrap, "group_id": group},
+        batching=plan.batching,
+        http={"enabled": False},
+        log_level="warning",
+    )
+    topics = settings.topics
+    names = service_topics(topics, settings.routing.department_map.values())
+    await asyncio.to_thread(broker.create_topics, names, partitions=plan.partitions)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    ledger = Ledger()
+    pipeline = Pipeline(settings, engine)
+    service = asyncio.create_task(pipeline.run(), name="e2e-pipeline")
+    tail = Tail(bootstrap, topics.decisions, topics.dlq, plan.partitions, ledger)
+    producer = Producer(bootstrap, topics.input[0], values, ledger, seed=2)
+    sampler = LagSampler(bootstrap, group, topics.input[0], plan.partitions, pipeline, ledger)
+    results: list[dict[str, Any]] = []
+    try:
+        await _until(lambda: pipeline.ready() or service.done(), 60.0, "pipeline ready")
+        if service.done():
+            await service  # raises what stopped it
+        await tail.start()
+        await producer.start()
+        await sampler.start(t0, emit)
+        emit(kind="note", t=round(time.perf_counter() - t0, 2), message="pipeline ready", group=group)
+        if plan.warmup_s > 0:
+            await producer.run(0, plan.rates[0], plan.warmup_s, plan.poisson, stop)
+            drained = await drain(ledger, 0, plan.drain_s, stop)
+            emit(kind="warmup", rate=plan.rates[0], seconds=plan.warmup_s, drain_s=drained)
+        for index, rate in enumerate(plan.rates, start=1):
+            if stop.is_set():
+                break
+            left = plan.deadline - time.perf_counter()
+            if left < plan.seconds + 10.0:
+                emit(kind="skipped", rate=rate, reason=f"deadline: {left:.0f} s left")
+                continue
+            before = service_counters(pipeline)
+            broker_cpu = broker.cpu_seconds()
+            sampler.load = index
+            began = await producer.run(index, rate, plan.seconds, plan.poisson, stop)
+            await asyncio.sleep(max(0.0, began + plan.seconds - time.perf_counter()))
+            window_end = time.perf_counter()
+            service_fig = service_window(before, service_counters(pipeline), window_end - began)
+            cpu_after = broker.cpu_seconds()
+            sampler.load = -1
+            limit = min(plan.drain_s, max(1.0, plan.deadline - time.perf_counter()))
+            drained = await drain(ledger, index, limit, stop)
+            line = {
+                "kind": "load",
+                "rate": rate,
+                "seconds": plan.seconds,
+                **load_figures(ledger, index, began, plan.seconds, sampler.samples),
+                "drain_s": drained,
+                **service_fig,
+                "broker_cpu_share": (
+                    round((cpu_after - broker_cpu) / (window_end - began), 3)
+                    if broker_cpu is not None and cpu_after is not None
+                    else None
+                ),
+                "interrupted": stop.is_set(),
+            }
+            results.append(line)
+            emit(**line)
+    finally:
+        emit(
+            kind="ledger",
+            sent=len(ledger.sent),
+            decided=len(ledger.decided),
+            dead_lettered=len(ledger.dead),
+            duplicates=ledger.duplicates,
+            unknown=ledger.unknown,
+            send_errors=ledger.send_errors,
+        )
+        for closing in (sampler.stop, producer.stop, tail.stop):
+            try:
+                await asyncio.wait_for(closing(), KAFKA_CALL_TIMEOUT_S * 2)
+            except Exception as exc:  # a client that never started, or a broker gone: note it, go on
+                emit(kind="note", message=f"closing a client: {exc!r}"[:300])
+        pipeline.request_stop()
+        try:
+            await asyncio.wait_for(service, settings.kafka.shutdown_timeout_s + 5)
+        except Exception as exc:
+            emit(kind="note", message=f"pipeline stopped with {exc!r}"[:300])
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    return results
+
+
+async def _until(condition: Callable[[], bool], limit_s: float, what: str) -> None:
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {limit_s:.0f} s")
+        await asyncio.sleep(0.05)

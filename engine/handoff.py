@@ -1,0 +1,90 @@
+"""What the engine's stages drive and hand on: the model (`ModelLike`), the media hook, and the typed
+values passed prepare -> stage -> run -> respond (`Prepared`, `StagedBatch`, `RunResult`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from engine.batching.collate import Layout, ModelBatch
+from engine.types import EncodedRequest
+from schemas.systemone import SystemOneRequest
+
+
+class ModelLike(Protocol):
+    """What `engine.runner.Engine` uses of its model; `engine.model.clef.ClefOmniModel` is the real one.
+
+    - `device`: where `collate` puts a batch; `fast_path`: whether the text fast path is built.
+    - `enable_fast_path(...)`: build it (CUDA only); returns False and changes nothing where it cannot.
+    - `layout_for(with_media)`: the layout a batch gets when the engine names none.
+    - `can_pack(with_media)`: whether records packed in one row need no dense attention mask.
+    - `collate(encoded, layout)`: one forward pass's inputs, on `device`.
+    - `forward_batch(batch)`: probabilities per record, per question, per option (blocking; may raise
+      `torch.OutOfMemoryError`).
+    """
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def fast_path(self) -> bool: ...
+
+    def enable_fast_path(self, *, graph_buckets: tuple[int, ...] = (), fp8_experts: bool = False) -> bool: ...
+
+    def layout_for(self, with_media: bool) -> Layout: ...
+
+    def can_pack(self, with_media: bool) -> bool: ...
+
+    def collate(self, encoded: Sequence[EncodedRequest], layout: Layout | None = None) -> ModelBatch: ...
+
+    def forward_batch(self, batch: ModelBatch) -> list[list[npt.NDArray[np.float32]]]: ...
+
+
+class MediaInputLike(Protocol):
+    """What a media hook returns (e.g. `engine.media.expand.PreparedMedia`)."""
+
+    @property
+    def token_ids(self) -> Sequence[int]: ...
+    @property
+    def tensors(self) -> Mapping[str, Any]: ...
+
+
+MediaHook = Callable[[SystemOneRequest], MediaInputLike]
+"""Decodes a request's media; raises `RequestError` (a media reason code) for bad or forbidden media."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A validated, encoded request, ready to join a batch."""
+
+    request: SystemOneRequest
+    encoded: EncodedRequest
+
+    @property
+    def num_tokens(self) -> int:
+        return self.encoded.num_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class StagedBatch:
+    """A collated batch whose tensors are on (or being copied to) the model's device; see `Engine.stage`.
+
+    `parts` holds one collated pass per group of record indices: one for a uniform batch, more when the
+    text fast path splits off the media records or a right-padded group is cut to the token budget.
+    """
+
+    prepared: tuple[Prepared, ...]
+    parts: tuple[tuple[tuple[int, ...], ModelBatch], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """Per record of a staged batch (batch order), its option probabilities keyed by question id."""
+
+    prepared: tuple[Prepared, ...]
+    probabilities: tuple[dict[str, npt.NDArray[np.float32]], ...]
