@@ -99,7 +99,7 @@ def test_open_loop_answers_every_event_and_reports_the_figures(mode: str) -> Non
 
 
 def test_main_writes_json_lines_and_the_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench.load, "build", lambda cpu, max_tokens: SleepyEngine())
+    monkeypatch.setattr(bench.load, "build", lambda cpu, max_tokens, routing: SleepyEngine())
     monkeypatch.setattr(bench.load, "make_pool", lambda engine, rng, size: POOL)
     args = ["--cpu", "--out", str(tmp_path), "--seconds", "0.4", "--loads", "0.5,1.1"]
     args += ["--budgets", "2000,4000", "--adaptive-max", "4000", "--backlog", "40", "--singles", "3"]
