@@ -14,6 +14,7 @@ import pytest
 
 import bench.load
 from bench.load_run import FIXED_DEFAULT, LoadRunner, capacity, quantiles, single_latency
+from engine.types import Between
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class SleepyEngine:
     def stage(self, batch: Sequence[Prep]) -> Staged:
         return Staged(list(batch))
 
-    def run(self, staged: Staged) -> Staged:
+    def run(self, staged: Staged, between: Between | None = None) -> Staged:
         self.runs += 1
         time.sleep(0.001 + 1e-6 * sum(p.num_tokens for p in staged.prepared))
         return staged
@@ -99,7 +100,7 @@ def test_open_loop_answers_every_event_and_reports_the_figures(mode: str) -> Non
 
 
 def test_main_writes_json_lines_and_the_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench.load, "build", lambda cpu, max_tokens: SleepyEngine())
+    monkeypatch.setattr(bench.load, "build", lambda cpu, max_tokens, routing: SleepyEngine())
     monkeypatch.setattr(bench.load, "make_pool", lambda engine, rng, size: POOL)
     args = ["--cpu", "--out", str(tmp_path), "--seconds", "0.4", "--loads", "0.5,1.1"]
     args += ["--budgets", "2000,4000", "--adaptive-max", "4000", "--backlog", "40", "--singles", "3"]
