@@ -25,10 +25,18 @@ One process, one run (a benchmark program, not a test; nothing here asserts a sp
 7. a lag sampler, once a second: the input partitions' high watermarks (ListOffsets) against the group's
    committed offsets (OffsetFetch), plus produced, decided and in-flight counts.
 
-Writes `e2e.jsonl` (every line: info, capacity, lag samples, one `load` line per rate, done), `e2e.txt` (the
-summary table) and `broker.log` (the broker's WARN+ log) to `--out` (default `$OUT` or `bench-out/`), and
-prints the JSON lines and the table. Ctrl-C / SIGTERM: the current load stops, the pipeline drains, the
-broker stops. The wall time is bounded by `--deadline-s` (loads that would not fit are skipped).
+`--mixed` replaces steps 4-5 and the loads with the mixed run (`bench.e2e_mixed`): inputs `alerts.in` and
+`alerts.critical` (priority class 1) and the HTTP API on loopback; a backlog of `--backlog-s` seconds of
+work on `alerts.in` (at the engine-only figure, or at `--bulk-rate` without one), then for `--seconds`
+`alerts.in` at `--bulk-rate` (default 1.2 x engine-only), `alerts.critical` at `--critical-rate` and HTTP
+requests at `--http-rate` (both Poisson); then one `mixed` line and its table (per class p50/p95/p99, the
+Kafka throughput meanwhile, the ledger per topic, the committed offsets after the drain).
+
+Writes `e2e.jsonl` (every line: info, capacity, lag samples, one `load` line per rate or the `backlog` and
+`mixed` lines, done), `e2e.txt` (the summary table) and `broker.log` (the broker's WARN+ log) to `--out`
+(default `$OUT` or `bench-out/`), and prints the JSON lines and the table. Ctrl-C / SIGTERM: the current
+load stops, the pipeline drains, the broker stops. The wall time is bounded by `--deadline-s` (loads that
+would not fit are skipped).
 
 On the GPU machine it runs through `scripts/device-e2e.sh`, which unpacks the carried JRE, broker jars and
 wheels; it installs nothing itself. Without PyAV (too large to carry), a placeholder `av` module lets the
@@ -55,13 +63,17 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.av_placeholder import install_av_placeholder
-from bench.e2e_report import broker_log_errors, summary_text
+from bench.e2e_mixed import MixedPlan, mixed_batching, mixed_run, mixed_sizes
+from bench.e2e_report import Emit, broker_log_errors, mixed_text, summary_text
 from bench.e2e_run import Plan, build_engines, kafka_run
 from bench.e2e_traffic import event_values
 from bench.routing import ROUTINGS
+
+if TYPE_CHECKING:
+    from devtools.kafka_local import LocalKafka
 
 __all__ = ["add_arguments", "install_av_placeholder", "main", "run"]  # the placeholder: scripts/device-*.sh
 
@@ -92,6 +104,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--capacity-events", type=int, default=1024, help="backlog of the engine-only figure (0: skip)"
     )
     p.add_argument("--deadline-s", type=float, default=400.0, help="no load starts after this many s of run")
+    p.add_argument("--mixed", action="store_true", help="the mixed run instead of the loads (see above)")
+    p.add_argument("--backlog-s", type=float, default=12.0, help="mixed: seconds of work queued first")
+    p.add_argument(
+        "--bulk-rate", type=float, default=None, help="mixed: alerts.in events/s (default 1.2 x engine-only)"
+    )
+    p.add_argument("--critical-rate", type=float, default=2.0, help="mixed: alerts.critical events/s")
+    p.add_argument("--http-rate", type=float, default=2.0, help="mixed: HTTP requests/s")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -139,6 +158,9 @@ def run(args: argparse.Namespace) -> int:
         k: v for k, v in (("mode", args.mode), ("max_batch_tokens", args.max_batch_tokens)) if v is not None
     }
     batching = BatchingSettings.model_validate(overrides).model_dump()
+    if args.mixed:
+        batching = mixed_batching(batching)
+        _sizes(args, None if kind == "stub" or args.capacity_events <= 0 else 1.0)  # fail before the build
     rates = tuple(float(x) for x in args.rate.split(","))
     if not rates or any(r <= 0 or not math.isfinite(r) for r in rates):
         raise SystemExit("bench.e2e: --rate needs positive numbers")
@@ -181,6 +203,13 @@ def run(args: argparse.Namespace) -> int:
             "partitions": args.partitions,
             "batching": batching,
         }
+        if args.mixed:
+            info["mixed"] = {
+                "backlog_s": args.backlog_s,
+                "bulk_rate": args.bulk_rate,
+                "critical_rate": args.critical_rate,
+                "http_rate": args.http_rate,
+            }
         emit(**info)
         cap: dict[str, Any] | None = None
         if kind != "stub" and args.capacity_events > 0:
@@ -188,20 +217,25 @@ def run(args: argparse.Namespace) -> int:
             backlog = [requests[i % len(requests)] for i in range(args.capacity_events)]
             cap = asyncio.run(capacity(engine, backlog, batching))
             emit(kind="capacity", mode=batching["mode"], max_batch_tokens=batching["max_batch_tokens"], **cap)
-        plan = Plan(
-            rates=rates,
-            seconds=args.seconds,
-            warmup_s=args.warmup_s,
-            drain_s=args.drain_s,
-            poisson=args.arrivals == "poisson",
-            partitions=args.partitions,
-            batching=batching,
-            deadline=t_start + args.deadline_s,
-        )
-        loads = asyncio.run(kafka_run(broker, engine, values, plan, t_start, emit))
+        if args.mixed:
+            line = _mixed(args, broker, engine, values, batching, cap, t_start, emit)
+            loads = [line] if line is not None else []
+            text = mixed_text(info, cap, line) if line is not None else "bench.e2e --mixed: no mixed run\n"
+        else:
+            plan = Plan(
+                rates=rates,
+                seconds=args.seconds,
+                warmup_s=args.warmup_s,
+                drain_s=args.drain_s,
+                poisson=args.arrivals == "poisson",
+                partitions=args.partitions,
+                batching=batching,
+                deadline=t_start + args.deadline_s,
+            )
+            loads = asyncio.run(kafka_run(broker, engine, values, plan, t_start, emit))
+            text = summary_text(info, cap, loads)
         _sigterm_interrupts()  # the event loop's handlers are gone with it
         errors = broker_log_errors(broker)
-        text = summary_text(info, cap, loads)
         (out / "e2e.txt").write_text(text, encoding="utf-8")
         print(text, flush=True)
         emit(kind="done", total_s=round(time.perf_counter() - t_start, 1), loads=len(loads),
@@ -213,6 +247,45 @@ def run(args: argparse.Namespace) -> int:
         broker.stop()
         sink.close()
     return code
+
+
+def _sizes(args: argparse.Namespace, engine_only: float | None) -> tuple[int, float]:
+    """`mixed_sizes` of the options; raises `SystemExit` for options that cannot make a mixed run."""
+    if args.critical_rate < 0 or args.http_rate < 0:
+        raise SystemExit("bench.e2e: --critical-rate and --http-rate must be 0 or more")
+    try:
+        return mixed_sizes(engine_only, args.backlog_s, args.bulk_rate)
+    except ValueError as exc:
+        raise SystemExit(f"bench.e2e: {exc}") from None
+
+
+def _mixed(
+    args: argparse.Namespace,
+    broker: LocalKafka,
+    engine: Any,
+    values: Sequence[bytes],
+    batching: dict[str, Any],
+    cap: dict[str, Any] | None,
+    t_start: float,
+    emit: Emit,
+) -> dict[str, Any] | None:
+    """The mixed run (`bench.e2e_mixed`) with parsed options; its `mixed` line, None when it did not run."""
+    engine_only = float(cap["events_s"]) if cap else None
+    backlog, bulk_rate = _sizes(args, engine_only)
+    plan = MixedPlan(
+        backlog_events=backlog,
+        bulk_rate=bulk_rate,
+        critical_rate=args.critical_rate,
+        http_rate=args.http_rate,
+        seconds=args.seconds,
+        drain_s=args.drain_s,
+        poisson=args.arrivals == "poisson",
+        partitions=args.partitions,
+        batching=batching,
+        engine_only_s=engine_only,
+        deadline=t_start + args.deadline_s,
+    )
+    return asyncio.run(mixed_run(broker, engine, values, plan, t_start, emit))
 
 
 if __name__ == "__main__":

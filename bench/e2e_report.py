@@ -1,18 +1,23 @@
 """`bench.e2e`'s report: per-load figures from the `Ledger` and the lag samples (latency percentiles,
 events/s in and out, lag), the service's own figures from its metrics, the summary table and the broker-log
-check. Pure functions of what the run collected, except `service_counters` (reads the pipeline's metrics)
-and `broker_log_errors` (reads the broker's log file).
+check; for the mixed run, per-class figures (Kafka classes from the ledger, HTTP from its calls), the
+per-topic ledger, the offsets at the end, the service's per-class histograms and the mixed table. Pure
+functions of what the run collected, except `service_counters` and `registry_samples` (read the pipeline's
+metrics) and `broker_log_errors` (reads the broker's log file).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from bench.e2e_traffic import Ledger
+from bench.e2e_traffic import HttpCall, Ledger
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from consumer.pipeline.pipeline import Pipeline
     from devtools.kafka_local import LocalKafka
 
@@ -134,3 +139,167 @@ def broker_log_errors(broker: LocalKafka) -> list[str]:
     except Exception:
         return []
     return [ln[:300] for ln in text.splitlines() if any(m in ln for m in MISSING_CLASS_MARKERS)][:20]
+
+
+# ---- the mixed run ----------------------------------------------------------------------------------------
+#: The service's per-class histograms (`consumer.metrics`), read at the end of the mixed run.
+CLASS_HISTOGRAMS = {
+    "queue_wait": "clef_router_class_queue_wait_seconds",
+    "batcher": "clef_router_class_batcher_seconds",
+    "end_to_end": "clef_router_class_end_to_end_seconds",
+}
+
+
+def class_figures(ledger: Ledger, loads: Collection[int]) -> dict[str, Any]:
+    """The events of `loads`: sent, answered (decided), dead-lettered, and the latency from each one's
+    scheduled send to the moment the tail consumer held its decision (p50/p95/p99/max ms)."""
+    ids = [eid for eid, s in ledger.sent.items() if s.load in loads]
+    latencies = [ledger.decided[eid][0] - ledger.sent[eid].due for eid in ids if eid in ledger.decided]
+    return {
+        "sent": len(ids),
+        "answered": len(latencies),
+        "dead_lettered": sum(1 for eid in ids if eid in ledger.dead),
+        **quantiles_ms(latencies),
+    }
+
+
+def http_figures(calls: Sequence[HttpCall]) -> dict[str, Any]:
+    """The HTTP requests: sent, answered (status 200), errors (any other status or a client error, with
+    how many of each), unanswered (no response by the end), latency of the answered ones (request sent to
+    response, p50/p95/p99/max ms)."""
+    ok = [c.done - c.due for c in calls if c.status == 200 and c.done is not None]
+    errors = Counter(
+        str(c.status) if c.status is not None else c.error or "?"
+        for c in calls
+        if c.done is not None and c.status != 200
+    )
+    return {
+        "sent": len(calls),
+        "answered": len(ok),
+        "errors": sum(errors.values()),
+        "error_kinds": dict(errors.most_common(5)),
+        "unanswered": sum(1 for c in calls if c.done is None),
+        **quantiles_ms(ok),
+    }
+
+
+def window_out(ledger: Ledger, loads: Collection[int], t0: float, t1: float) -> float:
+    """Decisions/s of the events of `loads` that the tail consumer held within [t0, t1]."""
+    ids = [eid for eid, s in ledger.sent.items() if s.load in loads]
+    n = sum(1 for eid in ids if eid in ledger.decided and t0 <= ledger.decided[eid][0] <= t1)
+    return round(n / max(1e-9, t1 - t0), 2)
+
+
+def topic_ledger(ledger: Ledger, loads: Collection[int]) -> dict[str, int]:
+    """The events of `loads` (one input topic): sent, decided, dead-lettered, duplicate decisions, and
+    lost (neither decided nor dead-lettered)."""
+    ids = {eid for eid, s in ledger.sent.items() if s.load in loads}
+    return {
+        "sent": len(ids),
+        "decided": sum(1 for eid in ids if eid in ledger.decided),
+        "dead_lettered": sum(1 for eid in ids if eid in ledger.dead),
+        "duplicates": sum(1 for eid in ledger.duplicated if eid in ids),
+        "lost": sum(1 for eid in ids if eid not in ledger.decided and eid not in ledger.dead),
+    }
+
+
+def offsets_at_end(offsets: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether every partition's committed offset reached its high watermark (and there is one)."""
+    return bool(offsets) and all(o["committed"] >= o["high"] for o in offsets)
+
+
+Sample = tuple[str, Mapping[str, str], float]
+"""One metric sample: name (with its `_bucket`/`_count`/`_sum` suffix), labels, value."""
+
+
+def registry_samples(registry: CollectorRegistry) -> list[Sample]:
+    """Every sample of `registry` now (blocking only as long as its collectors take)."""
+    return [(s.name, s.labels, s.value) for family in registry.collect() for s in family.samples]
+
+
+def class_histograms(samples: Iterable[Sample]) -> dict[str, dict[str, dict[str, Any]]]:
+    """`CLASS_HISTOGRAMS` per priority class: count, mean ms, and the upper bounds (ms) of the buckets that
+    hold the p50 and the p99 (None past the last finite bound). Histograms absent or empty: no entry."""
+    names = {v: k for k, v in CLASS_HISTOGRAMS.items()}
+    counts: dict[tuple[str, str], float] = {}
+    sums: dict[tuple[str, str], float] = {}
+    buckets: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for name, labels, value in samples:
+        base, _, suffix = name.rpartition("_")
+        if base not in names or "priority" not in labels:
+            continue
+        key = (names[base], labels["priority"])
+        if suffix == "count":
+            counts[key] = value
+        elif suffix == "sum":
+            sums[key] = value
+        elif suffix == "bucket":
+            buckets.setdefault(key, []).append((float(labels["le"]), value))
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for metric in CLASS_HISTOGRAMS:
+        for (m, priority), n in sorted(counts.items()):
+            if m != metric or n <= 0:
+                continue
+            ordered = sorted(buckets.get((m, priority), []))
+            out.setdefault(metric, {})[priority] = {
+                "count": int(n),
+                "mean_ms": round(sums.get((m, priority), 0.0) / n * 1000, 2),
+                "p50_le_ms": _bucket_bound(ordered, 0.5 * n),
+                "p99_le_ms": _bucket_bound(ordered, 0.99 * n),
+            }
+    return out
+
+
+def _bucket_bound(cumulative: Sequence[tuple[float, float]], rank: float) -> float | None:
+    """The upper bound (ms) of the first bucket whose cumulative count reaches `rank`; None when that is the
+    +Inf bucket or there is none."""
+    le = next((le for le, count in cumulative if count >= rank), None)
+    return None if le is None or le == float("inf") else round(le * 1000, 3)
+
+
+def mixed_text(info: dict[str, Any], capacity: dict[str, Any] | None, mixed: dict[str, Any]) -> str:
+    """The mixed run's summary: what ran, one row per class, the Kafka throughput, the ledger per topic and
+    the offsets at the end."""
+    batching = info["batching"]
+    lines = [
+        f"bench.e2e --mixed {info['date']}: engine {info['engine']} on {info['device']}, broker Apache Kafka "
+        f"{info['broker_version']}, {info['partitions']} partitions per input topic, batching "
+        f"{batching['mode']} (max {batching['max_batch_tokens']} tokens)",
+        f"backlog {mixed['backlog_events']} events on {mixed['bulk_topic']} (sent in "
+        f"{mixed['backlog_send_s']} s), then {mixed['seconds']:g} s of bulk {mixed['bulk_rate']:g}/s "
+        f"({info['arrivals']}), {mixed['critical_topic']} {mixed['critical_rate']:g}/s and HTTP "
+        f"{mixed['http_rate']:g}/s (Poisson)",
+    ]
+    if capacity is not None:
+        lines.append(f"engine only (same process, no Kafka): {capacity['events_s']} events/s")
+    ratio = mixed["kafka_out_over_engine_only"]
+    lines += [
+        f"Kafka throughput in the window: {mixed['kafka_out_s']} decisions/s of {mixed['bulk_topic']}"
+        + (f" ({ratio} of engine-only)" if ratio is not None else ""),
+        "",
+        "| class | sent | answered | p50 ms | p95 ms | p99 ms | max ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, c in mixed["classes"].items():
+        lines.append(
+            f"| {name} | {c['sent']} | {c['answered']} | {c['p50_ms']} | {c['p95_ms']} | {c['p99_ms']} | "
+            f"{c['max_ms']} |"
+        )
+    lines += ["", "| topic | sent | decided | DLQ | duplicates | lost |", "|---|---|---|---|---|---|"]
+    for topic, t in mixed["topics"].items():
+        lines.append(
+            f"| {topic} | {t['sent']} | {t['decided']} | {t['dead_lettered']} | {t['duplicates']} | "
+            f"{t['lost']} |"
+        )
+    http = mixed["classes"]["http"]
+    kinds = f" {http['error_kinds']}" if http["errors"] else ""
+    lines += [
+        "",
+        f"HTTP errors {http['errors']}{kinds}, unanswered {http['unanswered']}; "
+        f"committed offsets at the high watermarks after the drain: {mixed['offsets_at_end']} "
+        f"(drain {mixed['drain_s']} s)",
+    ]
+    for metric, per_class in mixed["service_classes"].items():
+        shown = ", ".join(f"{k}: {v['count']} (mean {v['mean_ms']} ms)" for k, v in per_class.items())
+        lines.append(f"service {metric} by class: {shown}")
+    return "\n".join(lines) + "\n"

@@ -1,6 +1,7 @@
 """`bench.e2e`'s measured run: the engines it serves with, then steps 4-7 of `bench.e2e`'s docstring on a
-started broker: the service's topics, the real `Pipeline` in this event loop, the producer's loads one after
-another each followed by a drain (traffic in and out: `bench.e2e_traffic`), and the lag sampler.
+started broker: the service's topics, the real `Pipeline` in this event loop (`service_session`, shared with
+the mixed run of `bench.e2e_mixed`), the producer's loads one after another each followed by a drain
+(traffic in and out: `bench.e2e_traffic`), and the lag sampler.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import contextlib
 import signal
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from bench.e2e_traffic import Ledger, Producer, Tail
 if TYPE_CHECKING:
     from bench.routing import Routing
     from consumer.pipeline.pipeline import Pipeline
+    from consumer.settings import Settings
     from devtools.kafka_local import LocalKafka
 
 SAMPLE_EVERY_S = 1.0
@@ -53,13 +55,14 @@ def build_engines(
 
 
 class LagSampler:
-    """Once a second: high watermarks of the input partitions against the group's committed offsets."""
+    """Once a second: high watermarks of the input partitions (every partition of `topics`) against the
+    group's committed offsets."""
 
     def __init__(
         self,
         bootstrap: str,
         group: str,
-        topic: str,
+        topics: Sequence[str],
         partitions: int,
         pipeline: Pipeline[Any, Any, Any],
         ledger: Ledger,
@@ -67,7 +70,7 @@ class LagSampler:
         from aiokafka import AIOKafkaConsumer, TopicPartition
         from aiokafka.admin import AIOKafkaAdminClient
 
-        self._tps = [TopicPartition(topic, p) for p in range(partitions)]
+        self._tps = [TopicPartition(t, p) for t in topics for p in range(partitions)]
         self._group = group
         self._offsets = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
         self._admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
@@ -84,12 +87,23 @@ class LagSampler:
 
     async def sample(self) -> tuple[int, int]:
         """(sum of high watermarks, sum of committed offsets) over the input partitions."""
+        offsets = await self.partition_offsets()
+        return sum(o["high"] for o in offsets), sum(o["committed"] for o in offsets)
+
+    async def partition_offsets(self) -> list[dict[str, Any]]:
+        """Per input partition: topic, partition, high watermark and the group's committed offset (0 when
+        none). Awaits one ListOffsets and one OffsetFetch, each bounded by `KAFKA_CALL_TIMEOUT_S` (raises
+        `TimeoutError` or the client's error)."""
         ends = await asyncio.wait_for(self._offsets.end_offsets(self._tps), KAFKA_CALL_TIMEOUT_S)
         committed = await asyncio.wait_for(
             self._admin.list_consumer_group_offsets(self._group, partitions=self._tps), KAFKA_CALL_TIMEOUT_S
         )
-        done = sum(max(0, m.offset) for tp, m in committed.items() if tp in ends)
-        return sum(ends.values()), done
+        done = {tp: max(0, m.offset) for tp, m in committed.items()}
+        return [
+            {"topic": tp.topic, "partition": tp.partition, "high": ends[tp], "committed": done.get(tp, 0)}
+            for tp in self._tps
+            if tp in ends
+        ]
 
     async def _loop(self, t0: float, emit: Emit) -> None:
         due = time.perf_counter()
@@ -149,10 +163,34 @@ async def drain(ledger: Ledger, load: int, limit: float, stop: asyncio.Event) ->
     return round(time.perf_counter() - began, 2)
 
 
-async def kafka_run(
-    broker: LocalKafka, engine: Any, values: Sequence[bytes], plan: Plan, t0: float, emit: Emit
-) -> list[dict[str, Any]]:
-    """Steps 4-7 of `bench.e2e`'s docstring; returns the `load` lines. Stops early on SIGINT/SIGTERM."""
+@dataclass(frozen=True, slots=True)
+class Session:
+    """A running service on the broker (see `service_session`): its settings, pipeline and the bench's
+    clients. `stop` is set by SIGINT/SIGTERM."""
+
+    settings: Settings
+    group: str
+    pipeline: Pipeline[Any, Any, Any]
+    ledger: Ledger
+    tail: Tail
+    sampler: LagSampler
+    stop: asyncio.Event
+
+
+@contextlib.asynccontextmanager
+async def service_session(
+    broker: LocalKafka,
+    engine: Any,
+    partitions: int,
+    fields: Mapping[str, Any],
+    t0: float,
+    emit: Emit,
+) -> AsyncIterator[Session]:
+    """Create the service's topics (`partitions` each), run the real `Pipeline` on this loop with the
+    default settings, a fresh group and `fields` (top-level settings sections, e.g. `batching`, `http`,
+    `topics`), and start the tail consumer and the lag sampler over every input topic; yields once the
+    pipeline is ready (raises what stopped it, or `TimeoutError` after 60 s). On exit: the `ledger` line,
+    the bench's clients closed, the pipeline stopped and drained, the signal handlers removed."""
     from consumer.kafka.access import service_topics
     from consumer.pipeline.pipeline import Pipeline
     from consumer.settings import load_settings
@@ -160,14 +198,11 @@ async def kafka_run(
     bootstrap = broker.bootstrap_servers
     group = f"e2e-{uuid.uuid4().hex[:8]}"
     settings = load_settings(
-        kafka={"bootstrap_servers": bootstrap, "group_id": group},
-        batching=plan.batching,
-        http={"enabled": False},
-        log_level="warning",
+        kafka={"bootstrap_servers": bootstrap, "group_id": group}, log_level="warning", **fields
     )
     topics = settings.topics
     names = service_topics(topics, settings.routing.department_map.values())
-    await asyncio.to_thread(broker.create_topics, names, partitions=plan.partitions)
+    await asyncio.to_thread(broker.create_topics, names, partitions=partitions)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -175,56 +210,16 @@ async def kafka_run(
     ledger = Ledger()
     pipeline = Pipeline(settings, engine)
     service = asyncio.create_task(pipeline.run(), name="e2e-pipeline")
-    tail = Tail(bootstrap, topics.decisions, topics.dlq, plan.partitions, ledger)
-    producer = Producer(bootstrap, topics.input[0], values, ledger, seed=2)
-    sampler = LagSampler(bootstrap, group, topics.input[0], plan.partitions, pipeline, ledger)
-    results: list[dict[str, Any]] = []
+    tail = Tail(bootstrap, topics.decisions, topics.dlq, partitions, ledger)
+    sampler = LagSampler(bootstrap, group, topics.input, partitions, pipeline, ledger)
     try:
         await _until(lambda: pipeline.ready() or service.done(), 60.0, "pipeline ready")
         if service.done():
             await service  # raises what stopped it
         await tail.start()
-        await producer.start()
         await sampler.start(t0, emit)
         emit(kind="note", t=round(time.perf_counter() - t0, 2), message="pipeline ready", group=group)
-        if plan.warmup_s > 0:
-            await producer.run(0, plan.rates[0], plan.warmup_s, plan.poisson, stop)
-            drained = await drain(ledger, 0, plan.drain_s, stop)
-            emit(kind="warmup", rate=plan.rates[0], seconds=plan.warmup_s, drain_s=drained)
-        for index, rate in enumerate(plan.rates, start=1):
-            if stop.is_set():
-                break
-            left = plan.deadline - time.perf_counter()
-            if left < plan.seconds + 10.0:
-                emit(kind="skipped", rate=rate, reason=f"deadline: {left:.0f} s left")
-                continue
-            before = service_counters(pipeline)
-            broker_cpu = broker.cpu_seconds()
-            sampler.load = index
-            began = await producer.run(index, rate, plan.seconds, plan.poisson, stop)
-            await asyncio.sleep(max(0.0, began + plan.seconds - time.perf_counter()))
-            window_end = time.perf_counter()
-            service_fig = service_window(before, service_counters(pipeline), window_end - began)
-            cpu_after = broker.cpu_seconds()
-            sampler.load = -1
-            limit = min(plan.drain_s, max(1.0, plan.deadline - time.perf_counter()))
-            drained = await drain(ledger, index, limit, stop)
-            line = {
-                "kind": "load",
-                "rate": rate,
-                "seconds": plan.seconds,
-                **load_figures(ledger, index, began, plan.seconds, sampler.samples),
-                "drain_s": drained,
-                **service_fig,
-                "broker_cpu_share": (
-                    round((cpu_after - broker_cpu) / (window_end - began), 3)
-                    if broker_cpu is not None and cpu_after is not None
-                    else None
-                ),
-                "interrupted": stop.is_set(),
-            }
-            results.append(line)
-            emit(**line)
+        yield Session(settings, group, pipeline, ledger, tail, sampler, stop)
     finally:
         emit(
             kind="ledger",
@@ -235,11 +230,7 @@ async def kafka_run(
             unknown=ledger.unknown,
             send_errors=ledger.send_errors,
         )
-        for closing in (sampler.stop, producer.stop, tail.stop):
-            try:
-                await asyncio.wait_for(closing(), KAFKA_CALL_TIMEOUT_S * 2)
-            except Exception as exc:  # a client that never started, or a broker gone: note it, go on
-                emit(kind="note", message=f"closing a client: {exc!r}"[:300])
+        await close_quietly((sampler.stop, tail.stop), emit)
         pipeline.request_stop()
         try:
             await asyncio.wait_for(service, settings.kafka.shutdown_timeout_s + 5)
@@ -247,7 +238,83 @@ async def kafka_run(
             emit(kind="note", message=f"pipeline stopped with {exc!r}"[:300])
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+
+
+async def close_quietly(closers: Sequence[Callable[[], Any]], emit: Emit) -> None:
+    """Await each closer in turn (bounded); a failure is a `note` line, and the next one still runs."""
+    for closing in closers:
+        try:
+            await asyncio.wait_for(closing(), KAFKA_CALL_TIMEOUT_S * 2)
+        except Exception as exc:  # a client that never started, or a broker gone: note it, go on
+            emit(kind="note", message=f"closing a client: {exc!r}"[:300])
+
+
+async def kafka_run(
+    broker: LocalKafka, engine: Any, values: Sequence[bytes], plan: Plan, t0: float, emit: Emit
+) -> list[dict[str, Any]]:
+    """Steps 4-7 of `bench.e2e`'s docstring; returns the `load` lines. Stops early on SIGINT/SIGTERM."""
+    fields = {"batching": plan.batching, "http": {"enabled": False}}
+    results: list[dict[str, Any]] = []
+    async with service_session(broker, engine, plan.partitions, fields, t0, emit) as run:
+        producer = Producer(
+            broker.bootstrap_servers, run.settings.topics.input[0], values, run.ledger, seed=2
+        )
+        try:
+            await producer.start()
+            await _loads(broker, producer, run, plan, emit, results)
+        finally:
+            await close_quietly((producer.stop,), emit)
     return results
+
+
+async def _loads(
+    broker: LocalKafka,
+    producer: Producer,
+    run: Session,
+    plan: Plan,
+    emit: Emit,
+    results: list[dict[str, Any]],
+) -> None:
+    """The warm-up and the loads of `plan`, each followed by its drain; appends each `load` line."""
+    pipeline, ledger, sampler, stop = run.pipeline, run.ledger, run.sampler, run.stop
+    if plan.warmup_s > 0:
+        await producer.run(0, plan.rates[0], plan.warmup_s, plan.poisson, stop)
+        drained = await drain(ledger, 0, plan.drain_s, stop)
+        emit(kind="warmup", rate=plan.rates[0], seconds=plan.warmup_s, drain_s=drained)
+    for index, rate in enumerate(plan.rates, start=1):
+        if stop.is_set():
+            break
+        left = plan.deadline - time.perf_counter()
+        if left < plan.seconds + 10.0:
+            emit(kind="skipped", rate=rate, reason=f"deadline: {left:.0f} s left")
+            continue
+        before = service_counters(pipeline)
+        broker_cpu = broker.cpu_seconds()
+        sampler.load = index
+        began = await producer.run(index, rate, plan.seconds, plan.poisson, stop)
+        await asyncio.sleep(max(0.0, began + plan.seconds - time.perf_counter()))
+        window_end = time.perf_counter()
+        service_fig = service_window(before, service_counters(pipeline), window_end - began)
+        cpu_after = broker.cpu_seconds()
+        sampler.load = -1
+        limit = min(plan.drain_s, max(1.0, plan.deadline - time.perf_counter()))
+        drained = await drain(ledger, index, limit, stop)
+        line = {
+            "kind": "load",
+            "rate": rate,
+            "seconds": plan.seconds,
+            **load_figures(ledger, index, began, plan.seconds, sampler.samples),
+            "drain_s": drained,
+            **service_fig,
+            "broker_cpu_share": (
+                round((cpu_after - broker_cpu) / (window_end - began), 3)
+                if broker_cpu is not None and cpu_after is not None
+                else None
+            ),
+            "interrupted": stop.is_set(),
+        }
+        results.append(line)
+        emit(**line)
 
 
 async def _until(condition: Callable[[], bool], limit_s: float, what: str) -> None:

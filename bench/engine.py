@@ -31,6 +31,7 @@ from bench.timing import synced_ms
 from bench.workload import build_engine, make_request
 from engine.batching.cut import BatchLimits
 from engine.runner import Engine, EngineConfig, Prepared, RunResult, StagedBatch
+from engine.types import Between
 from schemas.systemone import SystemOneRequest, SystemOneResponse
 
 PEAK_TFLOPS = 790.0
@@ -110,9 +111,9 @@ class TimedRun:
         self.spans: list[tuple[float, float]] = []  # (start, end) of each call
         self.records: list[int] = []
 
-    def __call__(self, staged: StagedBatch) -> RunResult:
+    def __call__(self, staged: StagedBatch, between: Between | None = None) -> RunResult:
         t = time.perf_counter()
-        result = self._engine.run(staged)
+        result = self._engine.run(staged, between)
         self.spans.append((t, time.perf_counter()))
         self.records.append(len(staged.prepared))
         return result

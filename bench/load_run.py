@@ -21,6 +21,7 @@ from consumer.batching.batcher import Batcher
 from consumer.metrics import Metrics
 from consumer.settings import BatchingSettings
 from engine.batching.cut import BatchLimits
+from engine.types import Between
 from schemas.systemone import SystemOneRequest, SystemOneResponse
 
 _DEFAULTS = BatchingSettings()
@@ -53,9 +54,9 @@ class RunLog:
         self._engine = engine
         self.runs: list[tuple[float, float, int, int]] = []
 
-    def __call__(self, staged: Any) -> Any:
+    def __call__(self, staged: Any, between: Between | None = None) -> Any:
         t = time.perf_counter()
-        result = self._engine.run(staged)
+        result = self._engine.run(staged, between)
         prepared = staged.prepared
         self.runs.append((t, time.perf_counter(), len(prepared), sum(p.num_tokens for p in prepared)))
         return result
@@ -84,7 +85,7 @@ class Metered:
     """`engine` as the service's batcher drives it (`engine.types.ServingEngine`), with the batch limits of
     one run and `run` replaced by a recording one (`RunLog`, `bench.engine.TimedRun`)."""
 
-    def __init__(self, engine: Any, limits: BatchLimits, run: Callable[[Any], Any]) -> None:
+    def __init__(self, engine: Any, limits: BatchLimits, run: Callable[[Any, Between | None], Any]) -> None:
         self._engine = engine
         self._run = run
         self.limits = limits
@@ -95,8 +96,8 @@ class Metered:
     def stage(self, batch: Sequence[Any]) -> Any:
         return self._engine.stage(batch)
 
-    def run(self, staged: Any) -> Any:
-        return self._run(staged)
+    def run(self, staged: Any, between: Between | None = None) -> Any:
+        return self._run(staged, between)
 
     def respond(self, ran: Any) -> list[SystemOneResponse]:
         responses: list[SystemOneResponse] = self._engine.respond(ran)

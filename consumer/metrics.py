@@ -65,6 +65,20 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        self.class_queue_wait = BulkHistogram(
+            f"{PREFIX}_class_queue_wait_seconds",
+            "Prepared record waiting for its batch to start, by priority class",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+            labelnames=("priority",),
+        )
+        self.class_latency = BulkHistogram(
+            f"{PREFIX}_class_batcher_seconds",
+            "Submission to answer through the batcher (prepare, queue, engine), by priority class",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+            labelnames=("priority",),
+        )
         self.batch_fill = BulkHistogram(
             f"{PREFIX}_batch_fill_ratio",
             "Tokens per engine batch over the token budget it was cut with",
@@ -95,6 +109,13 @@ class Metrics:
             "Record timestamp to outputs acknowledged",
             buckets=LATENCY_BUCKETS,
             registry=registry,
+        )
+        self.class_end_to_end = BulkHistogram(
+            f"{PREFIX}_class_end_to_end_seconds",
+            "Record timestamp to outputs acknowledged, by the input topic's priority class",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+            labelnames=("priority",),
         )
         self.dlq = Counter(
             f"{PREFIX}_dlq_records", "Dead-lettered records by reason", ["reason"], registry=registry

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -33,6 +33,7 @@ __all__ = [
     "HttpSettings",
     "KafkaSecuritySettings",
     "KafkaSettings",
+    "PrioritySettings",
     "RoutingSettings",
     "Settings",
     "SettingsError",
@@ -60,6 +61,41 @@ class TopicSettings(_Frozen):
     dlq: str = "alerts.dlq"
 
 
+class PrioritySettings(_Frozen):
+    """Priority classes of the batcher (`batching.priority`, env `CLEF_BATCHING__PRIORITY__*`).
+
+    Class 0 is the most urgent, `levels - 1` the least. HTTP requests get `http` unless they ask for a
+    class themselves (the `X-Clef-Priority` header); each input topic gets its class from `topics`, or
+    `default`. A batch takes the most urgent records first (FIFO inside a class); a class passed over by
+    `starvation_batches` batches in a row heads the next one (`consumer.batching.classes`). Records of a
+    class below `urgent_below` waiting while the GPU runs a large batch are cut into an urgent batch of at
+    most `urgent_max_tokens` that runs between two decoder layers of the running one. Offsets are still
+    committed in order per partition: a class changes when a record runs, never the commit rule.
+    """
+
+    levels: int = Field(default=3, ge=1, le=16)
+    http: int = Field(default=0, ge=0, description="class of an HTTP request without X-Clef-Priority")
+    default: int = Field(default=2, ge=0, description="class of an input topic not named in `topics`")
+    topics: dict[str, int] = Field(
+        default_factory=dict, description='input topic -> class, e.g. {"alerts.critical": 1}'
+    )
+    urgent_below: int = Field(
+        default=2, ge=0, description="classes below this may run between the layers of a running batch"
+    )
+    urgent_max_tokens: int = Field(default=8_192, ge=1, description="token budget of an urgent batch")
+    starvation_batches: int = Field(default=8, ge=1)
+
+    @model_validator(mode="after")
+    def _classes_exist(self) -> PrioritySettings:
+        named = {"http": self.http, "default": self.default} | {
+            f"topics[{k}]": v for k, v in self.topics.items()
+        }
+        wrong = [f"{k}={v}" for k, v in named.items() if not 0 <= v < self.levels]
+        if wrong:
+            raise ValueError(f"priority classes must lie in 0..{self.levels - 1}: {', '.join(wrong)}")
+        return self
+
+
 class BatchingSettings(_Frozen):
     """How the service's batcher cuts and feeds batches. `max_batch_tokens`/`max_batch_records` are the
     engine's batch limits (`limits`, through `consumer.engine_config` into `EngineConfig.limits`); the
@@ -82,6 +118,7 @@ class BatchingSettings(_Frozen):
     prepare_workers: int = Field(default=4, ge=1)
     prepare_chunk: int = Field(default=64, ge=1, description="records per thread-pool prepare call")
     max_pending_batches: int = Field(default=2, ge=1, description="batches queued for the GPU thread")
+    priority: PrioritySettings = PrioritySettings()
 
     @property
     def limits(self) -> BatchLimits:
@@ -199,6 +236,15 @@ class Settings(BaseSettings):
         if settings_cls.model_config.get("toml_file"):
             sources.append(TomlConfigSettingsSource(settings_cls))
         return tuple(sources)
+
+    @model_validator(mode="after")
+    def _priority_topics_are_inputs(self) -> Settings:
+        unknown = sorted(set(self.batching.priority.topics) - set(self.topics.input))
+        if unknown:
+            raise ValueError(
+                f"batching.priority.topics names topics that are not inputs: {', '.join(unknown)}"
+            )
+        return self
 
     def masked(self) -> dict[str, Any]:
         """A JSON-able dump with every secret shown as `**********`."""

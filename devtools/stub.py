@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pydantic_core
 
 from engine.batching.cut import SERVICE_LIMITS, BatchLimits
+from engine.types import Between
 from schemas.request import SystemOneRequest, option_table
 from schemas.response import SystemOneResponse, build_response
 
@@ -50,7 +51,7 @@ class StubEngine:
     def stage(self, batch: Sequence[StubPrepared]) -> Sequence[StubPrepared]:
         return batch
 
-    def run(self, staged: Sequence[StubPrepared]) -> list[SystemOneResponse]:
+    def run(self, staged: Sequence[StubPrepared], between: Between | None = None) -> list[SystemOneResponse]:
         return self.execute(staged)
 
     def respond(self, ran: list[SystemOneResponse]) -> list[SystemOneResponse]:

@@ -12,7 +12,7 @@ import numpy.typing as npt
 import torch
 
 from engine.batching.collate import Layout, ModelBatch
-from engine.types import EncodedRequest
+from engine.types import Between, EncodedRequest
 from schemas.systemone import SystemOneRequest
 
 
@@ -24,8 +24,9 @@ class ModelLike(Protocol):
     - `layout_for(with_media)`: the layout a batch gets when the engine names none.
     - `can_pack(with_media)`: whether records packed in one row need no dense attention mask.
     - `collate(encoded, layout)`: one forward pass's inputs, on `device`.
-    - `forward_batch(batch)`: probabilities per record, per question, per option (blocking; may raise
-      `torch.OutOfMemoryError`).
+    - `forward_batch(batch, between)`: probabilities per record, per question, per option (blocking; may
+      raise `torch.OutOfMemoryError`); `between` is called between decoder layers where the model runs them
+      one by one (the text fast path's eager forward), never inside a CUDA graph.
     """
 
     @property
@@ -42,7 +43,9 @@ class ModelLike(Protocol):
 
     def collate(self, encoded: Sequence[EncodedRequest], layout: Layout | None = None) -> ModelBatch: ...
 
-    def forward_batch(self, batch: ModelBatch) -> list[list[npt.NDArray[np.float32]]]: ...
+    def forward_batch(
+        self, batch: ModelBatch, between: Between | None = None
+    ) -> list[list[npt.NDArray[np.float32]]]: ...
 
 
 class MediaInputLike(Protocol):

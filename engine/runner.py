@@ -30,7 +30,7 @@ from engine.encoding.encode import TextEncoder, encoder_for
 from engine.handoff import MediaHook, MediaInputLike, ModelLike, Prepared, RunResult, StagedBatch
 from engine.media import MediaError
 from engine.model.clef import ClefOmniModel
-from engine.types import EncodedRequest
+from engine.types import Between, EncodedRequest
 from schemas.systemone import (
     DlqReason,
     ProbabilityError,
@@ -232,15 +232,18 @@ class Engine(Generic[M]):
         applies to it; a record that fills the budget runs alone and unpadded, with no mask."""
         return layout == "packed" and not self.model.can_pack(with_media)
 
-    def run(self, staged: StagedBatch) -> RunResult:
+    def run(self, staged: StagedBatch, between: Between | None = None) -> RunResult:
         """Forward pass(es), head and one device-to-host copy per part (blocking; the GPU thread only).
 
-        May raise `torch.OutOfMemoryError`.
+        `between` (see `engine.types.Between`) is called between parts and between the decoder layers of a
+        part that runs them one by one. May raise `torch.OutOfMemoryError`.
         """
         out: list[dict[str, npt.NDArray[np.float32]]] = [{} for _ in staged.prepared]
         with torch.inference_mode():
-            for group, inputs in staged.parts:
-                for i, probs in zip(group, forward(self.model, inputs), strict=True):
+            for k, (group, inputs) in enumerate(staged.parts):
+                if between is not None and k:
+                    between()
+                for i, probs in zip(group, forward(self.model, inputs, between), strict=True):
                     out[i] = probs
         return RunResult(staged.prepared, tuple(out))
 

@@ -69,6 +69,11 @@ def map_tensor_fields(obj: _D, fn: Callable[[torch.Tensor], torch.Tensor]) -> _D
     return replace(obj, **moved)
 
 
+Between = Callable[[], None]
+"""A hook a run calls on the GPU thread between two of its steps (decoder layers of a large batch, the
+parts of a batch): it may run other GPU work there, e.g. an urgent small batch, and returns when done."""
+
+
 class PreparedLike(Protocol):
     """What a server needs from a prepared record: its token count (what it costs in a batch)."""
 
@@ -87,7 +92,9 @@ class ServingEngine(Protocol[PreparedT, StagedT, RanT]):
     - `limits`: what one batch may hold; the server cuts its batches by these (`engine.batching.cut`).
     - `prepare` (CPU, any thread, thread-safe): validate and encode; raises `RequestError` (permanent).
     - `stage` (any thread): collate a batch and start its copy to the device.
-    - `run` (the one GPU thread): the forward pass(es) of a staged batch.
+    - `run` (the one GPU thread): the forward pass(es) of a staged batch; `between`, when given, is called
+      on that thread between steps of the run (`Between`), so an urgent batch can run inside a long one
+      without changing either's answers.
     - `respond` (any thread): one response per record, in batch order.
     - `execute(batch)` is `respond(run(stage(batch)))` in the GPU thread (the path a failed batch is split
       and retried on).
@@ -103,7 +110,7 @@ class ServingEngine(Protocol[PreparedT, StagedT, RanT]):
 
     def stage(self, batch: Sequence[PreparedT]) -> StagedT: ...
 
-    def run(self, staged: StagedT) -> RanT: ...
+    def run(self, staged: StagedT, between: Between | None = None) -> RanT: ...
 
     def respond(self, ran: RanT) -> list[SystemOneResponse]: ...
 

@@ -38,12 +38,13 @@ modules+=",java.security.sasl,java.sql,java.xml,jdk.unsupported,jdk.management,j
 # and the device image does not have (.library/device/KINDS.md, "Python packages already there"), at the
 # versions of the project venv (aiokafka 0.14 imports async_timeout on every Python; fastapi, starlette,
 # uvicorn, annotated-doc, backports.zstd, opentelemetry-api (fastapi needs it), anyio and swagger-ui-bundle-v2
-# (/docs) serve HTTP for bench.startup); typing_extensions
-# rides along because pydantic-core needs a recent one.
+# (/docs) serve HTTP for bench.startup and bench.e2e --mixed); httpx, httpcore, h11, certifi and idna are
+# bench.e2e --mixed's HTTP client (the image has them too, at versions of its own; these match the venv's;
+# httpx 0.28+ needs no sniffio); typing_extensions rides along because pydantic-core needs a recent one.
 # PyAV (35.8 MB) does not fit: bench.e2e puts a placeholder in its place (its events carry no media).
 wheels=(aiokafka async-timeout pydantic pydantic_core pydantic-settings python-dotenv typing-inspection annotated-types
         structlog tenacity typing_extensions fastapi starlette uvicorn annotated-doc backports.zstd
-        opentelemetry-api anyio swagger-ui-bundle-v2)
+        opentelemetry-api anyio swagger-ui-bundle-v2 httpx httpcore h11 certifi idna)
 
 carry="$repo/.carry"
 work="$(mktemp -d /tmp/clef-carry.XXXXXX)"

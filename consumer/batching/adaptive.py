@@ -103,6 +103,11 @@ class GpuQueue:
             self._mark = now + lead
         self._outstanding.append(tokens)
 
+    @property
+    def busy(self) -> bool:
+        """True while a batch cut is not yet off the GPU."""
+        return bool(self._outstanding)
+
     def done(self, tokens: int, seconds: float, now: float, *, learn: bool) -> None:
         """The oldest batch (of `tokens`) left the GPU after `seconds` there; learn its cost when `learn`
         (one clean run), and start the clock on the next one."""

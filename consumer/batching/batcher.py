@@ -1,44 +1,43 @@
 """Micro-batcher shared by Kafka and HTTP: CPU prepare in a thread pool, one GPU worker thread.
 
-Callers `submit` a run of items with their prepare function (decode + `engine.prepare`, CPU only). Each
-submission is prepared by one call in a thread pool, so JSON parsing, validation, tokenizing and media
-decoding overlap the GPU and never block the event loop.
-Prepared records wait in arrival order. Every batch is cut by the engine's one rule within the engine's
-own limits (`ServingEngine.limits`, `engine.batching.cut.take` at the packed cost: a record larger than the
-budget runs alone). With `mode = "fixed"` a batch is flushed when it is full by those limits or
-`max_wait_ms` after its first record became ready. With `mode = "adaptive"` (the default) the size and the
-moment follow the queue and the GPU time measured per batch (`consumer.batching.adaptive`): at once while
-the GPU is idle, just before it frees up while it is busy, within a budget derived from
-`latency_target_ms` unless a backlog built, always within the engine's limits.
-At most `max_pending_batches` batches are handed to the single GPU thread at once; the rest wait
-here (and the pipeline pauses fetching through its in-flight bound).
+Callers `submit` a run of items with their prepare function (decode + `engine.prepare`, CPU only) and a
+priority class; one thread-pool call prepares a submission (urgent classes on the lane's own thread), so
+parsing, tokenizing and media decoding overlap the GPU and never block the event loop.
 
-Each submission gets one future that resolves to one outcome per item, in order: the engine's response, the
-prepare call's own exception (e.g. `RequestError`), or an `EngineError` when the record failed even alone
-(see `retry`). One future per run of records, not per record: the service submits a fetched run at a time.
+Prepared records wait by class (`consumer.batching.classes`: most urgent first, FIFO inside a class, a
+starvation bound). Every batch is cut by the engine's one rule within the engine's limits
+(`ServingEngine.limits`, `engine.batching.cut.take`, packed cost; a record over the budget runs alone).
+`mode = "fixed"`: flushed when full or `max_wait_ms` after its first record became ready. `mode =
+"adaptive"` (default): the size and moment follow the queue and the measured GPU time
+(`consumer.batching.adaptive`). At most `max_pending_batches` batches are handed to the GPU thread at once.
 
-A cut batch runs through `consumer.batching.gpu.GpuRunner`: the engine's `stage` and `respond` run in the
-prepare pool, only `run` occupies the GPU thread; a failed batch is split by the engine's one rule
-(`engine.batching.split`).
+Urgent work (classes below `priority.urgent_below`): waiting while the GPU is busy, it is cut into one lane
+batch of at most `priority.urgent_max_tokens` that runs between two decoder layers of the running batch
+(`GpuRunner.run_urgent`); while the GPU is idle, a batch headed by urgent records is cut at once within
+that budget.
+
+Each submission gets one future, resolving to one outcome per item in order (`submission.Outcome`). A cut
+batch runs through `consumer.batching.gpu.GpuRunner`: `stage`/`respond` in the prepare pool, `run` on the
+GPU thread; a failed batch is split by the engine's one rule (`engine.batching.split`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
 from consumer.batching.adaptive import AdaptiveView, CostLike, CostModel, GpuQueue, plan_adaptive
+from consumer.batching.classes import ClassPolicy, ClassQueues
 from consumer.batching.gpu import GpuRunner
+from consumer.batching.submission import Job, Outcome, Submission, prepare_all
 from consumer.clock import Clock, SystemClock
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
 from consumer.settings import BatchingSettings
 from engine.batching.cut import take
-from engine.batching.split import EngineError
+from engine.batching.split import BatchResult, EngineError
 from engine.types import PreparedLike, ServingEngine
 from schemas.errors import DlqReason
 from schemas.response import SystemOneResponse
@@ -52,32 +51,6 @@ P = TypeVar("P", bound=PreparedLike)
 S = TypeVar("S")
 R = TypeVar("R")
 ItemT = TypeVar("ItemT")
-
-Outcome = SystemOneResponse | BaseException
-"""What one submitted item ends as: the engine's response, its prepare error, or an `EngineError`."""
-
-
-class _Submission:
-    """One `submit` call: its outcomes, how many are still missing, its future, when it became ready."""
-
-    __slots__ = ("future", "left", "outcomes", "ready_at")
-
-    def __init__(self, future: asyncio.Future[list[Outcome]], size: int) -> None:
-        self.future = future
-        self.outcomes: list[Outcome | None] = [None] * size
-        self.left = size
-        self.ready_at = 0.0
-
-    def settle(self, index: int, outcome: Outcome) -> None:
-        """Store one outcome; resolves the future with every outcome once the last one arrives."""
-        self.outcomes[index] = outcome
-        self.left -= 1
-        if self.left == 0 and not self.future.done():
-            self.future.set_result(cast("list[Outcome]", self.outcomes))
-
-
-# A prepared record waiting for its batch: (prepared, its submission, its index in the submission).
-_Job = tuple[P, _Submission, int]
 
 
 class Batcher(Generic[P, S, R]):
@@ -98,7 +71,15 @@ class Batcher(Generic[P, S, R]):
         self._limits = engine.limits
         self._clock = clock or SystemClock()
         self._metrics = metrics
-        self._ready: deque[_Job[P]] = deque()
+        priority = settings.priority
+        self._urgent_below = priority.urgent_below
+        self._urgent_limits = self._limits.with_tokens(
+            min(self._limits.max_tokens, priority.urgent_max_tokens)
+        )
+        self._queues: ClassQueues[Job[P]] = ClassQueues(
+            ClassPolicy(levels=priority.levels, starvation_batches=priority.starvation_batches)
+        )
+        self._urgent_busy = False  # an urgent batch is in the lane (one at a time)
         self._wakeup = asyncio.Event()
         self._gpu_slots = asyncio.Semaphore(settings.max_pending_batches)
         self._prepare_pool = ThreadPoolExecutor(settings.prepare_workers, thread_name_prefix="clef-prepare")
@@ -115,45 +96,52 @@ class Batcher(Generic[P, S, R]):
     @property
     def pending(self) -> int:
         """Prepared records waiting for a batch."""
-        return len(self._ready)
+        return len(self._queues)
 
-    def submit(self, prepare: Callable[[ItemT], P], items: Sequence[ItemT]) -> asyncio.Future[list[Outcome]]:
+    def submit(
+        self, prepare: Callable[[ItemT], P], items: Sequence[ItemT], *, priority: int | None = None
+    ) -> asyncio.Future[list[Outcome]]:
         """Schedule `prepare(item)` for each item (one thread-pool call for all of them); returns one future
-        for the submission, resolving to one outcome per item, in order (non-blocking).
+        for the submission, resolving to one outcome per item, in order (non-blocking). Its records wait in
+        priority class `priority` (0 the most urgent; None: `settings.priority.default`).
 
         A prepare error is that item's outcome; the others still run. Raises `RuntimeError` after `close()`
-        began.
+        began, `ValueError` for a class outside `0..settings.priority.levels - 1`.
         """
         if self._closing:
             raise RuntimeError("batcher is closing")
+        levels = self._settings.priority.levels
+        level = self._settings.priority.default if priority is None else priority
+        if not 0 <= level < levels:
+            raise ValueError(f"priority class {level} is outside 0..{levels - 1}")
         loop = asyncio.get_running_loop()
-        sub = _Submission(loop.create_future(), len(items))
+        sub = Submission(loop.create_future(), len(items), level, self._clock.now())
         if not items:
             sub.future.set_result([])
             return sub.future
-        work = loop.run_in_executor(self._prepare_pool, _prepare_all, prepare, items)
+        pool = self._gpu.urgent_pool if level < self._urgent_below else self._prepare_pool
+        work = loop.run_in_executor(pool, prepare_all, prepare, items)
         self._track(asyncio.ensure_future(self._admit(work, sub)))
         return sub.future
 
-    async def _admit(self, work: asyncio.Future[list[P | BaseException]], sub: _Submission) -> None:
+    async def _admit(self, work: asyncio.Future[list[P | BaseException]], sub: Submission) -> None:
         try:
             results = await work
         except BaseException:
             sub.future.cancel()  # the pool was shut down under it: nobody waits forever
             raise
         sub.ready_at = self._clock.now()
-        ready = self._ready
         for index, result in enumerate(results):
             if isinstance(result, BaseException):
                 sub.settle(index, result)
             else:
-                ready.append((result, sub, index))
+                self._queues.push(sub.priority, (result, sub, index))
         self._wakeup.set()
 
     async def _collect(self) -> None:
         slot = False  # a GPU slot is held for the batch being formed, so batches grow while the GPU is busy
         while True:
-            if not self._ready:
+            if not self._queues:
                 if self._closing and not self._tasks:
                     if slot:
                         self._gpu_slots.release()
@@ -161,7 +149,16 @@ class Batcher(Generic[P, S, R]):
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
+            if self._urgent_waiting() and self._queue.busy:  # the lane runs it inside the running batch
+                if self._urgent_busy:  # one lane batch at a time; it ends within a few decoder layers
+                    await self._wait(None)
+                else:
+                    self._cut_urgent()
+                continue
             if not slot:
+                if self._gpu_slots.locked():  # every slot taken: wait for one, or for urgent work
+                    await self._wait(None)
+                    continue
                 await self._gpu_slots.acquire()
                 slot = True
                 continue
@@ -169,17 +166,37 @@ class Batcher(Generic[P, S, R]):
             if wait > 0 and not self._closing:
                 await self._wait(wait)
                 continue
-            batch = [self._ready.popleft() for _ in range(count)]
+            batch = self._queues.take(count)
             slot = False
             self._cut(batch, budget)
+
+    def _urgent_waiting(self) -> bool:
+        """Whether records of an urgent class wait."""
+        return any(
+            self._queues.waiting(c) for c in range(min(self._urgent_below, self._queues.policy.levels))
+        )
+
+    def _cut_urgent(self) -> None:
+        """Cut the urgent classes' waiting records (class order, FIFO) into one lane batch."""
+        urgent = range(min(self._urgent_below, self._queues.policy.levels))
+        head = self._queues.head_of(urgent, self._urgent_limits.max_records + 1)
+        count, _ = take([job[0].num_tokens for job in head], self._urgent_limits, "packed")
+        batch = self._queues.take_from(urgent, count)
+        tokens = sum(job[0].num_tokens for job in batch)
+        self._urgent_busy = True
+        self._track(asyncio.ensure_future(self._dispatch(batch, tokens, urgent=True)))
 
     def _plan(self) -> tuple[int, float, int]:
         """The next batch: (records to cut, seconds to wait first instead (0: cut now), token budget)."""
         cfg, limits = self._settings, self._limits
-        head = itertools.islice(self._ready, limits.max_records + 1)
-        tokens = [job[0].num_tokens for job in head]
+        offered = self._queues.head(limits.max_records + 1)
+        tokens = [job[0].num_tokens for _, job in offered]
         now = self._clock.now()
-        head_age = now - self._ready[0][1].ready_at
+        head_class, head_job = offered[0]
+        head_age = now - head_job[1].ready_at
+        if head_class < self._urgent_below:  # urgent work heads the batch: cut now, within the urgent budget
+            count, _ = take(tokens, self._urgent_limits, "packed")
+            return count, 0.0, self._urgent_limits.max_tokens
         if cfg.mode == "fixed":
             count, full = take(tokens, limits, "packed")
             remaining = cfg.max_wait_ms / 1000.0 - head_age
@@ -195,7 +212,7 @@ class Batcher(Generic[P, S, R]):
         )
         return decision.count, decision.wait, decision.budget
 
-    def _cut(self, batch: list[_Job[P]], budget: int) -> None:
+    def _cut(self, batch: list[Job[P]], budget: int) -> None:
         """Hand a batch to `_dispatch` and count it as outstanding on the GPU."""
         tokens = sum(job[0].num_tokens for job in batch)
         self._queue.cut(tokens, self._clock.now(), self._gpu.lead)
@@ -212,9 +229,13 @@ class Batcher(Generic[P, S, R]):
             self._metrics.gpu_busy.inc(seconds)
         self._wakeup.set()
 
-    async def _wait(self, seconds: float) -> None:
-        """Sleep until `seconds` pass on the clock or a new record becomes ready."""
+    async def _wait(self, seconds: float | None) -> None:
+        """Sleep until `seconds` pass on the clock (None: no bound) or the batcher is woken (a record became
+        ready, a batch left the GPU, a task ended)."""
         self._wakeup.clear()
+        if seconds is None:
+            await self._wakeup.wait()
+            return
         waiter = asyncio.ensure_future(self._wakeup.wait())
         sleeper = asyncio.ensure_future(self._clock.sleep(seconds))
         try:
@@ -223,7 +244,7 @@ class Batcher(Generic[P, S, R]):
             waiter.cancel()
             sleeper.cancel()
 
-    async def _dispatch(self, batch: list[_Job[P]], tokens: int) -> None:
+    async def _dispatch(self, batch: list[Job[P]], tokens: int, *, urgent: bool = False) -> None:
         started = self._clock.now()
         prepared = [job[0] for job in batch]
 
@@ -232,7 +253,16 @@ class Batcher(Generic[P, S, R]):
             self._gpu_done(tokens, seconds, learn=learn)
 
         try:
-            result, elapsed = await self._gpu.run(prepared, gpu_done)
+            if urgent:
+                try:
+                    result, elapsed = await self._gpu.run_urgent(prepared)
+                finally:
+                    self._urgent_busy = False
+                    self._wakeup.set()
+                if self._metrics is not None:
+                    self._metrics.gpu_busy.inc(elapsed)
+            else:
+                result, elapsed = await self._gpu.run(prepared, gpu_done)
         except asyncio.CancelledError:  # `close` gave up on it: its records are unfinished, not failed
             for _, sub, _ in batch:
                 sub.future.cancel()
@@ -242,24 +272,17 @@ class Batcher(Generic[P, S, R]):
                 sub.settle(index, EngineError(DlqReason.engine_failed, exc, 1))
             raise
         failures = 0
-        counts: dict[_Submission, int] = {}  # records of each submission in this batch
+        counts: dict[Submission, int] = {}  # records of each submission in this batch
         for (_, sub, index), outcome in zip(batch, result.outcomes, strict=True):
             if type(outcome) is EngineError:
                 failures += 1
             sub.settle(index, outcome)
             counts[sub] = counts.get(sub, 0) + 1
         if self._metrics is not None:
-            m = self._metrics
-            m.batch_records.observe(len(batch))
-            m.batch_tokens.observe(tokens)
-            m.engine_seconds.observe(elapsed)
-            for sub, count in counts.items():  # records of one submission became ready together
-                m.queue_wait.observe(max(0.0, started - sub.ready_at), count)
-            if result.stats.splits:
-                m.batch_splits.inc(result.stats.splits)
-                m.retries.labels(kind="engine_split").inc(result.stats.splits)
+            self._observe(self._metrics, counts, result, tokens, elapsed, started)
         log.info(
             "batch",
+            urgent=urgent,
             records=len(batch),
             tokens=tokens,
             engine_ms=round(elapsed * 1000, 2),
@@ -268,6 +291,30 @@ class Batcher(Generic[P, S, R]):
             ooms=result.stats.ooms,
             failed=failures,
         )
+
+    def _observe(
+        self,
+        m: Metrics,
+        counts: dict[Submission, int],
+        result: BatchResult[SystemOneResponse],
+        tokens: int,
+        elapsed: float,
+        started: float,
+    ) -> None:
+        """Batch and per-class metrics of one finished batch (`counts`: its records per submission)."""
+        m.batch_records.observe(sum(counts.values()))
+        m.batch_tokens.observe(tokens)
+        m.engine_seconds.observe(elapsed)
+        now = self._clock.now()
+        for sub, count in counts.items():  # records of one submission became ready together
+            wait = max(0.0, started - sub.ready_at)
+            m.queue_wait.observe(wait, count)
+            m.class_queue_wait.labels(str(sub.priority)).observe(wait, count)
+            if sub.left == 0:
+                m.class_latency.labels(str(sub.priority)).observe(max(0.0, now - sub.submitted_at))
+        if result.stats.splits:
+            m.batch_splits.inc(result.stats.splits)
+            m.retries.labels(kind="engine_split").inc(result.stats.splits)
 
     def _track(self, task: asyncio.Future[Any]) -> None:
         self._tasks.add(task)
@@ -291,22 +338,10 @@ class Batcher(Generic[P, S, R]):
                 await asyncio.wait_for(asyncio.shield(self._collector), timeout_s)
             except TimeoutError:
                 self._collector.cancel()
-        for _, sub, _ in self._ready:
+        for _, sub, _ in self._queues.drain():
             sub.future.cancel()
-        self._ready.clear()
         # Before the pools go: a task left running would fail on them ("cannot schedule new futures").
         for task in list(self._tasks):
             task.cancel()
         self._prepare_pool.shutdown(wait=False, cancel_futures=True)
         self._gpu.shutdown()
-
-
-def _prepare_all(prepare: Callable[[ItemT], P], items: Sequence[ItemT]) -> list[P | BaseException]:
-    """Prepare every item in a pool thread; an exception is returned in place of its record's result."""
-    out: list[P | BaseException] = []
-    for item in items:
-        try:
-            out.append(prepare(item))
-        except Exception as exc:
-            out.append(exc)
-    return out

@@ -83,6 +83,24 @@ class ClassQueues(Generic[J]):
         """The first `limit` of `offered()`."""
         return list(itertools.islice(self.offered(), limit))
 
+    def head_of(self, levels: range, limit: int) -> list[J]:
+        """The first `limit` jobs of the classes in `levels`, class order, FIFO inside a class."""
+        chained = itertools.chain.from_iterable(self._queues[c] for c in levels)
+        return list(itertools.islice(chained, limit))
+
+    def take_from(self, levels: range, count: int) -> list[J]:
+        """Remove and return the first `count` jobs of `head_of(levels, ...)` (an extra batch beside the
+        regular ones: the starvation counters stay as they are). Raises `ValueError` when fewer wait."""
+        if count > sum(len(self._queues[c]) for c in levels):
+            raise ValueError(f"{count} records asked for from classes {list(levels)}, fewer waiting")
+        taken: list[J] = []
+        for c in levels:
+            queue = self._queues[c]
+            while queue and len(taken) < count:
+                taken.append(queue.popleft())
+        self._size -= count
+        return taken
+
     def take(self, count: int) -> list[J]:
         """Remove and return the first `count` offered jobs (the batch just cut), and count every class
         that had records waiting and got none into it as passed over once more. Raises `ValueError` when

@@ -41,11 +41,14 @@ async def answer_body(
     limits: RequestLimits,
     body: bytes,
     check: RequestCheck | None = None,
+    *,
+    priority: int,
 ) -> SystemOneResponse:
-    """Answer one SystemOne request body through `batcher` (event loop). The body is parsed, `check`ed
-    (e.g. the HTTP API's model-name check) and prepared in the batcher's prepare thread; what any of them
-    raises is re-raised here: `RequestError` (client error), `EngineError` (the engine failed on it alone),
-    `RuntimeError` (the batcher is closing)."""
+    """Answer one SystemOne request body through `batcher` (event loop), in priority class `priority`. The
+    body is parsed, `check`ed (e.g. the HTTP API's model-name check) and prepared in the batcher's prepare
+    thread; what any of them raises is re-raised here: `RequestError` (client error), `EngineError` (the
+    engine failed on it alone), `RuntimeError` (the batcher is closing), `ValueError` (a class the batcher
+    does not have)."""
 
     def prepare(raw: bytes) -> P:
         request = parse_request(raw, limits)
@@ -53,7 +56,7 @@ async def answer_body(
             check(request)
         return engine.prepare(request)
 
-    (outcome,) = await batcher.submit(prepare, [body])
+    (outcome,) = await batcher.submit(prepare, [body], priority=priority)
     if isinstance(outcome, BaseException):
         raise outcome
     return outcome

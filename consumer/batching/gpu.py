@@ -5,14 +5,23 @@ prepare pool while the previous batch is still on the GPU, run on the GPU thread
 prepare pool while the next batch runs. A batch whose staged run fails in any way goes through the
 engine's `execute` with splitting on the GPU thread (`engine.batching.split.run_split`: the engine's one
 splitting rule; its `out_of_memory` tells an OOM apart and frees the cache).
+
+Urgent lane (`run_urgent`): an urgent batch is staged on a thread of its own and queued in the lane; the
+GPU thread runs it at the next step boundary of the batch it is running (the engine calls the lane's
+drain as its `between` hook, between decoder layers), or, when no batch is running, as its next task. Each
+lane batch runs exactly once, whichever comes first. The time a lane batch took inside a normal batch is
+taken out of that batch's GPU time, and that batch is not learnt from.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from consumer.logging import get_logger
@@ -27,6 +36,19 @@ S = TypeVar("S")
 R = TypeVar("R")
 _In = TypeVar("_In")
 _Out = TypeVar("_Out")
+
+
+@dataclass(eq=False, slots=True)
+class _LaneBatch(Generic[S, R]):
+    """A staged urgent batch waiting in the lane, and the future its run settles (GPU thread)."""
+
+    staged: S
+    done: Future[tuple[R, float]] = field(default_factory=Future)
+
+
+URGENT_PER_BATCH = 4
+"""Lane batches one running batch lets in between its layers: urgent work never stretches a bulk batch
+without bound (more urgent batches run right after it)."""
 
 GpuDone = Callable[[float, bool], None]
 """Called once per batch when it left the GPU thread: (seconds it ran there, whether that is one clean run
@@ -43,7 +65,17 @@ class GpuRunner(Generic[P, S, R]):
         self._cpu_pool = cpu_pool
         self._single_attempts = single_attempts
         self._gpu_pool = ThreadPoolExecutor(1, thread_name_prefix="clef-gpu")
+        self._urgent_pool = ThreadPoolExecutor(1, thread_name_prefix="clef-urgent")
+        self._lane: deque[_LaneBatch[S, R]] = deque()
+        self._lane_lock = threading.Lock()
+        self._lane_seconds = 0.0  # GPU thread only: lane time spent so far
+        self._lane_room = 0  # GPU thread only: lane batches the running batch still lets in
         self.lead = 0.0  # seconds staging takes (exponential average)
+
+    @property
+    def urgent_pool(self) -> Executor:
+        """The urgent lane's CPU thread: urgent prepare, stage and respond never queue behind bulk work."""
+        return self._urgent_pool
 
     async def run(self, prepared: list[P], on_done: GpuDone) -> tuple[BatchResult[SystemOneResponse], float]:
         """Run `prepared` as one batch; returns its outcomes and its GPU seconds. `on_done` is called once,
@@ -63,8 +95,8 @@ class GpuRunner(Generic[P, S, R]):
             try:
                 staged, stage_s = await loop.run_in_executor(self._cpu_pool, _timed, engine.stage, prepared)
                 self.lead += 0.2 * (stage_s - self.lead)
-                raw, elapsed = await loop.run_in_executor(self._gpu_pool, _timed, engine.run, staged)
-                release(elapsed, True)
+                raw, elapsed, clean = await loop.run_in_executor(self._gpu_pool, self._run_normal, staged)
+                release(elapsed, clean)
                 responses = await loop.run_in_executor(self._cpu_pool, engine.respond, raw)
                 if len(responses) != len(prepared):
                     raise RuntimeError(f"engine returned {len(responses)} results for {len(prepared)}")
@@ -78,9 +110,75 @@ class GpuRunner(Generic[P, S, R]):
         finally:
             release()
 
+    async def run_urgent(self, prepared: list[P]) -> tuple[BatchResult[SystemOneResponse], float]:
+        """Run `prepared` as one urgent batch through the lane (see the module docstring); returns its
+        outcomes and GPU seconds. A failed lane run is split on the GPU thread like any batch. Never raises
+        for an engine error."""
+        loop = asyncio.get_running_loop()
+        engine = self._engine
+        try:
+            staged = await loop.run_in_executor(self._urgent_pool, engine.stage, prepared)
+            item: _LaneBatch[S, R] = _LaneBatch(staged)
+            with self._lane_lock:
+                self._lane.append(item)
+            self._gpu_pool.submit(self._drain_lane)  # in case no running batch reaches a step boundary
+            raw, elapsed = await asyncio.wrap_future(item.done)
+            responses = await loop.run_in_executor(self._urgent_pool, engine.respond, raw)
+            if len(responses) != len(prepared):
+                raise RuntimeError(f"engine returned {len(responses)} results for {len(prepared)}")
+            return BatchResult(list(responses), SplitStats(calls=1)), elapsed
+        except Exception as exc:
+            log.warning("urgent_batch_failed", records=len(prepared), error=type(exc).__name__)
+            return await loop.run_in_executor(self._gpu_pool, self._split, prepared, exc)
+
+    def _run_normal(self, staged: S) -> tuple[R, float, bool]:
+        """GPU thread: run one batch with the lane as its `between` hook; returns its result, its own GPU
+        seconds (lane time taken out) and whether it ran clean of lane work (the cost model learns it)."""
+        lane0 = self._lane_seconds
+        t0 = time.perf_counter()
+        self._lane_room = URGENT_PER_BATCH
+        try:
+            raw = self._engine.run(staged, self._between)
+        finally:
+            self._lane_room = 0
+        lane = self._lane_seconds - lane0
+        return raw, time.perf_counter() - t0 - lane, lane == 0.0
+
+    def _between(self) -> None:
+        """GPU thread, the running batch's `between` hook: the lane's waiting batches, at most
+        `URGENT_PER_BATCH` per running batch (the rest run after it)."""
+        while self._lane_room > 0 and self._lane:
+            self._lane_room -= 1
+            self._drain_lane(limit=1)
+
+    def _drain_lane(self, limit: int | None = None) -> None:
+        """GPU thread: run staged urgent batches waiting in the lane (all, or at most `limit`), each once,
+        settling its future."""
+        ran = 0
+        while limit is None or ran < limit:
+            with self._lane_lock:
+                if not self._lane:
+                    return
+                item = self._lane.popleft()
+            ran += 1
+            t0 = time.perf_counter()
+            try:
+                raw = self._engine.run(item.staged)
+            except BaseException as exc:
+                item.done.set_exception(exc)
+            else:
+                item.done.set_result((raw, time.perf_counter() - t0))
+            finally:
+                self._lane_seconds += time.perf_counter() - t0
+
     def shutdown(self) -> None:
         """Stop the GPU thread (a batch running finishes there; nothing new starts)."""
         self._gpu_pool.shutdown(wait=False, cancel_futures=True)
+        self._urgent_pool.shutdown(wait=False, cancel_futures=True)
+        with self._lane_lock:
+            for item in self._lane:
+                item.done.cancel()
+            self._lane.clear()
 
     def _split(self, batch: list[P], failed: Exception) -> tuple[BatchResult[SystemOneResponse], float]:
         """GPU thread: execute with splitting, starting from the failure of the staged attempt; returns the

@@ -179,7 +179,11 @@ async def _serve(settings: Settings, engine: ServingEngine[P, S, R]) -> None:
     server = None
     if settings.http.enabled:
         app = create_app(
-            settings.http, ServiceBackend(pipeline, watch), pipeline.metrics, settings.engine.model_name
+            settings.http,
+            ServiceBackend(pipeline, watch),
+            pipeline.metrics,
+            settings.engine.model_name,
+            priority=settings.batching.priority,
         )
         server = HttpServer(settings.http, app)
         await server.start()
@@ -241,7 +245,14 @@ async def _serve_http_async(settings: Settings, engine: ServingEngine[P, S, R]) 
 
     service = HttpService(settings, engine)
     server = HttpServer(
-        settings.http, create_app(settings.http, service, service.metrics, settings.engine.model_name)
+        settings.http,
+        create_app(
+            settings.http,
+            service,
+            service.metrics,
+            settings.engine.model_name,
+            priority=settings.batching.priority,
+        ),
     )
     await service.start()
     await server.start()

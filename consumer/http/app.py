@@ -13,6 +13,10 @@ every other error is `{"detail": {"error_type", "message"}}`: 401 `authenticatio
 nor `jev-latest`), 400 other client errors, 503 `overloaded` with `Retry-After` beyond
 `max_concurrent_requests` in flight, 500 only when the engine failed on the request alone.
 Every response carries `x-typesafe-request-id`.
+
+Priority: a SystemOne request runs in the batcher's HTTP class (`batching.priority.http`) unless it sends
+`X-Clef-Priority: N`, an integer class in `0..batching.priority.levels - 1` (0 the most urgent); any other
+value is 400 `invalid_priority`. The header is documented in the OpenAPI document.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from consumer.http.errors import ApiError, install_error_handlers
 from consumer.http.middleware import RequestContext
 from consumer.logging import get_logger
 from consumer.metrics import CONTENT_TYPE, Metrics
-from consumer.settings import HttpSettings
+from consumer.settings import HttpSettings, PrioritySettings
 from engine.batching.split import EngineError
 from schemas.http import (
     JEV_ALIAS,
@@ -50,13 +54,22 @@ from schemas.response import SystemOneResponse
 log = get_logger("consumer.http.app")
 
 JSON = "application/json"
+PRIORITY_HEADER = "X-Clef-Priority"
 
 
 class _Api:
     """The route handlers and the state they share (event loop only)."""
 
-    def __init__(self, settings: HttpSettings, backend: Backend, metrics: Metrics, model_name: str) -> None:
+    def __init__(
+        self,
+        settings: HttpSettings,
+        backend: Backend,
+        metrics: Metrics,
+        model_name: str,
+        priority: PrioritySettings,
+    ) -> None:
         self.settings = settings
+        self.priority = priority
         self.backend = backend
         self.metrics = metrics
         self.keys = [key.get_secret_value().encode() for key in settings.api_keys]
@@ -103,8 +116,25 @@ class _Api:
         if not any(hmac.compare_digest(given, key) for key in self.keys):
             raise ApiError(401, "authentication_error", "invalid API key", {"WWW-Authenticate": "Bearer"})
 
+    def request_class(self, request: Request) -> int:
+        """The priority class of a SystemOne request: its `X-Clef-Priority` header, else the HTTP class.
+        Raises a 400 `ApiError` (`invalid_priority`) unless the header is an integer in `0..levels - 1`."""
+        raw = request.headers.get(PRIORITY_HEADER)
+        if raw is None:
+            return self.priority.http
+        text = raw.strip()
+        top = self.priority.levels - 1
+        if text.isascii() and text.isdigit() and len(text) <= 3 and int(text) <= top:
+            return int(text)
+        raise ApiError(
+            400,
+            "invalid_priority",
+            f"{PRIORITY_HEADER} must be an integer class in 0..{top} (0 the most urgent), got {text[:20]!r}",
+        )
+
     async def systemone(self, request: Request) -> Response:
         self.check_key(request)
+        priority = self.request_class(request)
         if self.in_flight >= self.settings.max_concurrent_requests:
             raise ApiError(
                 503,
@@ -117,7 +147,7 @@ class _Api:
         try:
             body = await read_body(request, self.settings.max_body_bytes)
             started = time.perf_counter()
-            response = await self._answer(body)
+            response = await self._answer(body, priority)
             headers = None
             if self.settings.server_timing:
                 headers = {"Server-Timing": f"batcher;dur={(time.perf_counter() - started) * 1000:.3f}"}
@@ -128,9 +158,9 @@ class _Api:
             self.in_flight -= 1
             self.metrics.http_in_flight.set(self.in_flight)
 
-    async def _answer(self, body: bytes) -> SystemOneResponse:
+    async def _answer(self, body: bytes, priority: int) -> SystemOneResponse:
         try:
-            return await self.backend.answer(body, self.check_model)
+            return await self.backend.answer(body, self.check_model, priority)
         except EngineError as exc:
             log.warning("http_engine_failed", reason=exc.reason.value, error=type(exc.cause).__name__)
             raise ApiError(500, exc.reason.value, "the engine failed on this request") from None
@@ -168,10 +198,19 @@ def _error_responses(codes: Sequence[int]) -> Responses:
     return out
 
 
-def create_app(settings: HttpSettings, backend: Backend, metrics: Metrics, model_name: str) -> RequestContext:
+def create_app(
+    settings: HttpSettings,
+    backend: Backend,
+    metrics: Metrics,
+    model_name: str,
+    *,
+    priority: PrioritySettings,
+) -> RequestContext:
     """The ASGI app: FastAPI routes wrapped in `RequestContext` (request id header and metrics on every
-    response, errors of the framework itself included). Call once per server; cheap."""
-    api = _Api(settings, backend, metrics, model_name)
+    response, errors of the framework itself included). `priority` is the batcher's classes
+    (`batching.priority`: the HTTP class and the range `X-Clef-Priority` may ask for). Call once per
+    server; cheap."""
+    api = _Api(settings, backend, metrics, model_name, priority)
     app = FastAPI(
         title="clef-router SystemOne API",
         version="1",
@@ -190,7 +229,9 @@ def create_app(settings: HttpSettings, backend: Backend, metrics: Metrics, model
 
 
 def _add_systemone_route(app: FastAPI, api: _Api, auth_codes: list[int]) -> None:
-    """`POST /v1/systemone`; its body is documented as a `SystemOneRequest` (the handler reads it raw)."""
+    """`POST /v1/systemone`; its body is documented as a `SystemOneRequest` (the handler reads it raw),
+    its optional `X-Clef-Priority` header as an integer class."""
+    priority = api.priority
     app.add_api_route(
         "/v1/systemone",
         api.systemone,
@@ -201,10 +242,25 @@ def _add_systemone_route(app: FastAPI, api: _Api, auth_codes: list[int]) -> None
             **_error_responses([400, *auth_codes, 404, 413, 415, 500, 503]),
         },
         openapi_extra={
+            "parameters": [
+                {
+                    "name": PRIORITY_HEADER,
+                    "in": "header",
+                    "required": False,
+                    "description": "priority class of this request in the batcher, 0 the most urgent "
+                    "(FIFO inside a class); another value is 400 invalid_priority",
+                    "schema": {
+                        "type": "integer",
+                        "minimum": 0,
+                        "maximum": priority.levels - 1,
+                        "default": priority.http,
+                    },
+                }
+            ],
             "requestBody": {
                 "required": True,
                 "content": {JSON: {"schema": {"$ref": "#/components/schemas/SystemOneRequest"}}},
-            }
+            },
         },
     )
 

@@ -15,10 +15,14 @@ from schemas.response import SystemOneResponse
 class Backend(Protocol):
     """Answers request bodies and says whether the service is ready and healthy. Event loop only."""
 
-    async def answer(self, body: bytes, check: RequestCheck | None = None) -> SystemOneResponse:
-        """Answer one request body; `check` sees the parsed request before the engine (prepare thread) and
-        what it raises is re-raised. Raises `RequestError` (client error), `EngineError` (the engine failed
-        on it alone), `RuntimeError` (stopping)."""
+    async def answer(
+        self, body: bytes, check: RequestCheck | None = None, priority: int | None = None
+    ) -> SystemOneResponse:
+        """Answer one request body in the batcher's class `priority` (None: the HTTP class,
+        `batching.priority.http`; the app checks a requested class against `batching.priority.levels`);
+        `check` sees the parsed request before the engine (prepare thread) and what it raises is
+        re-raised. Raises `RequestError` (client error), `EngineError` (the engine failed on it alone),
+        `RuntimeError` (stopping)."""
         ...
 
     def ready(self) -> bool:

@@ -61,13 +61,17 @@ class HttpService(Generic[P, S, R]):
         await self.batcher.close(timeout_s)
         self.metrics.model_loaded.set(0)
 
-    async def answer(self, body: bytes, check: RequestCheck | None = None) -> SystemOneResponse:
-        """Answer one request body through the batcher; `check` sees the parsed request first (prepare
-        thread) and what it raises is re-raised here. Raises `RequestError` (client error), `EngineError`
-        (the engine failed on it alone), `RuntimeError` (the batcher is closing)."""
+    async def answer(
+        self, body: bytes, check: RequestCheck | None = None, priority: int | None = None
+    ) -> SystemOneResponse:
+        """Answer one request body through the batcher in class `priority` (None: `batching.priority.http`);
+        `check` sees the parsed request first (prepare thread) and what it raises is re-raised here. Raises
+        `RequestError` (client error), `EngineError` (the engine failed on it alone), `RuntimeError` (the
+        batcher is closing), `ValueError` (a class outside `0..batching.priority.levels - 1`)."""
+        level = self.settings.batching.priority.http if priority is None else priority
         self._in_flight += 1
         try:
-            return await answer_body(self.batcher, self._engine, self._limits, body, check)
+            return await answer_body(self.batcher, self._engine, self._limits, body, check, priority=level)
         finally:
             self._in_flight -= 1
             self._last_progress = time.monotonic()
@@ -91,8 +95,10 @@ class ServiceBackend:
         self._pipeline = pipeline
         self._broker = broker
 
-    async def answer(self, body: bytes, check: RequestCheck | None = None) -> SystemOneResponse:
-        return await self._pipeline.answer(body, check)
+    async def answer(
+        self, body: bytes, check: RequestCheck | None = None, priority: int | None = None
+    ) -> SystemOneResponse:
+        return await self._pipeline.answer(body, check, priority)
 
     def ready(self) -> bool:
         return self._pipeline.ready() and self._broker.reachable()

@@ -1,6 +1,8 @@
 """Kafka input: the aiokafka consumer group (manual commits, pause/resume, rebalance hook).
 
-`Source.fetch` is the only call that waits for the broker on the hot path; it never waits for GPU work.
+`Source.fetch` is the only call that waits for the broker on the hot path; it never waits for GPU work. It
+may take a subset of the partitions (the pipeline fetches only its urgent topics' partitions while the
+in-flight bound has room for them alone); the others keep their buffered records for a later fetch.
 Partitions are paused (`pause_all`) when the emitter stays full and resumed when it has
 drained; heartbeats continue meanwhile (aiokafka heartbeats from its own task). Rebalance callbacks are
 awaited by aiokafka before the member rejoins, so `on_revoked` may finish or abandon work and commit.
@@ -18,7 +20,7 @@ rejoining, so a member that is shutting down is handed no more partitions; `stop
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -131,8 +133,11 @@ class Source:
     def paused(self) -> bool:
         return self._paused
 
-    async def fetch(self, max_records: int, timeout_ms: int = 100) -> dict[TopicPartition, list[Any]]:
-        """Records of non-paused assigned partitions, at most `max_records`.
+    async def fetch(
+        self, max_records: int, timeout_ms: int = 100, partitions: Collection[TopicPartition] | None = None
+    ) -> dict[TopicPartition, list[Any]]:
+        """Records of non-paused assigned partitions, at most `max_records`; with `partitions`, of those
+        only (the others keep what the consumer has buffered for them; an empty collection is none).
 
         Waits at most `timeout_ms`, except during a rebalance, when aiokafka waits for the new assignment
         whatever the timeout; `stop_fetching` ends that wait (the result is then empty). Raises what
@@ -140,9 +145,12 @@ class Source:
         """
         if not self._fetching:
             return {}
+        if partitions is not None and not partitions:
+            return {}  # getmany() without partitions would mean all of them
+        subset = () if partitions is None else tuple(partitions)
         # A task of its own, so that `stop_fetching` can cancel the wait without cancelling the caller.
         getter = self._getter = asyncio.ensure_future(
-            self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+            self._consumer.getmany(*subset, timeout_ms=timeout_ms, max_records=max_records)
         )
         try:
             result: dict[TopicPartition, list[Any]] = await getter

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -40,7 +40,9 @@ class Emitter:
 
     Transient delivery errors are retried (tenacity); exhausting them, or the DLQ guard tripping, is fatal
     (`on_fatal`, the pipeline's stop), and nothing more is published. `last_progress` is the monotonic
-    time of the last acknowledged unit (health).
+    time of the last acknowledged unit (health). Each acknowledged record's end-to-end latency is observed
+    in `end_to_end` and in `class_end_to_end` under its topic's class (`classes`, input topic -> class;
+    other topics: `batching.priority.default`).
     """
 
     def __init__(
@@ -51,6 +53,7 @@ class Emitter:
         metrics: Metrics,
         engine_info: EngineInfo,
         *,
+        classes: Mapping[str, int],
         on_fatal: Callable[[BaseException], None],
     ) -> None:
         self._send_attempts = settings.kafka.send_attempts
@@ -62,6 +65,9 @@ class Emitter:
         self._failed = False
         self._answered = metrics.records.labels(outcome="answered")  # label children, looked up once
         self._dead_lettered = metrics.records.labels(outcome="dead_lettered")
+        by_class = metrics.class_end_to_end
+        self._class_end_to_end = {topic: by_class.labels(str(level)) for topic, level in classes.items()}
+        self._default_end_to_end = by_class.labels(str(settings.batching.priority.default))
         self._tasks: set[asyncio.Task[Any]] = set()
         self._publisher: Publisher[Unit] = Publisher(
             producer,
@@ -249,9 +255,13 @@ class Emitter:
             self._answered.inc(len(records) - unit.dead)
         now = time.time()
         observe = self._metrics.end_to_end.observe
+        # a unit's records are of one partition, so of one topic and one class
+        observe_class = self._class_end_to_end.get(records[0].topic, self._default_end_to_end).observe
         for r in records:
             if r.timestamp_ms is not None and r.timestamp_ms > 0:
-                observe(max(0.0, now - r.timestamp_ms / 1000.0))
+                seconds = max(0.0, now - r.timestamp_ms / 1000.0)
+                observe(seconds)
+                observe_class(seconds)
         self.last_progress = time.monotonic()
         if self.in_flight == 0:
             self._committer.flush_soon()

@@ -12,7 +12,8 @@ Per-key order: each input partition has one emitter that publishes results in of
 sends in push order, and outputs keep the input key, so records of one key keep their order.
 Backpressure: the emitter holds every record from fetch to acknowledgement, at most `kafka.max_in_flight`.
 When it is full the fetch loop awaits its room; when it stays full for `PAUSE_AFTER_S` every partition is
-paused until it has drained to half.
+paused until it has drained to half. Priority (`consumer.pipeline.admission`): each unit is submitted in its
+topic's class, and the last records of the bound are kept for urgent topics (fetched alone meanwhile).
 Rebalance: revoked partitions stop taking records, get up to `revoke_timeout_s` to finish, and are handed
 to the committer (last commit, or closing their transactional producers); anything still unfinished is
 dropped unpublished (the settings check that this fits inside the rebalance timeout).
@@ -40,6 +41,7 @@ from consumer.kafka.producer import Producer
 from consumer.kafka.source import Source
 from consumer.logging import get_logger
 from consumer.metrics import Metrics
+from consumer.pipeline.admission import TopicClasses, wait_for_room
 from consumer.pipeline.commit import Committer
 from consumer.pipeline.decode import decode_value, header_event_id
 from consumer.pipeline.emitter import Emitter
@@ -58,8 +60,6 @@ log = get_logger("consumer.pipeline.pipeline")
 P = TypeVar("P", bound=PreparedLike)
 S = TypeVar("S")
 R = TypeVar("R")
-
-PAUSE_AFTER_S = 0.5  # the emitter full this long -> pause every input partition
 
 
 class Pipeline(Generic[P, S, R]):
@@ -88,12 +88,14 @@ class Pipeline(Generic[P, S, R]):
         self.producer = producer or Producer(settings.kafka)
         self.source = source or Source(settings.kafka, settings.topics.input, metrics=self.metrics)
         self.committer = Committer(settings.kafka, self.source)
+        self.classes = TopicClasses.from_settings(settings)
         self.emitter = Emitter(
             settings,
             self.producer,
             self.committer,
             self.metrics,
             engine_info or default_engine_info(settings.engine.model_name),
+            classes=self.classes.classes,
             on_fatal=self._fail,
         )
         self._states: dict[TopicPartition, PartitionState] = {}  # open partitions (written here only)
@@ -179,23 +181,13 @@ class Pipeline(Generic[P, S, R]):
 
     # ---- fetching -----------------------------------------------------------------------------------------
     async def _fetch_loop(self) -> None:
-        cfg = self.settings.kafka
-        emitter, source = self.emitter, self.source
+        emitter, source, classes = self.emitter, self.source, self.classes
         while not self._stop.is_set():
-            room = emitter.room
-            if room <= 0:
-                # Full: take no more records until the emitter has room. The consumer keeps at most one
-                # fetched response per partition meanwhile; pausing would discard it (aiokafka drops the
-                # buffered records of a paused partition), so partitions are paused only when the emitter
-                # stays full for `PAUSE_AFTER_S` (a slow engine), and resumed once it drained to half.
-                drained = await emitter.wait_room(self._resume_level, PAUSE_AFTER_S)
-                if not drained and not self._stop.is_set():
-                    source.pause_all()
-                    await emitter.wait_room(emitter.capacity // 2, None)
-                    if not self._stop.is_set():
-                        source.resume_all()
+            scope = classes.scope(emitter.room, source.assignment)
+            if scope is None:  # full: no more records until the emitter has room
+                await wait_for_room(emitter, source, self._resume_level, self._stop)
                 continue
-            batch = await source.fetch(min(cfg.fetch_max_records, room), timeout_ms=100)
+            batch = await source.fetch(scope.max_records, timeout_ms=100, partitions=scope.partitions)
             if batch:
                 if self.first_fetch_at is None:
                     self.first_fetch_at = time.perf_counter()
@@ -214,6 +206,7 @@ class Pipeline(Generic[P, S, R]):
         if state is None or tp in self._closing or not records:
             return  # revoked or revoking: the next owner fetches these again from the committed offset
         step = self.settings.batching.prepare_chunk
+        priority = self.classes.of(tp.topic)
         for start in range(0, len(records), step):
             # aiokafka gives headers as (str, bytes) pairs already (`ConsumerRecord.headers`)
             run = [
@@ -222,7 +215,8 @@ class Pipeline(Generic[P, S, R]):
             ]
             self.committer.track(tp, run[0].offset, run[-1].offset + 1)
             event_ids: list[str | None] = [None] * len(run)
-            future = self.batcher.submit(functools.partial(self._prepare, run, event_ids), range(len(run)))
+            prepare = functools.partial(self._prepare, run, event_ids)
+            future = self.batcher.submit(prepare, range(len(run)), priority=priority)
             self.emitter.push(Unit(state, run, event_ids, future))
         self._positions[tp] = records[-1].offset + 1
 
@@ -236,14 +230,19 @@ class Pipeline(Generic[P, S, R]):
         return self._engine.prepare(decoded.request)
 
     # ---- HTTP ---------------------------------------------------------------------------------------------
-    async def answer(self, body: bytes, check: RequestCheck | None = None) -> SystemOneResponse:
-        """Answer one SystemOne request body through the shared batcher.
+    async def answer(
+        self, body: bytes, check: RequestCheck | None = None, priority: int | None = None
+    ) -> SystemOneResponse:
+        """Answer one SystemOne request body through the shared batcher, in class `priority` (None: the
+        HTTP class, `batching.priority.http`).
 
         `check` (the HTTP API's model-name check) sees the parsed request in the prepare thread before the
         engine does; what it raises is re-raised here.
-        Raises `RequestError` (client error), `EngineError` (engine failed on it alone).
+        Raises `RequestError` (client error), `EngineError` (engine failed on it alone), `ValueError` (a
+        class outside `0..batching.priority.levels - 1`).
         """
-        return await answer_body(self.batcher, self._engine, self._limits, body, check)
+        level = self.settings.batching.priority.http if priority is None else priority
+        return await answer_body(self.batcher, self._engine, self._limits, body, check, priority=level)
 
     # ---- rebalance ----------------------------------------------------------------------------------------
     async def _on_assigned(self, tps: set[TopicPartition]) -> None:

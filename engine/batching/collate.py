@@ -36,7 +36,7 @@ from engine.batching.spans import (
     int_tensor,
     span_index,
 )
-from engine.types import EncodedRequest
+from engine.types import Between, EncodedRequest
 
 __all__ = ["Layout", "ModelBatch", "SpanIndex", "collate", "forward", "segment_mean", "segment_softmax"]
 
@@ -210,12 +210,17 @@ def segment_softmax(logits: torch.Tensor, segment: torch.Tensor, num_segments: i
 
 
 class _BatchModel(Protocol):
-    def forward_batch(self, batch: ModelBatch) -> list[list[npt.NDArray[np.float32]]]: ...
+    def forward_batch(
+        self, batch: ModelBatch, between: Between | None = None
+    ) -> list[list[npt.NDArray[np.float32]]]: ...
 
 
-def forward(model: _BatchModel, batch: ModelBatch) -> list[dict[str, npt.NDArray[np.float32]]]:
-    """Run `model.forward_batch` and key each record's probabilities by question id (request order)."""
-    per_record = model.forward_batch(batch)
+def forward(
+    model: _BatchModel, batch: ModelBatch, between: Between | None = None
+) -> list[dict[str, npt.NDArray[np.float32]]]:
+    """Run `model.forward_batch` (passing `between` on) and key each record's probabilities by question id
+    (request order)."""
+    per_record = model.forward_batch(batch, between)
     return [
         dict(zip(qids, probs, strict=True))
         for qids, probs in zip(batch.question_ids, per_record, strict=True)

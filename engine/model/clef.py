@@ -23,7 +23,7 @@ from engine.model.graphs import GraphedDecoder
 from engine.model.head import JointSchemaHead
 from engine.model.media import media_hidden_states, rope_positions
 from engine.model.thinker import part_paths
-from engine.types import EncodedRequest
+from engine.types import Between, EncodedRequest
 
 _VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
 
@@ -164,14 +164,15 @@ class ClefOmniModel(nn.Module):
             n_window=int(self._thinker_config.audio_config.n_window),
         )
 
-    def hidden_states(self, batch: ModelBatch) -> torch.Tensor:
-        """(T, hidden) final normalised states of the batch's real tokens, records back to back."""
+    def hidden_states(self, batch: ModelBatch, between: Between | None = None) -> torch.Tensor:
+        """(T, hidden) final normalised states of the batch's real tokens, records back to back. `between`
+        is called between decoder layers on the text fast path's eager forward (never in a graph)."""
         text_model = self.text_model
         hidden: torch.Tensor
         if batch.media is not None:  # media never takes the text-only fast path
             hidden = media_hidden_states(self.thinker, text_model, batch)  # (rows, cols, H)
         elif self._fast is not None and batch.layout == "packed":
-            return self._fast_hidden_states(text_model, batch)
+            return self._fast_hidden_states(text_model, batch, between)
         else:
             out = text_model(
                 input_ids=batch.input_ids,
@@ -183,7 +184,9 @@ class ClefOmniModel(nn.Module):
         flat = hidden.reshape(-1, hidden.shape[-1])  # (rows * cols, H)
         return flat if batch.token_gather is None else flat[batch.token_gather]  # (T, H)
 
-    def _fast_hidden_states(self, text_model: Any, batch: ModelBatch) -> torch.Tensor:
+    def _fast_hidden_states(
+        self, text_model: Any, batch: ModelBatch, between: Between | None = None
+    ) -> torch.Tensor:
         assert self._fast is not None
         if batch.media is not None:
             raise ValueError("a batch with media cannot take the text-only fast path")
@@ -197,15 +200,15 @@ class ClefOmniModel(nn.Module):
             max_seqlen=max(batch.lengths),
         )
         if self._graphed is not None:
-            return self._graphed.run(packed)
-        return self._fast(packed)
+            return self._graphed.run(packed, between)
+        return self._fast(packed, between)
 
     def lexical_table(self) -> torch.Tensor:
         lm_head: Any = self.thinker.lm_head
         weight: torch.Tensor = lm_head.weight  # (V, H)
         return weight
 
-    def forward_probabilities(self, batch: ModelBatch) -> torch.Tensor:
+    def forward_probabilities(self, batch: ModelBatch, between: Between | None = None) -> torch.Tensor:
         """Flat (N,) float32 option probabilities on the model's device (see `SpanIndex` for the order).
 
         The head's attention never takes cuDNN's SDPA: cuDNN builds a plan for every new (records,
@@ -220,20 +223,23 @@ class ClefOmniModel(nn.Module):
         cost: BENCHMARKS.md, "Engine, round five"). Off CUDA (CPU tests, the float32 conformance run)
         torch's choice stands.
         """
-        hidden = self.hidden_states(batch)  # (T, H)
+        hidden = self.hidden_states(batch, between)  # (T, H)
         cuda = hidden.device.type == "cuda"
         with sdpa_kernel(_HEAD_SDPA_BACKENDS_CUDA if cuda else _HEAD_SDPA_BACKENDS):
             probs: torch.Tensor = self.head(hidden, self.lexical_table(), batch.index)  # (N,)
         return probs
 
-    def forward_batch(self, batch: ModelBatch) -> list[list[npt.NDArray[np.float32]]]:
-        """Probabilities per record, per question (request order), per option (`option_table` order).
+    def forward_batch(
+        self, batch: ModelBatch, between: Between | None = None
+    ) -> list[list[npt.NDArray[np.float32]]]:
+        """Probabilities per record, per question (request order), per option (`option_table` order);
+        `between` as in `hidden_states`.
 
         Runs under `torch.inference_mode()`; `batch` must already be on the model's device (see `collate`).
         One device-to-host copy per batch. May raise `torch.OutOfMemoryError` (the caller splits the batch).
         """
         with torch.inference_mode():
-            flat = self.forward_probabilities(batch).to("cpu", torch.float32).numpy()  # (N,)
+            flat = self.forward_probabilities(batch, between).to("cpu", torch.float32).numpy()  # (N,)
         out: list[list[npt.NDArray[np.float32]]] = []
         offset = 0
         for counts in batch.options_per_question:

@@ -31,6 +31,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from engine.kernels import attention, elementwise, moe
 from engine.kernels import fp8 as fp8_mode
+from engine.types import Between
 
 
 def varlen_available() -> bool:
@@ -176,9 +177,10 @@ class PackedTextDecoder:
         y = _grouped_mm(a, experts.down_proj.transpose(-2, -1), offs)  # (S, hidden)
         return y, inv  # (S, hidden) expert order
 
-    def __call__(self, p: PackedInputs) -> torch.Tensor:
-        """Final RMS-normalised hidden states (T, hidden) for every packed token."""
-        return self.layers(self.begin(p), p, 0, self.num_layers).h
+    def __call__(self, p: PackedInputs, between: Between | None = None) -> torch.Tensor:
+        """Final RMS-normalised hidden states (T, hidden) for every packed token; `between` is called after
+        every layer but the last (other GPU work may run there: it does not touch this forward's tensors)."""
+        return self.layers(self.begin(p), p, 0, self.num_layers, between).h
 
     @property
     def num_layers(self) -> int:
@@ -192,9 +194,12 @@ class PackedTextDecoder:
         h = _rms_norm(x, tm.layers[0].input_layernorm.weight, self.eps)
         return DecoderState(x, h, cos[0].contiguous(), sin[0].contiguous())  # cos, sin (T, d)
 
-    def layers(self, state: DecoderState, p: PackedInputs, start: int, end: int) -> DecoderState:
+    def layers(
+        self, state: DecoderState, p: PackedInputs, start: int, end: int, between: Between | None = None
+    ) -> DecoderState:
         """Layers [start, end) applied to `state`; after the last layer `h` is the final normalised output.
-        A forward is `layers(begin(p), p, 0, num_layers)`, in any split of that range."""
+        A forward is `layers(begin(p), p, 0, num_layers)`, in any split of that range. `between`, when
+        given, is called after each layer but the last of the range (never while a graph is captured)."""
         tm = self.text_model
         x, h, cos, sin = state.x, state.h, state.cos, state.sin
         layers: list[Any] = list(tm.layers)
@@ -211,6 +216,8 @@ class PackedTextDecoder:
                 x, h = elementwise.add_pairs_rms_norm(x, rows, inv, self.top_k, nxt, self.eps)
             else:
                 x, h = elementwise.add_rms_norm(x, mlp(h), nxt, self.eps)
+            if between is not None and i + 1 < end:
+                between()
         return DecoderState(x, h, cos, sin)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from engine.model.decoder import DecoderState, PackedInputs, PackedTextDecoder
+from engine.types import Between
 
 FIRST_GRAPH_LAYERS = 2
 """Layers in the first graph of a forward: the GPU waits for that graph's launch alone."""
@@ -166,14 +167,16 @@ class GraphedDecoder:
         assert state is not None
         return tuple(graphs), cu, state.h
 
-    def run(self, p: PackedInputs) -> torch.Tensor:
-        """Hidden states (T, hidden) for the packed records of `p` (T = its real token count)."""
+    def run(self, p: PackedInputs, between: Between | None = None) -> torch.Tensor:
+        """Hidden states (T, hidden) for the packed records of `p` (T = its real token count). A batch that
+        no graph covers runs eagerly and calls `between` between its layers; a graph replay never does (its
+        static buffers are shared by every batch of its bucket)."""
         t = p.inputs_embeds.shape[0]
         n = p.cu_seqlens.shape[0] - 1
         bucket = self.bucket_for(t)
         cap = next((c for c in SEQLEN_CAPS if p.max_seqlen <= c), None)
         if bucket is None or cap is None or n > self.max_records:
-            return self.decoder(p)
+            return self.decoder(p, between)
         cap = min(cap, bucket)
         key = (bucket, cap)
         if key not in self._graphs:

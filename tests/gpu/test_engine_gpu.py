@@ -12,7 +12,9 @@ import torch
 from devtools.tiny_release import write_tiny_release
 from engine.batching.collate import Layout, collate
 from engine.model.release import load_release_model
+from engine.runner import RunResult
 from engine.types import EncodedRequest
+from schemas.systemone import SystemOneRequest, parse_request
 
 pytestmark = [
     pytest.mark.gpu,
@@ -94,6 +96,58 @@ def test_fast_path_batch_invariance_and_accuracy_bf16_cuda(tmp_path: Path, graph
     )
     assert worst_batch <= 2e-3
     assert err_fast <= max(2e-3, 2.0 * err_ref)
+
+
+def test_an_urgent_batch_between_layers_changes_no_answer_cuda(tmp_path: Path) -> None:
+    """`Engine.run(staged, between)`: a large text batch runs eagerly layer by layer, an urgent batch (a
+    CUDA-graph replay) runs inside it at a layer boundary; both give exactly their answers run alone."""
+    from engine import Engine, EngineConfig
+    from engine.batching.cut import BatchLimits
+
+    release = write_tiny_release(tmp_path / "tiny")
+    config = EngineConfig(device="cuda", limits=BatchLimits(65_536, 256), graph_buckets=(512,))
+    engine = Engine.from_release(release, config=config)
+    rng = random.Random(9)
+    big = [engine.prepare(_request(rng, 1200)) for _ in range(6)]  # 7k tokens: beyond the graph bucket
+    small = [engine.prepare(_request(rng, 200))]
+    big_alone = engine.run(engine.stage(big))
+    small_alone = engine.run(engine.stage(small))
+    staged_small = engine.stage(small)
+    inside: list[RunResult] = []
+
+    def between() -> None:
+        if not inside:
+            inside.append(engine.run(staged_small))
+
+    big_interleaved = engine.run(engine.stage(big), between)
+    assert len(inside) == 1
+    assert _same(big_interleaved, big_alone)
+    assert _same(inside[0], small_alone)
+
+
+def _request(rng: random.Random, words: int) -> SystemOneRequest:
+    text = " ".join(rng.choice(("disk", "full", "on", "db", "replica", "lag", "alert")) for _ in range(words))
+    return parse_request(
+        {
+            "state": {"message": text},
+            "questions": {
+                "department": {
+                    "type": "choice",
+                    "instructions": "Team?",
+                    "criteria": {"db": None, "net": None},
+                },
+                "outage": {"type": "noul", "instructions": "Outage?"},
+            },
+        }
+    )
+
+
+def _same(a: RunResult, b: RunResult) -> bool:
+    """Bit-equal probabilities, record by record, question by question."""
+    return all(
+        x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
+        for x, y in zip(a.probabilities, b.probabilities, strict=True)
+    )
 
 
 def test_route_topk_kernel_matches_softmax_topk_cuda() -> None:

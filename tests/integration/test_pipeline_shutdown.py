@@ -19,6 +19,7 @@ from consumer.pipeline.pipeline import Pipeline
 from consumer.settings import KafkaSettings, load_settings
 from devtools.kafka_local import LocalKafka
 from devtools.stub import StubEngine, StubPrepared, sample_event
+from engine.types import Between
 from schemas.response import SystemOneResponse
 
 pytestmark = pytest.mark.kafka
@@ -31,7 +32,7 @@ class SlowStub(StubEngine):
     def stage(self, batch: Sequence[StubPrepared]) -> list[StubPrepared]:
         return list(batch)
 
-    def run(self, staged: list[StubPrepared]) -> list[SystemOneResponse]:
+    def run(self, staged: list[StubPrepared], between: Between | None = None) -> list[SystemOneResponse]:
         time.sleep(1.0)
         return self.execute(staged)
 

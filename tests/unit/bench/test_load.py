@@ -14,6 +14,7 @@ import pytest
 
 import bench.load
 from bench.load_run import FIXED_DEFAULT, LoadRunner, capacity, quantiles, single_latency
+from engine.types import Between
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class SleepyEngine:
     def stage(self, batch: Sequence[Prep]) -> Staged:
         return Staged(list(batch))
 
-    def run(self, staged: Staged) -> Staged:
+    def run(self, staged: Staged, between: Between | None = None) -> Staged:
         self.runs += 1
         time.sleep(0.001 + 1e-6 * sum(p.num_tokens for p in staged.prepared))
         return staged

@@ -115,10 +115,10 @@ def test_decide_batch_one_engine_failure_is_its_line_and_exit_1(
 
     real_forward = engine.runner.forward
 
-    def forward(model: Any, batch: Any) -> Any:
+    def forward(model: Any, batch: Any, between: Any = None) -> Any:
         if any("boom" in qids for qids in batch.question_ids):
             raise RuntimeError("thinker failure")  # any error inside the model, not only OOM
-        return real_forward(model, batch)
+        return real_forward(model, batch, between)
 
     monkeypatch.setattr(engine.runner, "forward", forward)
     boom = {**GOOD, "questions": {"boom": {"type": "noul"}}}

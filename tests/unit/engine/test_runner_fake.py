@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 
 from engine.batching.collate import Layout, ModelBatch, collate
 from engine.runner import Engine, EngineConfig
-from engine.types import EncodedRequest
+from engine.types import Between, EncodedRequest
 from schemas.systemone import DlqReason, RequestError, SystemOneResponse
 
 
@@ -51,7 +51,9 @@ class FakeModel:
         n = len(self.nan_id)
         return any(list(ids[i : i + n]) == self.nan_id for i in range(len(ids) - n + 1))
 
-    def forward_batch(self, batch: ModelBatch) -> list[list[npt.NDArray[np.float32]]]:
+    def forward_batch(
+        self, batch: ModelBatch, between: Between | None = None
+    ) -> list[list[npt.NDArray[np.float32]]]:
         self.batch_sizes.append(len(batch.lengths))
         if len(batch.lengths) > self.max_records:
             raise torch.OutOfMemoryError("fake OOM")
@@ -112,7 +114,9 @@ class CrashingModel(FakeModel):
         )
         return super().collate(encoded, layout)
 
-    def forward_batch(self, batch: ModelBatch) -> list[list[npt.NDArray[np.float32]]]:
+    def forward_batch(
+        self, batch: ModelBatch, between: Between | None = None
+    ) -> list[list[npt.NDArray[np.float32]]]:
         if self._crash:
             self.batch_sizes.append(len(batch.lengths))
             raise RuntimeError("fake thinker failure quoting the payload: crash")

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.batching.cut import BatchLimits
+from engine.types import Between
 from schemas.errors import DlqReason, RequestError
 from schemas.request import SystemOneRequest
 from schemas.response import SystemOneResponse, Usage
@@ -90,7 +91,7 @@ class FakeEngine:
         self._note("stage")
         return list(batch)
 
-    def run(self, staged: list[Item]) -> list[SystemOneResponse]:
+    def run(self, staged: list[Item], between: Between | None = None) -> list[SystemOneResponse]:
         self._note("run")
         return self._answer(staged)
 

@@ -21,6 +21,7 @@ from consumer.clock import ManualClock
 from consumer.metrics import Metrics
 from consumer.settings import BatchingSettings
 from engine.batching.cut import BatchLimits
+from engine.types import Between
 from schemas.response import SystemOneResponse
 from tests.unit.consumer.batching.fakes import FakeEngine, Item, answer, ident, said
 
@@ -57,7 +58,7 @@ class GatedEngine(FakeEngine):
         for _ in range(n):
             self._gate.release()
 
-    def run(self, staged: list[Item]) -> list[SystemOneResponse]:
+    def run(self, staged: list[Item], between: Between | None = None) -> list[SystemOneResponse]:
         self.batches.append([i.name for i in staged])  # started on the GPU thread
         if not self._gate.acquire(timeout=5):
             raise TimeoutError("test never allowed this batch")

@@ -13,6 +13,7 @@ from consumer.metrics import Metrics
 from consumer.settings import BatchingSettings
 from engine.batching.cut import BatchLimits
 from engine.batching.split import EngineError
+from engine.types import Between
 from schemas.errors import DlqReason, RequestError
 from schemas.response import SystemOneResponse
 from tests.unit.consumer.batching.fakes import FakeEngine, Item, OutOfMemoryError, answer, ident, items, said
@@ -188,7 +189,7 @@ class StagedFake(FakeEngine):
     """Fails where the real engine's steps would: an OOM in `run` (the GPU), unusable output in `respond`
     (the CPU pool); `execute` fails on both, as `respond(run(stage(batch)))` would."""
 
-    def run(self, staged: list[Item]) -> list[SystemOneResponse]:
+    def run(self, staged: list[Item], between: Between | None = None) -> list[SystemOneResponse]:
         self._note("run")
         self.batches.append([i.name for i in staged])
         if self.oom_above is not None and len(staged) > self.oom_above:

@@ -10,6 +10,7 @@ from structlog.testing import capture_logs
 from consumer.batching.batcher import Batcher
 from consumer.settings import BatchingSettings
 from engine.batching.cut import BatchLimits
+from engine.types import Between
 from schemas.response import SystemOneResponse
 from tests.unit.consumer.batching.fakes import FakeEngine, Item
 
@@ -22,7 +23,7 @@ class _StuckEngine(FakeEngine):
         self.release = threading.Event()
         self.started = threading.Event()
 
-    def run(self, staged: list[Item]) -> list[SystemOneResponse]:
+    def run(self, staged: list[Item], between: Between | None = None) -> list[SystemOneResponse]:
         self.started.set()
         self.release.wait(5)
         return super().run(staged)

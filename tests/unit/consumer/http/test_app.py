@@ -17,7 +17,7 @@ from pydantic import SecretStr
 
 from consumer.http.app import create_app
 from consumer.metrics import Metrics
-from consumer.settings import HttpSettings
+from consumer.settings import HttpSettings, PrioritySettings
 from engine.batching.split import EngineError
 from schemas.errors import DlqReason, RequestError
 from schemas.systemone import SystemOneRequest, SystemOneResponse, build_response, parse_request
@@ -31,11 +31,16 @@ class FakeBackend:
         self.is_healthy = True
         self.gate: asyncio.Event | None = None
         self.bodies: list[bytes] = []
+        self.priorities: list[int | None] = []
 
     async def answer(
-        self, body: bytes, check: Callable[[SystemOneRequest], None] | None = None
+        self,
+        body: bytes,
+        check: Callable[[SystemOneRequest], None] | None = None,
+        priority: int | None = None,
     ) -> SystemOneResponse:
         self.bodies.append(body)
+        self.priorities.append(priority)
         if self.gate is not None:
             await self.gate.wait()
         request = parse_request(body)
@@ -55,8 +60,16 @@ class FakeBackend:
         return self.is_healthy
 
 
-def client(backend: FakeBackend | None = None, **settings: Any) -> httpx.AsyncClient:
-    app = create_app(HttpSettings(**settings), backend or FakeBackend(), Metrics(), "clef-omni")
+def client(
+    backend: FakeBackend | None = None, priority: PrioritySettings | None = None, **settings: Any
+) -> httpx.AsyncClient:
+    app = create_app(
+        HttpSettings(**settings),
+        backend or FakeBackend(),
+        Metrics(),
+        "clef-omni",
+        priority=priority or PrioritySettings(),
+    )
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
 
 
@@ -302,3 +315,34 @@ async def test_auth_applies_before_anything_else(path: str) -> None:
     async with client(api_keys=(SecretStr("k"),), max_body_bytes=10) as c:
         r = await c.request("POST" if path.endswith("one") else "GET", path, content=b"x" * 50)
     assert_error(r, 401, "authentication_error")
+
+
+async def test_priority_header_sets_the_class_and_the_http_class_is_the_default() -> None:
+    backend = FakeBackend()
+    async with client(backend, priority=PrioritySettings(levels=4, http=1, default=3)) as c:
+        plain = await c.post("/v1/systemone", json=OK)
+        urgent = await c.post("/v1/systemone", json=OK, headers={"X-Clef-Priority": "0"})
+        lowest = await c.post("/v1/systemone", json=OK, headers={"x-clef-priority": " 3 "})
+    assert [r.status_code for r in (plain, urgent, lowest)] == [200, 200, 200]
+    assert backend.priorities == [1, 0, 3]
+
+
+# b"\xb2" reads as "²" (latin-1), which str.isdigit() accepts and int() refuses
+@pytest.mark.parametrize("value", ["3", "-1", "1.5", "high", "", "0x1", b"\xb2", "9" * 5000])
+async def test_a_bad_priority_header_is_400_and_never_reaches_the_backend(value: str | bytes) -> None:
+    backend = FakeBackend()
+    async with client(backend) as c:  # levels 3: classes 0..2
+        r = await c.post("/v1/systemone", json=OK, headers={"X-Clef-Priority": value})
+    assert_error(r, 400, "invalid_priority")
+    assert "X-Clef-Priority" in r.json()["detail"]["message"]
+    assert "0..2" in r.json()["detail"]["message"]
+    assert len(r.json()["detail"]["message"]) < 200  # a long value is not echoed whole
+    assert backend.bodies == []
+
+
+async def test_openapi_documents_the_priority_header() -> None:
+    async with client(priority=PrioritySettings(levels=5, http=2, default=4)) as c:
+        doc = (await c.get("/openapi.json")).json()
+    (param,) = doc["paths"]["/v1/systemone"]["post"]["parameters"]
+    assert (param["name"], param["in"], param["required"]) == ("X-Clef-Priority", "header", False)
+    assert param["schema"] == {"type": "integer", "minimum": 0, "maximum": 4, "default": 2}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ from consumer.http.app import create_app
 from consumer.http.backends import HttpService, ServiceBackend
 from consumer.http.server import HttpServer, bind_socket
 from consumer.metrics import Metrics
-from consumer.settings import HttpSettings, load_settings
+from consumer.settings import HttpSettings, PrioritySettings, load_settings
 from devtools.stub import StubEngine
 from tests.unit.consumer.http.test_app import OK, FakeBackend
 
@@ -38,7 +39,8 @@ def post(body: bytes) -> bytes:
 
 async def started(backend: object, **settings: object) -> HttpServer:
     http = HttpSettings(port=0, **settings)  # type: ignore[arg-type]
-    server = HttpServer(http, create_app(http, backend, Metrics(), "clef-omni"))  # type: ignore[arg-type]
+    app = create_app(http, backend, Metrics(), "clef-omni", priority=PrioritySettings())  # type: ignore[arg-type]
+    server = HttpServer(http, app)
     await server.start()
     return server
 
@@ -91,7 +93,7 @@ async def test_port_in_use_is_an_os_error() -> None:
     try:
         second = HttpServer(
             HttpSettings(port=first.port or 0),
-            create_app(HttpSettings(), FakeBackend(), Metrics(), "clef-omni"),
+            create_app(HttpSettings(), FakeBackend(), Metrics(), "clef-omni", priority=PrioritySettings()),
         )
         with pytest.raises(OSError, match="in use"):
             await second.start()
@@ -115,6 +117,26 @@ async def test_http_service_answers_through_its_batcher() -> None:
         await service.close(5)
     with pytest.raises(RuntimeError):
         await service.answer(json.dumps(OK).encode())
+
+
+async def test_http_service_answers_in_the_http_class_unless_given_one() -> None:
+    settings = load_settings(batching={"max_wait_ms": 0, "priority": {"http": 1}})
+    service = HttpService(settings, StubEngine())
+    seen: list[int | None] = []
+    submit = service.batcher.submit
+
+    def recording(prepare: Any, items: Any, *, priority: int | None = None) -> Any:
+        seen.append(priority)
+        return submit(prepare, items, priority=priority)
+
+    service.batcher.submit = recording  # type: ignore[method-assign]
+    await service.start()
+    try:
+        await service.answer(json.dumps(OK).encode())
+        await ServiceBackend(service, Reach()).answer(json.dumps(OK).encode(), None, 2)
+    finally:
+        await service.close(5)
+    assert seen == [1, 2]
 
 
 class Reach:

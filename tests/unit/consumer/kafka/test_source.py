@@ -1,5 +1,5 @@
 """`Source`: a stop ends a fetch that waits for a rebalance (aiokafka's `getmany` ignores its timeout then),
-and cancelling the caller of `fetch` still cancels it."""
+cancelling the caller of `fetch` still cancels it, and a fetch of some partitions asks for those only."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from aiokafka import TopicPartition
 
 from consumer.kafka.settings import KafkaSettings
 from consumer.kafka.source import Source
@@ -53,3 +54,26 @@ async def test_cancelling_the_caller_of_fetch_still_cancels_it() -> None:
     fetch.cancel()
     with pytest.raises(asyncio.CancelledError):
         await fetch
+
+
+class _BufferedConsumer:
+    """Stands in for AIOKafkaConsumer with records buffered: `getmany` records the partitions it is given."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple[TopicPartition, ...], int]] = []
+
+    async def getmany(
+        self, *partitions: TopicPartition, timeout_ms: int, max_records: int
+    ) -> dict[TopicPartition, list[Any]]:
+        self.calls.append((partitions, max_records))
+        return {tp: [max_records] for tp in partitions}
+
+
+async def test_fetch_takes_only_the_given_partitions() -> None:
+    fake = _BufferedConsumer()
+    source = _source(fake)
+    urgent = TopicPartition("alerts.critical", 0)
+    assert await source.fetch(8, partitions=[urgent]) == {urgent: [8]}
+    assert await source.fetch(16) == {}  # every partition: getmany() without arguments
+    assert await source.fetch(4, partitions=()) == {}  # none at all, without asking the consumer
+    assert fake.calls == [((urgent,), 8), ((), 16)]

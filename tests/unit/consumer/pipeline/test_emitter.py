@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from consumer.metrics import Metrics
@@ -59,6 +60,7 @@ class Harness:
             self.committer,
             self.metrics,
             EngineInfo(),
+            classes={"in": 0, "alerts.critical": 1},
             on_fatal=self.fatal.append,
         )
 
@@ -66,8 +68,10 @@ class Harness:
         await self.committer.open(tp)
         return self.emitter.open(tp)
 
-    def unit(self, state: PartitionState, first: int, n: int) -> tuple[Unit, asyncio.Future[list[Outcome]]]:
-        records = [InputRecord("in", 0, first + i, b"key", b"{}", (), 1) for i in range(n)]
+    def unit(
+        self, state: PartitionState, first: int, n: int, topic: str = "in", timestamp_ms: int = 1
+    ) -> tuple[Unit, asyncio.Future[list[Outcome]]]:
+        records = [InputRecord(topic, 0, first + i, b"key", b"{}", (), timestamp_ms) for i in range(n)]
         future: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
         unit = Unit(state, records, [None] * n, future)
         self.committer.track(state.tp, first, first + n)
@@ -251,4 +255,34 @@ async def test_a_full_emitter_says_so_and_wakes_its_waiter_when_acknowledgements
     h.emitter.interrupt()  # a stop ends the wait at once
     assert not await asyncio.wait_for(blocked, 1.0)
     h.emitter.close(state)
+    await h.emitter.wait_closed(1.0)
+
+
+async def test_end_to_end_is_observed_per_acknowledged_record_under_its_topics_class() -> None:
+    h = Harness()  # classes: "in" 0, "alerts.critical" 1; any other topic the default class, 2
+    critical, bulk, other = await h.open("p0"), await h.open("p1"), await h.open("p2")
+    sent_ms = int(time.time() * 1000) - 2_000  # two seconds before the acknowledgement
+    _, a = h.unit(critical, 0, 2, topic="alerts.critical", timestamp_ms=sent_ms)
+    _, b = h.unit(bulk, 0, 3, timestamp_ms=sent_ms)
+    _, c = h.unit(other, 0, 1, topic="elsewhere", timestamp_ms=sent_ms)
+    _, d = h.unit(bulk, 3, 1, timestamp_ms=0)  # no timestamp: observed nowhere
+    for fut, n in ((a, 2), (b, 3), (c, 1), (d, 1)):
+        fut.set_result([_answer("x")] * n)
+    await settle()
+    h.producer.ack()
+    await settle()
+    h.producer.ack()  # a round coalesced behind the first one
+    await settle()
+
+    def sample(name: str, priority: str) -> float | None:
+        return h.metrics.registry.get_sample_value(
+            f"clef_router_class_end_to_end_seconds_{name}", {"priority": priority}
+        )
+
+    assert h.emitter.in_flight == 0
+    assert [sample("count", p) for p in ("0", "1", "2")] == [3, 2, 1]
+    assert 1.9 * 2 < (sample("sum", "1") or 0) < 2.1 * 2
+    assert h.metrics.registry.get_sample_value("clef_router_end_to_end_seconds_count") == 6  # as before
+    for state in (critical, bulk, other):
+        h.emitter.close(state)
     await h.emitter.wait_closed(1.0)

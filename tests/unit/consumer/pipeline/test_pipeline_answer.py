@@ -1,10 +1,11 @@
-"""`Pipeline.answer` (HTTP) through the shared batcher; `Pipeline._admit` of records it may not take yet."""
+"""`Pipeline.answer` (HTTP) through the shared batcher, in its priority class; `Pipeline._admit` of records
+it may not take yet."""
 
 from __future__ import annotations
 
 import json
 from types import SimpleNamespace
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from aiokafka import TopicPartition
@@ -28,6 +29,30 @@ async def test_answer_returns_the_response_and_raises_request_errors() -> None:
             await pipeline.answer(b"not json")
     finally:
         await pipeline.batcher.close(1.0)
+
+
+async def test_answer_runs_in_the_http_class_unless_given_one() -> None:
+    priority = {"levels": 3, "http": 1}
+    settings = load_settings(http={"enabled": False}, batching={"max_wait_ms": 0, "priority": priority})
+    pipeline = Pipeline(settings, StubEngine())
+    seen: list[int | None] = []
+    submit = pipeline.batcher.submit
+
+    def recording(prepare: Any, items: Any, *, priority: int | None = None) -> Any:
+        seen.append(priority)
+        return submit(prepare, items, priority=priority)
+
+    pipeline.batcher.submit = recording  # type: ignore[method-assign]
+    await pipeline.batcher.start()
+    try:
+        body = json.dumps({"state": "disk full", "questions": {"ok": {"type": "noul"}}}).encode()
+        await pipeline.answer(body)
+        await pipeline.answer(body, priority=0)
+        with pytest.raises(ValueError, match="priority"):
+            await pipeline.answer(body, priority=3)
+    finally:
+        await pipeline.batcher.close(1.0)
+    assert seen == [1, 0, 3]
 
 
 class _FakeSource:

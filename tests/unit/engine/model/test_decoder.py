@@ -50,3 +50,30 @@ def test_decoder_in_pieces_equals_the_whole_forward(loaded: LoadedModel) -> None
         for split in range(n + 1):
             state = decoder.layers(decoder.layers(decoder.begin(p), p, 0, split), p, split, n)
             assert torch.equal(state.h, whole), split
+
+
+def test_between_runs_after_every_layer_but_the_last_and_leaves_the_output(loaded: LoadedModel) -> None:
+    """The `between` hook (where an urgent batch runs inside a long one) is called once after each layer
+    but the last; a whole other forward run inside it changes neither forward's output."""
+    text_model = loaded.model.text_model
+    decoder = PackedTextDecoder(text_model)
+    gen = torch.Generator().manual_seed(8)
+    ids, other_ids = torch.randint(0, 800, (23,), generator=gen), torch.randint(0, 800, (9,), generator=gen)
+
+    def inputs(tokens: torch.Tensor) -> PackedInputs:
+        n = tokens.numel()
+        return PackedInputs(
+            text_model.embed_tokens(tokens),
+            torch.arange(n)[None].expand(3, -1),
+            torch.tensor([0, n]).int(),
+            n,
+        )
+
+    with torch.inference_mode():
+        p, q = inputs(ids), inputs(other_ids)
+        alone, other_alone = decoder(p), decoder(q)
+        inside: list[torch.Tensor] = []
+        interleaved = decoder(p, lambda: inside.append(decoder(q)))
+    assert len(inside) == decoder.num_layers - 1
+    assert torch.equal(interleaved, alone)
+    assert all(torch.equal(h, other_alone) for h in inside)
