@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.av_placeholder import install_av_placeholder
+from bench.cli import parse_sets
 from bench.e2e_mixed import MixedPlan, mixed_batching, mixed_run, mixed_sizes
 from bench.e2e_report import Emit, broker_log_errors, mixed_text, summary_text
 from bench.e2e_run import Plan, build_engines, kafka_run
@@ -95,6 +96,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partitions", type=int, default=3, help="partitions of every topic")
     p.add_argument(
         "--mode", choices=("fixed", "adaptive"), default=None, help="batching mode (default: the service's)"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="batching.KEY=VALUE",
+        help="a batching setting for the whole run, e.g. batching.backlog_batches=2 (repeatable, JSON)",
     )
     p.add_argument(
         "--max-batch-tokens", type=int, default=None, help="batch token budget (default: the service's)"
@@ -157,6 +165,10 @@ def run(args: argparse.Namespace) -> int:
     overrides = {
         k: v for k, v in (("mode", args.mode), ("max_batch_tokens", args.max_batch_tokens)) if v is not None
     }
+    sets = parse_sets(args.set)
+    if set(sets) - {"batching"}:
+        raise SystemExit(f"bench.e2e: --set takes batching settings only, got {sorted(set(sets))}")
+    overrides |= sets.get("batching", {})
     batching = BatchingSettings.model_validate(overrides).model_dump()
     if args.mixed:
         batching = mixed_batching(batching)

@@ -112,6 +112,12 @@ class BatchingSettings(_Frozen):
     latency_target_ms: float = Field(
         default=250.0, gt=0, description="adaptive: a batch runs in half of this unless a backlog built"
     )
+    backlog_batches: float = Field(
+        default=0.0,
+        ge=0,
+        description="adaptive: the budget opens to max_batch_tokens once the head waited half the target "
+        "and at least this many target-sized batches of tokens wait (0: on the wait alone)",
+    )
     max_batch_records: int = Field(default=SERVICE_LIMITS.max_records, ge=1)
     max_batch_tokens: int = Field(default=SERVICE_LIMITS.max_tokens, ge=1)
     max_wait_ms: float = Field(default=20.0, ge=0)

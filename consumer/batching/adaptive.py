@@ -152,17 +152,29 @@ class AdaptiveDecision:
     budget: int
 
 
-def adaptive_budget(cost: CostLike, *, max_tokens: int, latency_target: float, head_age: float) -> int:
+def adaptive_budget(
+    cost: CostLike,
+    *,
+    max_tokens: int,
+    latency_target: float,
+    head_age: float,
+    queued_tokens: int = 0,
+    backlog_batches: float = 0.0,
+) -> int:
     """The token budget of the next batch: what the GPU runs in half of `latency_target`, or
-    `max_tokens` once the oldest record has waited more than half the target (or before the cost model
-    has a fit). Never above `max_tokens`."""
-    half = latency_target / 2.0
-    if head_age > half:
-        return max_tokens
-    within = cost.tokens_within(half)
+    `max_tokens` once the oldest record has waited more than half the target and more than
+    at least `backlog_batches` such batches of tokens wait (`queued_tokens`; 0: the wait alone opens it), or
+    before the cost model has a fit. Never above `max_tokens`.
+
+    A short burst (a few target-sized batches) is then still served in target-sized slices, so the records
+    behind it do not wait for one batch of `max_tokens`; a real backlog runs at the GPU's best."""
+    within = cost.tokens_within(latency_target / 2.0)
     if within is None:
         return max_tokens
-    return max(1, min(max_tokens, within))
+    within = max(1, min(max_tokens, within))
+    if head_age > latency_target / 2.0 and queued_tokens >= backlog_batches * within:
+        return max_tokens
+    return within
 
 
 def plan_adaptive(
@@ -173,6 +185,7 @@ def plan_adaptive(
     limits: BatchLimits,
     latency_target: float,
     fallback_wait: float,
+    backlog_batches: float = 0.0,
 ) -> AdaptiveDecision:
     """Decide the next batch from the ready records' token counts (in arrival order). Pure.
 
@@ -181,7 +194,12 @@ def plan_adaptive(
     predicted end (`fallback_wait` when the cost model cannot predict it yet).
     """
     budget = adaptive_budget(
-        cost, max_tokens=limits.max_tokens, latency_target=latency_target, head_age=view.head_age
+        cost,
+        max_tokens=limits.max_tokens,
+        latency_target=latency_target,
+        head_age=view.head_age,
+        queued_tokens=sum(tokens),
+        backlog_batches=backlog_batches,
     )
     count, full = take(tokens, limits.with_tokens(budget), "packed")
     if count == 0:

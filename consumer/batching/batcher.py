@@ -209,6 +209,7 @@ class Batcher(Generic[P, S, R]):
             limits=limits,
             latency_target=cfg.latency_target_ms / 1000.0,
             fallback_wait=cfg.max_wait_ms / 1000.0,
+            backlog_batches=cfg.backlog_batches,
         )
         return decision.count, decision.wait, decision.budget
 

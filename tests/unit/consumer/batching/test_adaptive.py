@@ -240,3 +240,18 @@ async def test_fixed_mode_still_waits_for_max_wait() -> None:
     await settle()
     assert engine.batches == [["a"]]
     await b.close()
+
+
+def test_a_short_burst_keeps_target_sized_batches_when_asked() -> None:
+    """With `backlog_batches`, a head that waited past half the target opens the budget only when more
+    than that many target-sized batches of tokens wait."""
+    cost = CostModel()
+    for tokens in (1000, 2000):
+        cost.observe(tokens, 1e-4 * tokens)  # 1,000 tokens in half of a 200 ms target
+    late = {"max_tokens": 50_000, "latency_target": 0.2, "head_age": 0.11}
+    assert adaptive_budget(cost, **late, queued_tokens=1500, backlog_batches=2.0) == 1000
+    assert adaptive_budget(cost, **late, queued_tokens=2001, backlog_batches=2.0) == 50_000
+    assert adaptive_budget(cost, **late, queued_tokens=1500) == 50_000  # 0: the wait alone opens it
+    assert (
+        adaptive_budget(cost, **{**late, "head_age": 0.05}, queued_tokens=9999, backlog_batches=2.0) == 1000
+    )
