@@ -101,8 +101,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--set",
         action="append",
         default=[],
-        metavar="batching.KEY=VALUE",
-        help="a batching setting for the whole run, e.g. batching.backlog_batches=2 (repeatable, JSON)",
+        metavar="SECTION.KEY=VALUE",
+        help="a batching or kafka setting of the run, e.g. batching.backlog_batches=2 (repeatable, JSON)",
     )
     p.add_argument(
         "--max-batch-tokens", type=int, default=None, help="batch token budget (default: the service's)"
@@ -166,8 +166,8 @@ def run(args: argparse.Namespace) -> int:
         k: v for k, v in (("mode", args.mode), ("max_batch_tokens", args.max_batch_tokens)) if v is not None
     }
     sets = parse_sets(args.set)
-    if set(sets) - {"batching"}:
-        raise SystemExit(f"bench.e2e: --set takes batching settings only, got {sorted(set(sets))}")
+    if set(sets) - {"batching", "kafka"}:
+        raise SystemExit(f"bench.e2e: --set takes batching and kafka settings only, got {sorted(set(sets))}")
     overrides |= sets.get("batching", {})
     batching = BatchingSettings.model_validate(overrides).model_dump()
     if args.mixed:
@@ -192,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
             "kind": "info",
             "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "engine": kind if args.layers is None or kind != "full" else f"full ({args.layers} layers)",
+            "routing": args.routing if kind == "full" else None,
             "device": torch.cuda.get_device_name() if kind == "full" else "cpu",
             "torch": torch.__version__,
             "transformers": _version("transformers"),
@@ -243,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
                 partitions=args.partitions,
                 batching=batching,
                 deadline=t_start + args.deadline_s,
+                kafka=sets.get("kafka", {}),
             )
             loads = asyncio.run(kafka_run(broker, engine, values, plan, t_start, emit))
             text = summary_text(info, cap, loads)

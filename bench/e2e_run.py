@@ -12,7 +12,7 @@ import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bench.e2e_report import Emit, load_figures, service_counters, service_window
@@ -150,6 +150,7 @@ class Plan:
     partitions: int
     batching: dict[str, Any]
     deadline: float  # perf_counter time after which no load starts and drains stop
+    kafka: dict[str, Any] = field(default_factory=dict)  # service Kafka settings of the run (`--set kafka.*`)
 
 
 async def drain(ledger: Ledger, load: int, limit: float, stop: asyncio.Event) -> float:
@@ -198,7 +199,9 @@ async def service_session(
     bootstrap = broker.bootstrap_servers
     group = f"e2e-{uuid.uuid4().hex[:8]}"
     settings = load_settings(
-        kafka={"bootstrap_servers": bootstrap, "group_id": group}, log_level="warning", **fields
+        kafka={**fields.get("kafka", {}), "bootstrap_servers": bootstrap, "group_id": group},
+        log_level="warning",
+        **{k: v for k, v in fields.items() if k != "kafka"},
     )
     topics = settings.topics
     names = service_topics(topics, settings.routing.department_map.values())
@@ -253,7 +256,7 @@ async def kafka_run(
     broker: LocalKafka, engine: Any, values: Sequence[bytes], plan: Plan, t0: float, emit: Emit
 ) -> list[dict[str, Any]]:
     """Steps 4-7 of `bench.e2e`'s docstring; returns the `load` lines. Stops early on SIGINT/SIGTERM."""
-    fields = {"batching": plan.batching, "http": {"enabled": False}}
+    fields = {"batching": plan.batching, "http": {"enabled": False}, "kafka": plan.kafka}
     results: list[dict[str, Any]] = []
     async with service_session(broker, engine, plan.partitions, fields, t0, emit) as run:
         producer = Producer(

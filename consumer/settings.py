@@ -113,7 +113,7 @@ class BatchingSettings(_Frozen):
         default=250.0, gt=0, description="adaptive: a batch runs in half of this unless a backlog built"
     )
     backlog_batches: float = Field(
-        default=0.0,
+        default=2.0,  # BENCHMARKS.md, "Priority classes and tail latency"
         ge=0,
         description="adaptive: the budget opens to max_batch_tokens once the head waited half the target "
         "and at least this many target-sized batches of tokens wait (0: on the wait alone)",

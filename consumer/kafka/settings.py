@@ -65,7 +65,9 @@ class KafkaSettings(_Frozen):
     max_poll_interval_ms: int = Field(default=300_000, ge=1000)
     fetch_max_records: int = Field(default=500, ge=1)
     commit_interval_ms: int = Field(default=500, ge=10)
-    linger_ms: int = Field(default=5, ge=0)
+    # 0: a decision is sent at once; under load the producer still batches what queues behind a request
+    # in flight (BENCHMARKS.md, "Priority classes and tail latency")
+    linger_ms: int = Field(default=0, ge=0)
     exactly_once: bool = Field(
         default=False,
         description="transactional outputs with the input offsets, one producer per input partition; "
