@@ -207,11 +207,21 @@ async def test_gpu_finishing_early_takes_the_queue_at_once() -> None:
     await b.close()
 
 
-async def test_latency_budget_slices_a_burst_then_a_backlog_opens_it() -> None:
+@pytest.mark.parametrize(
+    ("backlog_batches", "after_the_wait"),
+    [(0.0, [["r4", "r5", "r6"]]), (1.0, [["r4", "r5", "r6"]]), (2.0, [["r4", "r5"], ["r6"]])],
+)
+async def test_latency_budget_slices_a_burst_then_a_backlog_opens_it(
+    backlog_batches: float, after_the_wait: list[list[str]]
+) -> None:
+    """Target-sized batches (2 records) until the oldest record waited half the target; then the budget
+    opens when at least `backlog_batches` target-sized batches wait (3 records of 10 tokens = 1.2 of 25),
+    else the slices go on."""
     clock = ManualClock()
     engine = GatedEngine()
     cost = FixedCost(seconds=0.05, within=25)  # half the target fits 2 records of 10 tokens
-    b: FakeBatcher = Batcher(engine, adaptive(max_pending_batches=1), clock=clock, cost=cost)
+    settings = adaptive(max_pending_batches=1, backlog_batches=backlog_batches)
+    b: FakeBatcher = Batcher(engine, settings, clock=clock, cost=cost)
     await b.start()
     b.submit(ident, [Item(f"r{i}") for i in range(7)])
     await settle()
@@ -220,9 +230,10 @@ async def test_latency_budget_slices_a_burst_then_a_backlog_opens_it() -> None:
     await settle()
     assert engine.batches[1:] == [["r2", "r3"]]
     await clock.advance(0.11)  # the queue's oldest record has now waited over half the 200 ms target
-    engine.allow()
-    await settle()
-    assert engine.batches[2:] == [["r4", "r5", "r6"]]
+    for _ in after_the_wait:
+        engine.allow()
+        await settle()
+    assert engine.batches[2:] == after_the_wait
     engine.allow()
     await b.close()
 

@@ -27,7 +27,7 @@ from schemas.systemone import (
     parse_request,
 )
 
-_REPO = Path(__file__).resolve().parents[3]
+_REPO = Path(__file__).resolve().parents[4]
 _CANDIDATES = (
     _REPO / "tests" / "conformance",
     _REPO.parent / "shared" / "conformance",  # the shared fixture next to a checkout (../shared, SPEC)
@@ -82,9 +82,9 @@ def encoder() -> TextEncoder:
 
 
 def test_fixture_has_the_text_rules() -> None:
-    """Guards the parametrisation: a fixture without these cases would make the checks below vacuous."""
-    if _fixture_dir() is None:
-        pytest.skip("conformance fixture not found")
+    """Guards the parametrisation: a fixture without these cases would make the checks below vacuous. The
+    fixture is vendored in tests/conformance, so a missing one is a failure, not a skip."""
+    assert _fixture_dir() is not None, "conformance fixture not found (tests/conformance)"
     names = {p.id for p in _text_cases()}
     for name in ("noul-null-criteria", "instructions-8-forms", "ids-space-emoji", "score-10-mixed"):
         assert name in names
