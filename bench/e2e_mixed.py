@@ -135,21 +135,12 @@ async def mixed_run(
 
 async def _http_server(run: Session) -> tuple[HttpServer, BrokerWatch]:
     """The service's HTTP app on the pipeline, served on the loop, and its broker watch; both started."""
-    from consumer.http.app import create_app
-    from consumer.http.backends import ServiceBackend
-    from consumer.http.server import HttpServer
+    from consumer.http.backends import ServiceBackend, http_server
     from consumer.kafka.broker_watch import BrokerWatch
 
     settings, pipeline = run.settings, run.pipeline
     watch = BrokerWatch(settings.kafka, pipeline.metrics, settings.http.broker_unreachable_s)
-    app = create_app(
-        settings.http,
-        ServiceBackend(pipeline, watch),
-        pipeline.metrics,
-        settings.engine.model_name,
-        priority=settings.batching.priority,
-    )
-    server = HttpServer(settings.http, app)
+    server = http_server(settings, ServiceBackend(pipeline, watch), pipeline.metrics)
     await server.start()
     await watch.start()
     return server, watch

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +94,28 @@ class Tail:
         await self._consumer.stop()
 
 
+async def arrivals(
+    t0: float, rate: float, seconds: float, poisson: bool, rng: random.Random, stop: asyncio.Event
+) -> AsyncIterator[tuple[int, float]]:
+    """Open-loop send times from `t0` (perf_counter): `(index, due)` at `rate` per second for `seconds`
+    (`poisson`: exponential gaps drawn from `rng`, else even ones), each yielded once its time has come.
+    Ends early when `stop` is set."""
+    i = 0
+    due = t0
+    while not stop.is_set():
+        due = due + rng.expovariate(rate) if poisson else t0 + i / rate
+        if due - t0 >= seconds:
+            return
+        delay = due - time.perf_counter()
+        if delay > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+            if stop.is_set():
+                return
+        yield i, due
+        i += 1
+
+
 class Producer:
     """Sends pool events to `topic` at a fixed rate (open loop) or as a backlog, each with a unique `ce_id`
     header: `{prefix}{load}-{i}` (producers into one ledger need distinct prefixes)."""
@@ -129,24 +151,11 @@ class Producer:
         """Send for `seconds` at `rate` events/s (`poisson`: exponential gaps, else even ones); returns the
         perf_counter time the window began. Stops early when `stop` is set. Waits for every acknowledgement
         (send errors are counted in the ledger)."""
-        rng = self._rng
         t0 = time.perf_counter()
         wall0 = time.time()
         acks = []
-        i = 0
-        due = t0
-        while not stop.is_set():
-            due = due + rng.expovariate(rate) if poisson else t0 + i / rate
-            if due - t0 >= seconds:
-                break
-            delay = due - time.perf_counter()
-            if delay > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
-                if stop.is_set():
-                    break
+        async for i, due in arrivals(t0, rate, seconds, poisson, self._rng, stop):
             acks.append(await self._send(load, i, due, int((wall0 + (due - t0)) * 1000)))
-            i += 1
         await self._settle(acks)
         return t0
 
@@ -218,17 +227,7 @@ class HttpLoad:
         set."""
         rng = self._rng
         t0 = time.perf_counter()
-        due = t0
-        while not stop.is_set():
-            due += rng.expovariate(rate)
-            if due - t0 >= seconds:
-                break
-            delay = due - time.perf_counter()
-            if delay > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
-                if stop.is_set():
-                    break
+        async for _, due in arrivals(t0, rate, seconds, True, rng, stop):
             call = HttpCall(due)
             self.calls.append(call)
             task = asyncio.create_task(self._post(call, self._bodies[rng.randrange(len(self._bodies))]))

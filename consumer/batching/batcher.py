@@ -73,6 +73,7 @@ class Batcher(Generic[P, S, R]):
         self._metrics = metrics
         priority = settings.priority
         self._urgent_below = priority.urgent_below
+        self._urgent_levels = range(min(priority.urgent_below, priority.levels))  # classes of the lane
         self._urgent_limits = self._limits.with_tokens(
             min(self._limits.max_tokens, priority.urgent_max_tokens)
         )
@@ -172,16 +173,13 @@ class Batcher(Generic[P, S, R]):
 
     def _urgent_waiting(self) -> bool:
         """Whether records of an urgent class wait."""
-        return any(
-            self._queues.waiting(c) for c in range(min(self._urgent_below, self._queues.policy.levels))
-        )
+        return any(self._queues.waiting(c) for c in self._urgent_levels)
 
     def _cut_urgent(self) -> None:
         """Cut the urgent classes' waiting records (class order, FIFO) into one lane batch."""
-        urgent = range(min(self._urgent_below, self._queues.policy.levels))
-        head = self._queues.head_of(urgent, self._urgent_limits.max_records + 1)
+        head = self._queues.head_of(self._urgent_levels, self._urgent_limits.max_records + 1)
         count, _ = take([job[0].num_tokens for job in head], self._urgent_limits, "packed")
-        batch = self._queues.take_from(urgent, count)
+        batch = self._queues.take_from(self._urgent_levels, count)
         tokens = sum(job[0].num_tokens for job in batch)
         self._urgent_busy = True
         self._track(asyncio.ensure_future(self._dispatch(batch, tokens, urgent=True)))

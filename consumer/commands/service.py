@@ -168,9 +168,7 @@ def _stub_engine(settings: Settings) -> StubEngine:
 async def _serve(settings: Settings, engine: ServingEngine[P, S, R]) -> None:
     """Kafka and HTTP on one loop. SIGTERM/SIGINT: the HTTP server stops accepting and lets requests in
     progress finish while the pipeline drains (HTTP requests already in the batcher are answered)."""
-    from consumer.http.app import create_app
-    from consumer.http.backends import ServiceBackend
-    from consumer.http.server import HttpServer
+    from consumer.http.backends import ServiceBackend, http_server
     from consumer.kafka.broker_watch import BrokerWatch
     from consumer.pipeline.pipeline import Pipeline
 
@@ -178,14 +176,7 @@ async def _serve(settings: Settings, engine: ServingEngine[P, S, R]) -> None:
     watch = BrokerWatch(settings.kafka, pipeline.metrics, settings.http.broker_unreachable_s)
     server = None
     if settings.http.enabled:
-        app = create_app(
-            settings.http,
-            ServiceBackend(pipeline, watch),
-            pipeline.metrics,
-            settings.engine.model_name,
-            priority=settings.batching.priority,
-        )
-        server = HttpServer(settings.http, app)
+        server = http_server(settings, ServiceBackend(pipeline, watch), pipeline.metrics)
         await server.start()
 
     def stop() -> None:
@@ -238,22 +229,11 @@ def _serve_http(args: argparse.Namespace) -> int:
 
 
 async def _serve_http_async(settings: Settings, engine: ServingEngine[P, S, R]) -> None:
-    from consumer.http.app import create_app
-    from consumer.http.backends import HttpService
-    from consumer.http.server import HttpServer
+    from consumer.http.backends import HttpService, http_server
     from consumer.runtime import tune_gc
 
     service = HttpService(settings, engine)
-    server = HttpServer(
-        settings.http,
-        create_app(
-            settings.http,
-            service,
-            service.metrics,
-            settings.engine.model_name,
-            priority=settings.batching.priority,
-        ),
-    )
+    server = http_server(settings, service, service.metrics)
     await service.start()
     await server.start()
     tune_gc(settings.gc_gen0_threshold, freeze=settings.gc_freeze)

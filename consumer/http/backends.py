@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import time
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from consumer.batching.batcher import Batcher
 from consumer.batching.engine_batcher import RequestCheck, answer_body, engine_batcher
@@ -21,6 +21,9 @@ from consumer.settings import Settings
 from engine.types import PreparedLike, ServingEngine
 from schemas.parse import RequestLimits
 from schemas.response import SystemOneResponse
+
+if TYPE_CHECKING:
+    from consumer.http.server import HttpServer
 
 log = get_logger("consumer.http.backends")
 
@@ -105,3 +108,16 @@ class ServiceBackend:
 
     def healthy(self) -> bool:
         return self._pipeline.healthy()
+
+
+def http_server(settings: Settings, backend: Backend, metrics: Metrics) -> HttpServer:
+    """The service's HTTP server over `backend`, not started: the app of `consumer.http.app` with the
+    settings' HTTP options, model name and priority classes (`run`, `serve` and the benches build it here).
+    Imports the web stack (FastAPI, uvicorn) when called."""
+    from consumer.http.app import create_app
+    from consumer.http.server import HttpServer
+
+    app = create_app(
+        settings.http, backend, metrics, settings.engine.model_name, priority=settings.batching.priority
+    )
+    return HttpServer(settings.http, app)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -50,9 +51,9 @@ class GatedEngine(FakeEngine):
         return out
 
 
-async def until(condition: object, rounds: int = 500) -> None:
+async def until(condition: Callable[[], bool], rounds: int = 500) -> None:
     for _ in range(rounds):
-        if callable(condition) and condition():
+        if condition():
             return
         await asyncio.sleep(0.005)
     raise AssertionError("condition not met in time")
