@@ -31,4 +31,5 @@ def engine_config(engine: EngineSettings, batching: BatchingSettings) -> EngineC
         truncate_state=engine.truncate_state,
         confidence_formula=engine.confidence_formula,
         fp8_experts=engine.fp8_experts,
+        fp8_text_only=engine.fp8_text_only,
     )

@@ -152,6 +152,11 @@ class EngineSettings(_Frozen):
         description="run the MoE experts in FP8 on Hopper GPUs (engine.kernels.fp8; opt-in, "
         "the release is bf16)",
     )
+    fp8_text_only: bool = Field(
+        default=False,
+        description="FP8 experts with the bf16 experts freed (about half the GPU memory); every request "
+        "with media is then refused (400 / dead letter media_undecodable). CUDA only",
+    )
 
 
 def engine_device(engine: EngineSettings) -> str:

@@ -35,7 +35,9 @@ class EngineConfig:
     CUDA, `fast_path` runs text-only batches through the packed varlen decoder (`engine.model.decoder`),
     replaying CUDA graphs captured per token bucket (`graph_buckets`; None:
     `engine.model.graphs.default_buckets(limits.max_tokens)`, empty: no graphs); `fp8_experts` runs the
-    MoE experts in FP8 there (`engine.kernels.fp8`, opt-in). A record failing alone is tried
+    MoE experts in FP8 there (`engine.kernels.fp8`, opt-in), and `fp8_text_only` does so with the bf16
+    experts freed: about half the GPU memory, and every request with media is refused (a permanent 400,
+    `media_undecodable`). Off CUDA neither applies. A record failing alone is tried
     `single_record_attempts` times (`engine.batching.split`). A server maps its own settings onto this in
     one place (`consumer.engine_config`).
     """
@@ -50,6 +52,7 @@ class EngineConfig:
     layout: Literal["auto", "packed", "padded"] = "auto"
     fast_path: bool = True
     fp8_experts: bool = False
+    fp8_text_only: bool = False
     graph_buckets: tuple[int, ...] | None = None
     media_limits: MediaLimits = field(default_factory=MediaLimits)
     media_policy: MediaPolicy = field(default_factory=MediaPolicy)

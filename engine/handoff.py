@@ -21,6 +21,7 @@ class ModelLike(Protocol):
 
     - `device`: where `collate` puts a batch; `fast_path`: whether the text fast path is built.
     - `enable_fast_path(...)`: build it (CUDA only); returns False and changes nothing where it cannot.
+      `text_only` (with `fp8_experts`) frees the bf16 experts: the model then runs no media.
     - `layout_for(with_media)`: the layout a batch gets when the engine names none.
     - `can_pack(with_media)`: whether records packed in one row need no dense attention mask.
     - `collate(encoded, layout)`: one forward pass's inputs, on `device`.
@@ -35,7 +36,9 @@ class ModelLike(Protocol):
     @property
     def fast_path(self) -> bool: ...
 
-    def enable_fast_path(self, *, graph_buckets: tuple[int, ...] = (), fp8_experts: bool = False) -> bool: ...
+    def enable_fast_path(
+        self, *, graph_buckets: tuple[int, ...] = (), fp8_experts: bool = False, text_only: bool = False
+    ) -> bool: ...
 
     def layout_for(self, with_media: bool) -> Layout: ...
 

@@ -82,6 +82,7 @@ class Engine(Generic[M]):
         self.config = config if config is not None else EngineConfig()
         self._encoder: TextEncoder = encoder_for(tokenizer)
         self._media_hook = media_hook
+        self._text_only = False  # the bf16 experts were freed (FP8 text-only): media is refused
         cfg = self.config
         if cfg.fast_path and model.device.type == "cuda" and not model.fast_path:
             from engine.model.graphs import default_buckets
@@ -89,7 +90,11 @@ class Engine(Generic[M]):
             buckets = cfg.graph_buckets
             if buckets is None:
                 buckets = default_buckets(cfg.limits.max_tokens)
-            model.enable_fast_path(graph_buckets=buckets, fp8_experts=cfg.fp8_experts)
+            fp8 = cfg.fp8_experts or cfg.fp8_text_only
+            if model.enable_fast_path(graph_buckets=buckets, fp8_experts=fp8, text_only=cfg.fp8_text_only):
+                self._text_only = cfg.fp8_text_only
+        elif cfg.fp8_text_only:
+            log.warning("fp8_text_only applies on CUDA only: this engine keeps its bf16 experts and media")
         self._layout: Layout | None = None if self.config.layout == "auto" else self.config.layout
 
     @classmethod
@@ -133,11 +138,14 @@ class Engine(Generic[M]):
     def _media(self, request: SystemOneRequest) -> MediaInputLike | None:
         """The one place a request's media is decoded (None for a text-only request).
 
-        Without a `media_hook` (a release whose processors could not be read) a request with media is a
-        permanent 400 error.
+        Without a `media_hook` (a release whose processors could not be read), or with the FP8 text-only
+        experts (`EngineConfig.fp8_text_only`), a request with media is a permanent 400 error.
         """
         if not request.has_media:
             return None
+        if self._text_only:
+            message = "this engine runs FP8 text-only experts (engine.fp8_text_only): it takes no media"
+            raise RequestError(DlqReason.media_undecodable, message, status=400)
         if self._media_hook is None:
             raise RequestError(DlqReason.media_undecodable, "this engine serves text only", status=400)
         try:

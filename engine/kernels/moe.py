@@ -178,8 +178,8 @@ def tiles_for(pairs: int, experts: int) -> MoeTiles:
     return LARGE if pairs >= LARGE_FROM_ROWS_PER_EXPERT * experts else SMALL
 
 
-def _fit(block: int, dim: int) -> int:
-    # The largest power-of-two step <= `block` dividing `dim` (tensor-core steps need >= 16), else 0.
+def fit_block(block: int, dim: int) -> int:
+    """The largest power-of-two step <= `block` dividing `dim` (tensor-core steps need >= 16), else 0."""
     while block > 16 and dim % block:
         block //= 2
     return block if block >= 16 and dim % block == 0 else 0
@@ -187,11 +187,11 @@ def _fit(block: int, dim: int) -> int:
 
 def supported(hidden: int, inter: int) -> bool:
     """Whether the Triton kernels take these expert sizes (multiples of 16: the release and the tiny one)."""
-    return HAVE_TRITON and _fit(16, hidden) > 0 and _fit(16, inter) > 0
+    return HAVE_TRITON and fit_block(16, hidden) > 0 and fit_block(16, inter) > 0
 
 
-def _row_tiles(pairs: int, experts: int, block_m: int) -> int:
-    # Upper bound of sum_e ceil(counts[e] / block_m) over every split of `pairs` rows into `experts`.
+def row_tiles(pairs: int, experts: int, block_m: int) -> int:
+    """Upper bound of sum_e ceil(counts[e] / block_m) over every split of `pairs` rows into `experts`."""
     return (pairs + experts * (block_m - 1)) // block_m
 
 
@@ -282,8 +282,8 @@ def experts_pairs_triton(
         return y
     e_pad = triton.next_power_of_2(experts)
     gu = tl_.gate_up
-    gu_n, gu_k = _fit(gu.block_n, inter), _fit(gu.block_k, hidden)
-    grid = (_row_tiles(pairs, experts, gu.block_m) * (inter // gu_n),)
+    gu_n, gu_k = fit_block(gu.block_n, inter), fit_block(gu.block_k, hidden)
+    grid = (row_tiles(pairs, experts, gu.block_m) * (inter // gu_n),)
     shapes = {"hidden": hidden, "inter": inter, "e": experts, "e_pad": e_pad}
     # The TMA kernels take weight (and row) descriptors and pipeline their own k-loop (`stages`, `ws`);
     # the pointer kernels take the tensors and Triton's launch-level `num_stages`.
@@ -295,8 +295,8 @@ def experts_pairs_triton(
         w_gu, gu_kernel, gu_pipe = gate_up_proj, _moe_gate_up_kernel, {"num_stages": gu.stages}
     gu_kernel[grid](x, w_gu, order, counts, top_w, act, **shapes, top_k=k, **gu_tiles, **gu_pipe)
     dn = tl_.down
-    dn_n, dn_k = _fit(dn.block_n, hidden), _fit(dn.block_k, inter)
-    grid = (_row_tiles(pairs, experts, dn.block_m) * (hidden // dn_n),)
+    dn_n, dn_k = fit_block(dn.block_n, hidden), fit_block(dn.block_k, inter)
+    grid = (row_tiles(pairs, experts, dn.block_m) * (hidden // dn_n),)
     dn_tiles = {"block_m": dn.block_m, "block_n": dn_n, "block_k": dn_k, "num_warps": dn.warps}
     if dn.tma:
         a_dn: object = TensorDescriptor.from_tensor(act, [dn.block_m, dn_k])

@@ -4,12 +4,16 @@
 
     moe.small, moe.large             `MoeTiles`: the expert kernels' shapes for few / many rows per expert
     moe.large_from_rows_per_expert   average rows per expert from which `moe.large` is used
+    moe_fp8.small, moe_fp8.large     the same for the FP8 expert kernels (`engine.kernels.moe_fp8`)
+    moe_fp8.large_from_rows_per_expert, moe_fp8.group
+                                     its regime switch, and the columns per activation scale (the down
+                                     kernels' k step: their `block_k` must equal it)
     attention                        `AttentionTiles` of the packed attention kernel
 
-The MoE shapes are chosen by `bench.moe_kernels` (BENCHMARKS.md, "Engine, round three"), the attention
-shape by `bench.moe_kernels --packed-attention-only` ("Engine, round four"). `shipped()` reads the file
-once per process and checks every key and type; a malformed file raises ValueError at import of the op
-modules, before any kernel launches.
+The MoE shapes are chosen by `bench.moe_kernels` (BENCHMARKS.md, "Engine, round three"; FP8:
+`bench.moe_fp8`, "Engine, round six"), the attention shape by `bench.moe_kernels --packed-attention-only`
+("Engine, round four"). `shipped()` reads the file once per process and checks every key and type; a
+malformed file raises ValueError at import of the op modules, before any kernel launches.
 """
 
 from __future__ import annotations
@@ -68,6 +72,10 @@ class ShippedTiles:
     moe_large: MoeTiles
     moe_large_from_rows_per_expert: int
     attention: AttentionTiles
+    moe_fp8_small: MoeTiles
+    moe_fp8_large: MoeTiles
+    moe_fp8_large_from_rows_per_expert: int
+    moe_fp8_group: int
 
 
 def _object(
@@ -117,9 +125,18 @@ def _moe_tiles(raw: object, where: str) -> MoeTiles:
 
 def parse(raw: object) -> ShippedTiles:
     """The shapes of a decoded `tiles.json`. Raises ValueError naming the first key that is wrong."""
-    top = _object(raw, "the file", ("moe", "attention"))
+    top = _object(raw, "the file", ("moe", "attention", "moe_fp8"))
     moe = _object(top["moe"], "moe", ("small", "large", "large_from_rows_per_expert"))
     att = _object(top["attention"], "attention", ("block_m", "block_n", "warps", "stages", "group"))
+    f8 = _object(top["moe_fp8"], "moe_fp8", ("small", "large", "large_from_rows_per_expert", "group"))
+    f8_small, f8_large = _moe_tiles(f8["small"], "moe_fp8.small"), _moe_tiles(f8["large"], "moe_fp8.large")
+    group = _positive(f8, "group", "moe_fp8")
+    for name, regime in (("small", f8_small), ("large", f8_large)):
+        if regime.down.block_k != group or regime.gate_up.block_n % group:
+            raise ValueError(
+                f"{DATA_FILE}: moe_fp8.{name}: down.block_k must equal moe_fp8.group and gate_up.block_n "
+                "be a multiple of it"
+            )
     return ShippedTiles(
         moe_small=_moe_tiles(moe["small"], "moe.small"),
         moe_large=_moe_tiles(moe["large"], "moe.large"),
@@ -131,6 +148,10 @@ def parse(raw: object) -> ShippedTiles:
             stages=_positive(att, "stages", "attention"),
             group=_positive(att, "group", "attention"),
         ),
+        moe_fp8_small=f8_small,
+        moe_fp8_large=f8_large,
+        moe_fp8_large_from_rows_per_expert=_positive(f8, "large_from_rows_per_expert", "moe_fp8"),
+        moe_fp8_group=group,
     )
 
 

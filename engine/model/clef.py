@@ -57,12 +57,15 @@ class ClefOmniModel(nn.Module):
         fp8_experts: bool = False,
         fused_experts: bool = True,
         triton_attention: bool = True,
+        text_only: bool = False,
     ) -> bool:
         """Use the padding-free varlen decoder (`engine.model.decoder`) for text-only batches on CUDA.
 
         Optional CUDA graphs (`engine.model.graphs`) replay the decoder for batches up to the largest of
         `graph_buckets` tokens (single requests and small batches, where kernel launches dominate).
-        `fp8_experts` runs the MoE experts in FP8 (`engine.kernels.fp8`, opt-in; the release is bf16).
+        `fp8_experts` runs the MoE experts in FP8 (`engine.kernels.fp8`, opt-in; the release is bf16);
+        with `text_only` too, the bf16 experts are freed for good (`PackedTextDecoder.use_fp8_experts`):
+        about half the memory, and from then on a batch with media raises ValueError (`text_only`).
         `fused_experts=False` runs bf16 experts unfused (CUTLASS grouped GEMMs instead of
         `engine.kernels.moe`), `triton_attention=False` runs attention through torch's varlen
         FlashAttention 2 instead of `engine.kernels.attention`. Calling again switches any of them and
@@ -74,7 +77,7 @@ class ClefOmniModel(nn.Module):
         start = time.monotonic()
         if self._fast is None:  # built once: it holds fused QKV copies of the attention weights
             self._fast = PackedTextDecoder(self.text_model)
-        self._fast.use_fp8_experts(fp8_experts)
+        self._fast.use_fp8_experts(fp8_experts, text_only=fp8_experts and text_only)
         self._fast.fused_experts = fused_experts
         self._fast.triton_attention = triton_attention
         built = time.monotonic()
@@ -104,6 +107,11 @@ class ClefOmniModel(nn.Module):
     @property
     def fast_path(self) -> bool:
         return self._fast is not None
+
+    @property
+    def text_only(self) -> bool:
+        """The bf16 experts were freed (FP8 text-only, `enable_fast_path`): only text batches can run."""
+        return self._fast is not None and self._fast.text_only
 
     @property
     def device(self) -> torch.device:
@@ -170,6 +178,8 @@ class ClefOmniModel(nn.Module):
         text_model = self.text_model
         hidden: torch.Tensor
         if batch.media is not None:  # media never takes the text-only fast path
+            if self.text_only:
+                raise ValueError("media cannot run: the bf16 experts were freed (FP8 text-only mode)")
             hidden = media_hidden_states(self.thinker, text_model, batch)  # (rows, cols, H)
         elif self._fast is not None and batch.layout == "packed":
             return self._fast_hidden_states(text_model, batch, between)

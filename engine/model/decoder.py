@@ -7,10 +7,10 @@ record (`engine.kernels.attention`, one Triton kernel over cumulative sequence o
 attends outside its own record and no compute is spent on padding. `triton_attention = False` runs
 torch's variable-length FlashAttention 2 instead (`torch.nn.attention.varlen.varlen_attn`).
 Per MoE layer: the router GEMM, `moe.route_topk`, one counting sort grouping the pairs by expert
-(`moe.group_by_expert`), the experts through two fused Triton GEMMs (`moe.experts_pairs`; bf16) or
-through CUTLASS grouped GEMMs (`torch.nn.functional.grouped_mm`) in FP8 mode and when `fused_experts` is
-off, and the per-token sum of the k expert outputs folded into the residual add and the next RMSNorm
-(`elementwise.add_pairs_rms_norm`).
+(`moe.group_by_expert`), the experts through two fused Triton GEMMs (`moe.experts_pairs` in bf16,
+`moe_fp8.experts_pairs_fp8` in FP8 mode) or, when `fused_experts` is off, through CUTLASS grouped GEMMs
+(`torch.nn.functional.grouped_mm`, `torch._scaled_grouped_mm` in FP8), and the per-token sum of the k
+expert outputs folded into the residual add and the next RMSNorm (`elementwise.add_pairs_rms_norm`).
 
 The module holds no weights of its own: it reads the parameters of an existing
 `Qwen3OmniMoeThinkerTextModel`, so the strict loader stays the single source of truth. Fused QKV weights
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from engine.kernels import attention, elementwise, moe
+from engine.kernels import attention, elementwise, moe, moe_fp8
 from engine.kernels import fp8 as fp8_mode
 from engine.types import Between
 
@@ -86,6 +86,9 @@ class PackedTextDecoder:
         self._qkv: list[torch.Tensor] = []
         self._fp8: list[fp8_mode.Fp8Experts | None] = []  # per layer, filled by `use_fp8_experts`
         self._fp8_on = False
+        self.text_only = False
+        """The bf16 experts were dropped (`use_fp8_experts(text_only=True)`): FP8 only, and the
+        transformers path (media) cannot run."""
         self.triton_attention = True
         """Attention through `engine.kernels.attention`'s Triton kernel (False: torch's varlen FlashAttention
         2). Recapture graphs after switching."""
@@ -118,24 +121,40 @@ class PackedTextDecoder:
             out = attention.attention(q, k, v, p.cu_seqlens, p.max_seqlen)  # (T, hq, d)
         return att.o_proj(out.reshape(t, hq * d))  # type: ignore[no-any-return]
 
-    def use_fp8_experts(self, on: bool = True) -> int:
+    def use_fp8_experts(self, on: bool = True, *, text_only: bool = False) -> int:
         """Run the experts in FP8 (`on`) or bf16 from the next forward on (see `engine.kernels.fp8`).
 
         The first call with `on` quantises every MoE layer's experts to e4m3 (blocking, a few seconds at
         full size); the copies are kept, so switching back and forth is free. The bf16 weights stay, for
-        the transformers path (media batches). CUDA graphs captured before a switch replay the old mode:
-        recapture them (`ClefOmniModel.enable_fast_path` does). Returns the bytes the FP8 copies take.
+        the transformers path (media batches), unless `text_only`: then each layer's bf16 experts are
+        freed as soon as its copy exists (peak: the bf16 model plus one layer), FP8 stays on for good
+        (`on=False` raises ValueError) and `text_only` is set. CUDA graphs captured before a switch replay
+        the old mode: recapture them (`ClefOmniModel.enable_fast_path` does). Returns the bytes the FP8
+        copies take.
         """
+        if self.text_only and not on:
+            raise ValueError("the bf16 experts were dropped (FP8 text-only): FP8 cannot be turned off")
         self._fp8_on = on
         if on and not self._fp8:
             with torch.inference_mode():
-                self._fp8 = [
-                    fp8_mode.quantize_experts(layer.mlp.experts.gate_up_proj, layer.mlp.experts.down_proj)
-                    if hasattr(layer.mlp, "experts")
-                    else None
-                    for layer in self.text_model.layers
-                ]
+                self._fp8 = [self._quantized(layer, drop=text_only) for layer in self.text_model.layers]
+        elif on and text_only and not self.text_only:
+            for layer in self.text_model.layers:
+                if hasattr(layer.mlp, "experts"):
+                    _drop_bf16_experts(layer.mlp.experts)
+        self.text_only = self.text_only or (on and text_only)
         return sum(q.nbytes for q in self._fp8 if q is not None)
+
+    @staticmethod
+    def _quantized(layer: Any, drop: bool) -> fp8_mode.Fp8Experts | None:
+        # One layer's e4m3 experts (None for a dense layer); with `drop` its bf16 experts are freed after.
+        if not hasattr(layer.mlp, "experts"):
+            return None
+        experts = layer.mlp.experts
+        q8 = fp8_mode.quantize_experts(experts.gate_up_proj, experts.down_proj)
+        if drop:
+            _drop_bf16_experts(experts)
+        return q8
 
     def _moe(self, i: int, mlp: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The experts' outputs for `x` (T, hidden), not yet summed per token
@@ -143,15 +162,19 @@ class PackedTextDecoder:
         None from the fused Triton experts, else (S, hidden) in expert order and the (T k,) slot of each
         pair in it."""
         experts = mlp.experts
-        num_experts = experts.gate_up_proj.shape[0]
+        num_experts = mlp.gate.weight.shape[0]  # the router's rows (the bf16 experts may be dropped)
         k = self.top_k
         # transformers' router module has no `bias` attribute (the release's router has none); a bias is
         # honoured when one is set on it (benches set one to skew expert load).
         logits = F.linear(x, mlp.gate.weight, getattr(mlp.gate, "bias", None))  # (T, E)
         top_w, top_i = moe.route_topk(logits, k, self.norm_topk)  # (T, k) each
         q8 = self._fp8[i] if self._fp8_on else None
-        inter = experts.down_proj.shape[2]
-        if q8 is None and self.fused_experts and x.is_cuda and moe.supported(x.shape[1], inter):
+        inter = q8.down.shape[2] if q8 is not None else experts.down_proj.shape[2]
+        fused = self.fused_experts and x.is_cuda
+        if q8 is not None and fused and moe_fp8.supported(x.shape[1], inter):
+            order, counts = moe.group_by_expert(top_i, num_experts)  # (S,) by expert, (E,)
+            return moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8), None  # (T k, hidden) pair order
+        if q8 is None and fused and moe.supported(x.shape[1], inter):
             # gather, SwiGLU and the inverse permutation inside two Triton GEMMs (`engine.kernels.moe`)
             order, counts = moe.group_by_expert(top_i, num_experts)  # (S,) by expert, (E,)
             y = moe.experts_pairs(x, order, counts, top_w, experts.gate_up_proj, experts.down_proj)
@@ -219,6 +242,14 @@ class PackedTextDecoder:
             if between is not None and i + 1 < end:
                 between()
         return DecoderState(x, h, cos, sin)
+
+
+def _drop_bf16_experts(experts: Any) -> None:
+    """Free a transformers MoE block's bf16 expert weights (FP8 text-only): the parameters stay, empty."""
+    with torch.inference_mode(False):  # a parameter's data is swapped outside inference mode
+        for name in ("gate_up_proj", "down_proj"):
+            param = getattr(experts, name)
+            param.data = torch.empty((0, *param.shape[1:]), dtype=param.dtype, device=param.device)
 
 
 @dataclass(frozen=True, slots=True)

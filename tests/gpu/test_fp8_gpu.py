@@ -1,5 +1,5 @@
-"""GPU: the opt-in FP8 expert mode (`engine.kernels.fp8`): kernels against their float32 twins, batch
-invariance."""
+"""GPU: the opt-in FP8 expert mode (`engine.kernels.fp8`, `engine.kernels.moe_fp8`): kernels against their
+float32 twins, batch invariance, the text-only mode."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from devtools.tiny_release import write_tiny_release
 from engine.batching.collate import collate
-from engine.kernels import fp8
+from engine.kernels import fp8, moe, moe_fp8
 from engine.model.release import load_release_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -85,3 +85,69 @@ def test_fp8_experts_batch_invariance_cuda(tmp_path: Path) -> None:
     print(f"fp8 experts: max |dp| alone vs batch = {worst_batch:.2e}; vs bf16 = {drift:.2e}")
     assert worst_batch <= 2e-3
     assert drift <= 5e-2
+
+
+@pytest.mark.parametrize("tokens", [300, 5000])
+def test_triton_fp8_experts_match_their_twin_and_stay_near_bf16_cuda(tokens: int) -> None:
+    """At full expert size, in both tile regimes: the fused FP8 kernels against their float32 twin (same
+    e4m3 values and scales), and against the bf16 kernels and the unfused CUTLASS FP8 path; the first
+    300 tokens' rows do not depend on the rest of the batch beyond accumulation order."""
+    hidden, inter, experts, k = 2048, 768, 128, 8
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    gate_up = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) / hidden**0.5).bfloat16()
+    down = (torch.randn(experts, hidden, inter, device="cuda", generator=gen) / inter**0.5).bfloat16()
+    q8 = fp8.quantize_experts(gate_up, down)
+    x = torch.randn(tokens, hidden, device="cuda", generator=gen).bfloat16()
+    logits = torch.randn(tokens, experts, device="cuda", generator=gen)
+    top_w, top_i = moe.route_topk(logits, k, True)
+    order, counts = moe.group_by_expert(top_i, experts)
+    got = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8).float()
+    twin = moe_fp8.experts_pairs_fp8_reference(x, order, counts, top_w, q8).float()
+    bf16 = moe.experts_pairs(x, order, counts, top_w, gate_up, down).float()
+
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a - b).norm() / b.norm())
+
+    o2, offs, inv = moe.group_by_expert_inverse(top_i, experts)
+    xq, xs = fp8.quantize_rows(x)
+    src = o2 // k
+    h = fp8.grouped_mm(fp8.gather_rows(xq, src), xs.index_select(0, src), q8.gate_up, q8.gate_up_scale, offs)
+    aq, a_s = fp8.swiglu_quantized(h, top_w.reshape(-1)[o2])
+    cutlass = fp8.grouped_mm(aq, a_s, q8.down, q8.down_scale, offs)[inv.long()].float()
+    first = 300 * k
+    o1, c1 = moe.group_by_expert(top_i[:300].contiguous(), experts)
+    alone = moe_fp8.experts_pairs_fp8(x[:300].contiguous(), o1, c1, top_w[:300].contiguous(), q8).float()
+    print(
+        f"fp8 experts at {tokens} tokens: Triton vs twin {rel(got, twin):.2e}, vs bf16 {rel(got, bf16):.2e}; "
+        f"CUTLASS FP8 vs bf16 {rel(cutlass, bf16):.2e}; first 300 tokens alone vs in batch "
+        f"{float((alone - got[:first]).abs().max()):.2e}"
+    )
+    assert rel(got, twin) <= 1e-3
+    assert rel(got, bf16) <= 1.5 * rel(cutlass, bf16)  # finer activation scales: no worse than CUTLASS
+    assert float((alone - got[:first]).abs().max()) <= 1e-2 * float(got[:first].abs().max())
+
+
+def test_fp8_text_only_frees_the_bf16_experts_and_answers_as_fp8_cuda(tmp_path: Path) -> None:
+    """Text-only FP8 on the GPU: the bf16 experts are emptied and text answers are those of FP8 with the
+    bf16 experts kept (the engine's refusal of media: tests/unit/engine/test_runner_fake.py)."""
+    path = write_tiny_release(tmp_path / "tiny")
+    rng = random.Random(12)
+    records = [_record(rng, n, q) for n, q in ((40, 1), (300, 2), (900, 3))]
+    answers = []
+    for text_only in (False, True):
+        model = load_release_model(path, device="cuda", dtype=torch.bfloat16).model
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        assert model.enable_fast_path(graph_buckets=(512, 1024), fp8_experts=True, text_only=text_only)
+        torch.cuda.synchronize()
+        grew = torch.cuda.memory_allocated() - before
+        assert model.text_only is text_only
+        answers.append(model.forward_batch(collate(records, layout="packed", device="cuda")))
+        experts = [layer.mlp.experts for layer in model.text_model.layers]
+        bf16_bytes = sum(e.gate_up_proj.nbytes + e.down_proj.nbytes for e in experts)
+        print(f"text_only={text_only}: memory grew {grew} bytes; bf16 experts hold {bf16_bytes}")
+        assert (bf16_bytes == 0) is text_only
+        del model
+    for a, b in zip(*answers, strict=True):
+        for x, y in zip(a, b, strict=True):
+            assert np.array_equal(x, y)

@@ -34,7 +34,9 @@ class FakeModel:
     def fast_path(self) -> bool:
         return False
 
-    def enable_fast_path(self, *, graph_buckets: tuple[int, ...] = (), fp8_experts: bool = False) -> bool:
+    def enable_fast_path(
+        self, *, graph_buckets: tuple[int, ...] = (), fp8_experts: bool = False, text_only: bool = False
+    ) -> bool:
         return False  # CPU: nothing to build (the engine asks on CUDA only)
 
     def layout_for(self, with_media: bool) -> Layout:
@@ -156,3 +158,39 @@ def test_an_unexpected_prepare_error_fails_only_its_record(bpe_tokenizer: Tokeni
     failed = results[1]
     assert isinstance(failed, RequestError)
     assert failed.reason is DlqReason.engine_failed
+
+
+class FakeFp8Model(FakeModel):
+    """`FakeModel` that reports a CUDA device and a fast path that builds, recording its arguments."""
+
+    def __init__(self, max_records: int, tokenizer: Tokenizer) -> None:
+        super().__init__(max_records, tokenizer)
+        self.built: dict[str, object] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda")
+
+    def enable_fast_path(
+        self, *, graph_buckets: tuple[int, ...] = (), fp8_experts: bool = False, text_only: bool = False
+    ) -> bool:
+        self.built = {"fp8_experts": fp8_experts, "text_only": text_only}
+        return True
+
+
+def test_fp8_text_only_builds_fp8_experts_and_refuses_media_before_decoding_it(
+    bpe_tokenizer: Tokenizer,
+) -> None:
+    def hook(request: object) -> Any:
+        raise AssertionError("the media hook must not run in FP8 text-only mode")
+
+    fake = FakeFp8Model(max_records=8, tokenizer=bpe_tokenizer)
+    engine = Engine(fake, bpe_tokenizer, EngineConfig(fp8_text_only=True), media_hook=hook)
+    assert fake.built == {"fp8_experts": True, "text_only": True}
+    with_media = {**body("see the screenshot"), "images": ["iVBORw0KGgo="]}
+    results = engine.decide([with_media, body("text only")])
+    assert isinstance(results[0], RequestError)
+    assert results[0].reason == DlqReason.media_undecodable
+    assert results[0].status == 400
+    assert "FP8 text-only" in results[0].message
+    assert isinstance(results[1], SystemOneResponse)

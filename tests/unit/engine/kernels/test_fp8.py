@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from devtools.tiny_release import write_tiny_release
@@ -60,3 +61,26 @@ def test_fast_path_decoder_in_fp8_stays_near_full_precision_and_switches_back(tm
     assert torch.equal(full, again)
     drift = (full - quantised).abs().max().item()
     assert 0.0 < drift < 0.05 * full.abs().max().item()
+
+
+def test_fp8_text_only_frees_the_bf16_experts_and_answers_as_fp8(tmp_path: Path) -> None:
+    """Text-only FP8 empties every layer's bf16 expert weights, answers exactly as FP8 with them kept, and
+    cannot be switched back to bf16."""
+    path = write_tiny_release(tmp_path / "tiny")
+    models = [load_release_model(path, device="cpu", dtype=torch.float32).model for _ in range(2)]
+    ids = torch.randint(0, 800, (40,), generator=torch.Generator().manual_seed(3))
+    out = []
+    for model, text_only in zip(models, (False, True), strict=True):
+        decoder = PackedTextDecoder(model.text_model)
+        emb = model.text_model.embed_tokens(ids)
+        packed = PackedInputs(emb, torch.arange(40)[None].expand(3, -1), torch.tensor([0, 40]).int(), 40)
+        with torch.inference_mode():
+            decoder.use_fp8_experts(True, text_only=text_only)
+            out.append(decoder(packed))
+        experts = [layer.mlp.experts for layer in model.text_model.layers]
+        assert all((e.gate_up_proj.numel() == 0) == text_only for e in experts)
+        assert all((e.down_proj.numel() == 0) == text_only for e in experts)
+        assert decoder.text_only is text_only
+    assert torch.equal(out[0], out[1])
+    with pytest.raises(ValueError, match="FP8 text-only"):
+        decoder.use_fp8_experts(False)

@@ -92,6 +92,12 @@ def test_triton_kernels_under_the_interpreter_match_the_reference() -> None:
 
 
 @_needs_triton
+def test_fp8_expert_kernels_under_the_interpreter_match_their_twin() -> None:
+    out = _interpreted("moe_fp8_interpreted.py")
+    assert out.count("case ") == 6
+
+
+@_needs_triton
 def test_grouping_and_pair_sum_kernels_under_the_interpreter_match_torch() -> None:
     out = _interpreted("glue_interpreted.py")
     assert out.count("case group ") == 7

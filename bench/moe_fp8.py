@@ -1,0 +1,198 @@
+"""One full-size MoE layer on the H200 in FP8: the fused Triton FP8 expert kernels (`engine.kernels.moe_fp8`)
+over a sweep of tile shapes, against the unfused CUTLASS FP8 path and the fused bf16 kernels, same run.
+
+`python3 -m bench.moe_fp8 --out DIR` builds one layer's experts as `bench.moe_kernels` does (128 experts,
+random bf16, 1.2 GB; quantised to e4m3, 0.6 GB, so every call reads them from HBM) and routes T tokens
+uniformly at random (the levelled load of a trained router). It prints, as JSON lines:
+
+1. `sweep`: each candidate shape of one FP8 kernel, the other at the shipped shape, per T: the whole
+   block's microseconds (CUDA graph replays, median of 20).
+2. `layer`: per T, the whole expert block (from the sorted pairs on, the row quantisation included):
+   Triton FP8 at the best swept shapes and at the shipped ones, CUTLASS FP8 (quantise, gather,
+   `torch._scaled_grouped_mm`, SwiGLU + quantise, again; its output in expert order), and bf16 fused
+   (`engine.kernels.moe`, shipped shapes), with the weight-read rate and TFLOP/s; and the drift of each
+   from bf16 (relative norm of the difference) and of Triton FP8 from its float32 twin.
+3. `bf16_small_down`: a few more shapes of the bf16 down kernel at T=800 (weight-read bound).
+
+Writes `moe_fp8.jsonl` and `tiles_best.json` (the best shapes per regime, in `tiles.json`'s `moe_fp8`
+form) to `--out`. Not a test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import asdict, replace
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from bench.moe_kernels import EXPERTS, HIDDEN, INTER, TOP_K, kernel_info, routed
+from bench.report import emit_line as emit
+from bench.timing import graph_us
+from engine.kernels import fp8, moe, moe_fp8
+from engine.kernels.tiles import MoeTiles, Tiles
+
+# (block_m, block_n, block_k, warps, stages, tma); the down kernel's block_k is the scale group (128), and
+# the gate/up kernel's stays 128 in both regimes (a record's sums then do not depend on its batch's regime).
+_SMALL_GATE_UP = (
+    (64, 128, 128, 4, 4),
+    (64, 128, 128, 4, 4, True),
+    (64, 64, 128, 4, 4),
+    (64, 64, 128, 4, 6),
+    (64, 128, 128, 4, 3),
+    (64, 128, 128, 4, 5, True),
+    (64, 128, 128, 8, 4, True),
+    (64, 256, 128, 8, 3, True),
+)
+_SMALL_DOWN = (
+    (64, 128, 128, 4, 4),
+    (64, 128, 128, 4, 4, True),
+    (64, 64, 128, 4, 4),
+    (64, 64, 128, 4, 6),
+    (64, 256, 128, 4, 3),
+    (64, 256, 128, 8, 3, True),
+    (64, 128, 128, 4, 6, True),
+    (64, 64, 128, 4, 6, True),
+)
+_LARGE_GATE_UP = (
+    (128, 128, 128, 8, 3, True),
+    (128, 128, 128, 8, 4, True),
+    (128, 128, 128, 8, 3),
+    (128, 256, 128, 8, 3, True),
+    (128, 128, 128, 8, 5, True),
+    (64, 128, 128, 4, 4, True),
+    (128, 64, 128, 4, 4, True),
+)
+_LARGE_DOWN = (
+    (128, 128, 128, 8, 3, True),
+    (128, 128, 128, 8, 4, True),
+    (128, 256, 128, 8, 3, True),
+    (128, 128, 128, 8, 3),
+    (128, 64, 128, 4, 4, True),
+    (64, 128, 128, 4, 4, True),
+    (128, 256, 128, 8, 2, True),
+)
+_BF16_SMALL_DOWN = (
+    (64, 128, 64, 4, 4),
+    (64, 128, 128, 4, 3),
+    (64, 64, 128, 4, 4),
+    (64, 128, 64, 4, 6),
+    (64, 256, 64, 8, 4),
+)
+
+
+def _tiles(t: tuple[int | bool, ...]) -> Tiles:
+    return Tiles(*t)  # type: ignore[arg-type]
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """|a - b| / |b| over all elements (Frobenius)."""
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def cutlass_fp8(
+    x: torch.Tensor, top_w: torch.Tensor, order: torch.Tensor, counts: torch.Tensor, q8: fp8.Fp8Experts
+) -> torch.Tensor:
+    """The unfused FP8 block (`PackedTextDecoder._moe` with `fused_experts=False`): (S, H) in expert order."""
+    offs = torch.cumsum(counts, dim=0, dtype=torch.int32)
+    xq, xs = fp8.quantize_rows(x)
+    src = order // TOP_K
+    h = fp8.grouped_mm(fp8.gather_rows(xq, src), xs.index_select(0, src), q8.gate_up, q8.gate_up_scale, offs)
+    aq, a_s = fp8.swiglu_quantized(h, top_w.reshape(-1)[order])
+    return fp8.grouped_mm(aq, a_s, q8.down, q8.down_scale, offs)
+
+
+def sweep(rows: list[str], t: int, call: partial[torch.Tensor], regime: str, base: MoeTiles) -> MoeTiles:
+    """Each candidate of each kernel with the other at `base`; returns the best pair."""
+    best = base
+    for kind, cands in (
+        ("gate_up", _SMALL_GATE_UP if regime == "small" else _LARGE_GATE_UP),
+        ("down", _SMALL_DOWN if regime == "small" else _LARGE_DOWN),
+    ):
+        timed: list[tuple[float, Tiles]] = []
+        for c in cands:
+            tiles = _tiles(c)
+            pair = replace(best, **{kind: tiles})
+            try:
+                us = graph_us(partial(call, tiles=pair))
+            except Exception as exc:  # a shape Triton cannot compile or launch is reported, not fatal
+                emit(rows, kind="sweep", tokens=t, kernel=kind, tiles=list(c), error=f"{type(exc).__name__}")
+                continue
+            emit(rows, kind="sweep", tokens=t, kernel=kind, tiles=list(c), us=round(us, 1))
+            timed.append((us, tiles))
+        if timed:
+            best = replace(best, **{kind: min(timed, key=lambda p: p[0])[1]})
+    return best
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    p.add_argument("--tokens", default="800,4096,16384,65536")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[str] = []
+    emit(rows, **kernel_info())
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    gate_up = (torch.randn(EXPERTS, 2 * INTER, HIDDEN, device="cuda", generator=gen) / HIDDEN**0.5).bfloat16()
+    down = (torch.randn(EXPERTS, HIDDEN, INTER, device="cuda", generator=gen) / INTER**0.5).bfloat16()
+    q8 = fp8.quantize_experts(gate_up, down)
+    fp8_bytes = q8.gate_up.numel() + q8.down.numel()
+    best: dict[str, MoeTiles] = {}
+    for t in (int(s) for s in args.tokens.split(",")):
+        x = torch.randn(t, HIDDEN, device="cuda", generator=gen).bfloat16()
+        top_w, order, counts, _ = routed(t, gen)
+        order = order.int()
+        regime = "large" if moe_fp8.tiles_for(t * TOP_K, EXPERTS) is moe_fp8.LARGE else "small"
+        call = partial(moe_fp8.experts_pairs_fp8, x, order, counts, top_w, q8)
+        base = moe_fp8.tiles_for(t * TOP_K, EXPERTS)
+        if regime not in best or t in (800, 65536):
+            best[regime] = sweep(rows, t, call, regime, base)
+        bf16_call = partial(moe.experts_pairs, x, order, counts, top_w, gate_up, down)
+        variants = {
+            "triton_fp8_best": partial(call, tiles=best[regime]),
+            "triton_fp8_shipped": call,
+            "cutlass_fp8": partial(cutlass_fp8, x, top_w, order, counts, q8),
+            "bf16_fused": bf16_call,
+        }
+        flops = 2.0 * t * TOP_K * HIDDEN * 3 * INTER
+        ref = bf16_call()
+        got = call()
+        row: dict[str, object] = {"kind": "layer", "tokens": t, "regime": regime}
+        for name, fn in variants.items():
+            us = graph_us(fn)
+            nbytes = fp8_bytes * (2 if name == "bf16_fused" else 1)
+            row[f"{name}_us"] = round(us, 1)
+            row[f"{name}_weights_tb_s"] = round(nbytes / us / 1e6, 2)
+            row[f"{name}_tflop_s"] = round(flops / us / 1e6, 1)
+        inv = torch.empty_like(order)
+        inv[order.long()] = torch.arange(order.numel(), device="cuda", dtype=order.dtype)
+        row["triton_fp8_vs_bf16"] = round(rel(got, ref), 5)
+        row["cutlass_fp8_vs_bf16"] = round(rel(variants["cutlass_fp8"]()[inv.long()], ref), 5)
+        if t <= 4096:
+            twin = moe_fp8.experts_pairs_fp8_reference(x, order, counts, top_w, q8)
+            row["triton_fp8_vs_twin"] = round(rel(got, twin), 7)
+        row["best_tiles"] = {k: asdict(v) for k, v in asdict_tiles(best[regime]).items()}
+        emit(rows, **row)
+        if t == 800:
+            for c in _BF16_SMALL_DOWN:
+                tiles = replace(moe.SMALL, down=_tiles(c))
+                us = graph_us(partial(bf16_call, tiles=tiles))
+                emit(rows, kind="bf16_small_down", tokens=t, tiles=list(c), us=round(us, 1))
+    (out / "moe_fp8.jsonl").write_text("\n".join(rows) + "\n")
+    (out / "tiles_best.json").write_text(
+        json.dumps({k: {n: asdict(v) for n, v in asdict_tiles(m).items()} for k, m in best.items()}, indent=1)
+    )
+    return 0
+
+
+def asdict_tiles(m: MoeTiles) -> dict[str, Tiles]:
+    return {"gate_up": m.gate_up, "down": m.down}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

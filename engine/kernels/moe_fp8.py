@@ -1,0 +1,154 @@
+"""The FP8 expert block for the GPU fast path: two fused Triton GEMMs on e4m3 operands (kernels in
+`engine.kernels.moe_fp8_triton`), with the plain-PyTorch twin they are tested against.
+
+    x (T, H) bf16 --row quant--> (T, H) e4m3 + (T,) scale          [`engine.kernels.fp8.quantize_rows`]
+    gate_up: x[order // k] (gathered in the A load) . W_gate|up[e] -> silu(g) * u * weight, quantised per
+             row and per `group` columns: (S, I) e4m3 + (S, I / group) scales in expert order
+    down:    (S, I) . W_down[e], one tensor-core product per group, scaled and summed in float32
+             -> (S, H) bf16 in pair order (token * k + j)
+
+It replaces, for the same `Fp8Experts` weights, the unfused FP8 path (quantise, gather, CUTLASS scaled
+grouped GEMM, SwiGLU + quantise, CUTLASS again, inverse permutation): the gather is part of the first
+GEMM's load, the activations' quantisation its epilogue, and the result lands in pair order, as the bf16
+kernels of `engine.kernels.moe` do. The activations feeding the down GEMM carry one scale per `group`
+columns rather than one per row, because a gate/up program sees `block_n` of the row's columns only.
+
+Tile shapes (`SMALL`, `LARGE`, `GROUP`; data in `engine.kernels.tiles`) are picked per call from the
+average rows per expert. Both regimes share the k steps and the group, so a record's result does not
+depend on the regime its batch took beyond accumulation order inside a tensor-core step.
+
+Contract: `experts_pairs_fp8` takes contiguous CUDA tensors (Hopper, compute capability 9.0) or CPU
+tensors under Triton's interpreter (`TRITON_INTERPRET=1`, tests) for expert sizes `supported` accepts;
+`experts_pairs_fp8_reference` is the twin on any device (float32 arithmetic, blocking). No host sync; the
+launch grids are fixed by the shapes (CUDA-graph capturable).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from engine.kernels.fp8 import FP8, FP8_MAX, Fp8Experts, quantize_rows
+from engine.kernels.moe import fit_block, row_tiles
+from engine.kernels.tiles import MoeTiles, shipped
+
+try:  # Triton ships with CUDA builds of torch; CPU-only installs have the twin only.
+    import triton
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from engine.kernels.moe_fp8_triton import _moe_down_fp8_kernel, _moe_gate_up_fp8_kernel
+
+    HAVE_TRITON = True
+except ImportError:  # pragma: no cover - depends on the install
+    HAVE_TRITON = False
+
+SMALL = shipped().moe_fp8_small
+"""FP8 expert kernel shapes for few rows per expert (a lone request): weight-read bound."""
+LARGE = shipped().moe_fp8_large
+"""FP8 expert kernel shapes for many rows per expert (large batches): tensor-core bound."""
+LARGE_FROM_ROWS_PER_EXPERT = shipped().moe_fp8_large_from_rows_per_expert
+"""Average rows per expert from which `LARGE` is used."""
+GROUP = shipped().moe_fp8_group
+"""Columns of the (S, I) activations per scale (the down GEMM's k step), where the expert size allows."""
+
+
+def tiles_for(pairs: int, experts: int) -> MoeTiles:
+    """The regime of a call with `pairs` token-expert pairs over `experts` experts."""
+    return LARGE if pairs >= LARGE_FROM_ROWS_PER_EXPERT * experts else SMALL
+
+
+def group_for(inter: int) -> int:
+    """The activation scale group for an expert size `inter`: `GROUP`, or the largest power of two below
+    it dividing `inter` (small test models), 0 when none does."""
+    return fit_block(GROUP, inter)
+
+
+def supported(hidden: int, inter: int) -> bool:
+    """Whether the Triton FP8 kernels take these expert sizes (multiples of 32: e4m3 tensor-core steps)."""
+    return HAVE_TRITON and fit_block(32, hidden) >= 32 and group_for(inter) >= 32
+
+
+def experts_pairs_fp8_reference(
+    x: torch.Tensor, order: torch.Tensor, counts: torch.Tensor, top_w: torch.Tensor, q8: Fp8Experts
+) -> torch.Tensor:
+    """The twin of `experts_pairs_fp8`, one expert at a time in float32 from the same e4m3 values and
+    scales: (T k, H) bf16 in pair order (rows of pairs nobody routed to stay zero)."""
+    t, hidden = x.shape
+    k = top_w.shape[1]
+    inter = q8.down.shape[2]
+    group = group_for(inter)
+    xq, xs = quantize_rows(x)
+    xf = xq.float() * xs[:, None]  # (T, H) dequantised
+    y = torch.zeros(t * k, hidden, dtype=torch.bfloat16, device=x.device)
+    flat_w = top_w.reshape(-1)
+    start = 0
+    for expert, n in enumerate(counts.tolist()):
+        n = int(n)
+        if not n:
+            continue
+        pairs = order[start : start + n].long()
+        start += n
+        w_gu = q8.gate_up[expert].float() * q8.gate_up_scale[expert][:, None]  # (2I, H)
+        h = F.linear(xf.index_select(0, pairs // k), w_gu)  # (n, 2I) float32, as the kernel keeps it
+        g, u = h[:, :inter], h[:, inter:]
+        act = F.silu(g) * u * flat_w.index_select(0, pairs).float()[:, None]  # (n, I)
+        blocks = act.reshape(n, inter // group, group)
+        scale = blocks.abs().amax(dim=-1).clamp_min(1e-12) / FP8_MAX  # (n, I / group)
+        aq = (blocks / scale[..., None]).to(FP8).float() * scale[..., None]  # dequantised, (n, I/G, G)
+        w_dn = q8.down[expert].float() * q8.down_scale[expert][:, None]  # (H, I)
+        y[pairs] = F.linear(aq.reshape(n, inter), w_dn).to(torch.bfloat16)
+    return y
+
+
+def experts_pairs_fp8(
+    x: torch.Tensor,
+    order: torch.Tensor,
+    counts: torch.Tensor,
+    top_w: torch.Tensor,
+    q8: Fp8Experts,
+    tiles: MoeTiles | None = None,
+) -> torch.Tensor:
+    """weight * down(silu(gate(x)) * up(x)) for every token-expert pair with e4m3 experts: (T k, H) bf16
+    in pair order (token * k + j), not yet summed over a token's k experts.
+
+    `x` (T, H) normalised hidden states in bf16; `order` (T k,) pair ids sorted by expert and `counts`
+    (E,) as `engine.kernels.moe.group_by_expert` returns them; `top_w` (T, k) float32 routing weights;
+    `q8` the layer's e4m3 experts (`engine.kernels.fp8.quantize_experts`). `tiles` overrides the regime
+    (benchmarks); its down `block_k` is ignored (the down k step is the scale group).
+    """
+    t, hidden = x.shape
+    k = top_w.shape[1]
+    experts, two_inter, _ = q8.gate_up.shape
+    inter = two_inter // 2
+    pairs = t * k
+    group = group_for(inter)
+    tl_ = tiles or tiles_for(pairs, experts)
+    y = torch.empty(pairs, hidden, dtype=torch.bfloat16, device=x.device)  # pair order
+    if not t:
+        return y
+    xq, xs = quantize_rows(x)  # (T, H) e4m3, (T,)
+    act = torch.empty(pairs, inter, dtype=FP8, device=x.device)  # expert order
+    act_s = torch.empty(pairs, inter // group, dtype=torch.float32, device=x.device)
+    shapes = {"hidden": hidden, "inter": inter, "e": experts, "e_pad": triton.next_power_of_2(experts)}
+    gu = tl_.gate_up
+    gu_n = max(fit_block(gu.block_n, inter), group)
+    gu_k = fit_block(gu.block_k, hidden)
+    w_gu: object = TensorDescriptor.from_tensor(q8.gate_up, [1, gu_n, gu_k]) if gu.tma else q8.gate_up
+    _moe_gate_up_fp8_kernel[(row_tiles(pairs, experts, gu.block_m) * (inter // gu_n),)](
+        xq, xs, w_gu, q8.gate_up_scale, order, counts, top_w, act, act_s,
+        **shapes, top_k=k, group=group, fp8_max=FP8_MAX,
+        block_m=gu.block_m, block_n=gu_n, block_k=gu_k, stages=gu.stages, tma=gu.tma, num_warps=gu.warps,
+    )  # fmt: skip
+    dn = tl_.down
+    dn_n = fit_block(dn.block_n, hidden)
+    if dn.tma:
+        a_dn: object = TensorDescriptor.from_tensor(act, [dn.block_m, group])
+        w_dn: object = TensorDescriptor.from_tensor(q8.down, [1, dn_n, group])
+    else:
+        a_dn, w_dn = act, q8.down
+    _moe_down_fp8_kernel[(row_tiles(pairs, experts, dn.block_m) * (hidden // dn_n),)](
+        a_dn, act_s, w_dn, q8.down_scale, order, counts, y,
+        **shapes, group=group, block_m=dn.block_m, block_n=dn_n, stages=dn.stages, tma=dn.tma,
+        num_warps=dn.warps,
+    )  # fmt: skip
+    return y

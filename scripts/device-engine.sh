@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Dev tool (not part of the product): the engine's GPU tests and benches on the GPU machine, in one device call.
+#
+#   device tool:  command  bash scripts/device-engine.sh STEP...      carry  [".carry"]
+#
+# STEP is one of: tests (pytest -m gpu over tests/gpu, or $GPU_TESTS), kernels (bench.moe_fp8), modes
+# (bench.fp8_modes, with $TILES_FROM when set), one (bench.one_request). Installs .carry's wheels into a site
+# folder under /tmp (no index, no dependencies; built by scripts/device-carry.sh), runs each step under its own
+# `timeout` with its stderr kept, and packs every result into $OUT/results.tar.gz beside the small ones (the
+# device returns a handful of files).
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+tmp="${DEVICE_ENGINE_TMP:-/tmp/clef-engine}"
+out="${OUT:-$repo/bench-out/engine}"
+began=$SECONDS
+[[ -d .carry/whl ]] || { echo "device-engine: no .carry/ (run scripts/device-carry.sh; carry .carry)" >&2; exit 1; }
+rm -rf "$tmp"
+mkdir -p "$tmp/res" "$out"
+trap 'rm -rf "$tmp/site"' EXIT
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$tmp/site" .carry/whl/*.whl
+export PYTHONPATH="$tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,clocks.sm,power.draw --format=csv,noheader >&2 || true
+
+run() {  # run NAME LIMIT CMD...: one step, its output in $tmp/res/NAME.log
+    local name=$1 limit=$2 rc=0
+    shift 2
+    timeout -k 10 "$limit" "$@" >"$tmp/res/$name.log" 2>&1 || rc=$?
+    echo "device-engine: $name exit $rc at $((SECONDS - began)) s" >&2
+    tail -n 4 "$tmp/res/$name.log" >&2
+}
+
+for step in "$@"; do
+    case $step in
+        tests)
+            # PyAV is missing there: bench.e2e's placeholder stands in (the media tests then fail for want of it)
+            run tests 300 python3 -c 'import sys, pytest; from bench.e2e import install_av_placeholder
+install_av_placeholder(); sys.exit(pytest.main(sys.argv[1:]))' -q -s -m gpu -p no:cacheprovider ${GPU_TESTS:-tests/gpu} ;;
+        kernels) run kernels 300 python3 -m bench.moe_fp8 --out "$tmp/res" ;;
+        modes) run modes 540 python3 -m bench.fp8_modes --out "$tmp/res" ${TILES_FROM:+--tiles-from "$TILES_FROM"} ;;
+        one) run one 300 python3 -m bench.one_request --out "$tmp/res" ;;
+        *) echo "device-engine: unknown step $step" >&2; exit 2 ;;
+    esac
+done
+cp "$tmp"/res/*.jsonl "$tmp"/res/*.json "$out"/ 2>/dev/null || true
+tar -C "$tmp/res" -czf "$out/results.tar.gz" .
+echo "device-engine: done after $((SECONDS - began)) s; files in $out: $(ls "$out" | tr '\n' ' ')" >&2

@@ -1,0 +1,71 @@
+"""Run by `test_moe.py` in a child process under `TRITON_INTERPRET=1`: the fused FP8 expert kernels
+(`engine.kernels.moe_fp8.experts_pairs_fp8`) on CPU tensors against their float32 twin
+(`experts_pairs_fp8_reference`), row by row in pair order. Prints one line per case,
+`case <args> tiles <n> rel_diff <d> rel_norm <r> vs_bf16 <b>`, and exits 1 when a case is off.
+
+The kernels and the twin sum in different orders, so an activation on a rounding edge of e4m3 could land
+one step apart: the norm of the difference must stay within 1e-4 of the twin's, no element may be off by
+more than one e4m3 step (1/8 of the largest output), and the bf16 experts must be within 20% (FP8's own
+error). Faults of indexing (rows, experts, columns, scale groups, pair order) give errors of the outputs'
+own size. The interpreter's own downcasts are replaced by torch's (`interpreter_patch`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from engine.kernels import fp8, moe, moe_fp8
+from engine.kernels.tiles import MoeTiles, Tiles
+from tests.unit.engine.kernels.interpreter_patch import (
+    fp_downcasts_rounded_as_the_gpu_does,
+    index_scalars_as_numpy_2_4_allows,
+)
+
+
+def main() -> int:
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run under TRITON_INTERPRET=1"
+    index_scalars_as_numpy_2_4_allows()
+    fp_downcasts_rounded_as_the_gpu_does()
+    gen = torch.Generator().manual_seed(0)
+    tiles = (
+        MoeTiles(Tiles(16, 32, 32, 4, 2), Tiles(16, 32, 32, 4, 2)),
+        MoeTiles(Tiles(32, 64, 64, 4, 2, tma=True), Tiles(16, 64, 32, 4, 2, tma=True)),
+    )
+    failed = 0
+    # (tokens, hidden, inter, experts, k): an empty expert, an expert with more rows than one tile, a
+    # non-power-of-two expert count, and the tiny release's sizes (group 32).
+    for t, hidden, inter, experts, k in ((7, 64, 32, 4, 2), (50, 128, 64, 8, 2), (33, 64, 96, 5, 3)):
+        x = torch.randn(t, hidden, generator=gen).to(torch.bfloat16)
+        gate_up = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5
+        down = torch.randn(experts, hidden, inter, generator=gen) / inter**0.5
+        q8 = fp8.quantize_experts(gate_up, down)
+        logits = torch.randn(t, experts, generator=gen)
+        logits[:, 0] = -1e9  # expert 0 gets nothing
+        logits[:, 1] += 3.0  # expert 1 gets nearly every token (more rows than a tile)
+        top_w, top_i = torch.topk(torch.softmax(logits, -1), k, -1)
+        top_w = top_w / top_w.sum(-1, keepdim=True)
+        flat = top_i.reshape(-1)
+        order = torch.argsort(flat).to(torch.int32)
+        counts = torch.bincount(flat, minlength=experts).to(torch.int32)
+        ref = moe_fp8.experts_pairs_fp8_reference(x, order, counts, top_w, q8).float()
+        bf16 = moe.experts_pairs_reference(
+            x, order, counts, top_w, gate_up.to(torch.bfloat16), down.to(torch.bfloat16)
+        ).float()
+        scale = float(ref.abs().max())
+        for n, tile in enumerate(tiles):
+            got = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, tile).float()
+            rel = float((got - ref).abs().max()) / scale
+            norm = float((got - ref).norm() / ref.norm())
+            vs_bf16 = float((got - bf16).abs().max()) / scale
+            print(
+                f"case {(t, hidden, inter, experts, k)} tiles {n} rel_diff {rel:.3e} rel_norm {norm:.3e} "
+                f"vs_bf16 {vs_bf16:.3e}"
+            )
+            failed += rel > 0.125 or norm > 1e-4 or vs_bf16 > 0.2
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
