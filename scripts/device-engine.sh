@@ -29,20 +29,28 @@ run() {  # run NAME LIMIT CMD...: one step, its output in $tmp/res/NAME.log
     timeout -k 10 "$limit" "$@" >"$tmp/res/$name.log" 2>&1 || rc=$?
     echo "device-engine: $name exit $rc at $((SECONDS - began)) s" >&2
     tail -n 4 "$tmp/res/$name.log" >&2
+    tar -C "$tmp/res" -czf "$out/results.tar.gz" .  # after every step: a call cut short keeps what ran
 }
+
+# PyAV is missing there: bench.e2e's placeholder stands in for it (nothing run here decodes media)
+# module NAME ARGS...: python3 -m NAME ARGS... with the placeholder installed first
+module=(python3 -c 'import runpy, sys
+from bench.e2e import install_av_placeholder
+install_av_placeholder()
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)')
 
 for step in "$@"; do
     case $step in
         tests)
-            # PyAV is missing there: bench.e2e's placeholder stands in (the media tests then fail for want of it)
+            # with the placeholder, the media tests fail for want of real PyAV
             run tests 300 python3 -c 'import sys, pytest; from bench.e2e import install_av_placeholder
 install_av_placeholder(); sys.exit(pytest.main(sys.argv[1:]))' -q -s -m gpu -p no:cacheprovider ${GPU_TESTS:-tests/gpu} ;;
-        kernels) run kernels 300 python3 -m bench.moe_fp8 --out "$tmp/res" ;;
-        modes) run modes 540 python3 -m bench.fp8_modes --out "$tmp/res" ${TILES_FROM:+--tiles-from "$TILES_FROM"} ;;
-        one) run one 300 python3 -m bench.one_request --out "$tmp/res" ;;
+        kernels) run kernels 300 "${module[@]}" bench.moe_fp8 --out "$tmp/res" ;;
+        modes) run modes "${MODES_LIMIT:-540}" "${module[@]}" bench.fp8_modes --out "$tmp/res" ${TILES_FROM:+--tiles-from "$TILES_FROM"} ;;
+        one) run one 300 "${module[@]}" bench.one_request --out "$tmp/res" ;;
         *) echo "device-engine: unknown step $step" >&2; exit 2 ;;
     esac
 done
 cp "$tmp"/res/*.jsonl "$tmp"/res/*.json "$out"/ 2>/dev/null || true
-tar -C "$tmp/res" -czf "$out/results.tar.gz" .
 echo "device-engine: done after $((SECONDS - began)) s; files in $out: $(ls "$out" | tr '\n' ' ')" >&2
