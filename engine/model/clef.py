@@ -48,6 +48,7 @@ class ClefOmniModel(nn.Module):
         self._text_path = part_paths(thinker)["model"]
         self._fast: PackedTextDecoder | None = None
         self._graphed: GraphedDecoder | None = None
+        self._text_only = False  # set once the fast path has freed the bf16 experts
 
     def enable_fast_path(
         self,
@@ -78,6 +79,7 @@ class ClefOmniModel(nn.Module):
         if self._fast is None:  # built once: it holds fused QKV copies of the attention weights
             self._fast = PackedTextDecoder(self.text_model)
         self._fast.use_fp8_experts(fp8_experts, text_only=fp8_experts and text_only)
+        self._text_only = self._fast.text_only
         self._fast.fused_experts = fused_experts
         self._fast.triton_attention = triton_attention
         built = time.monotonic()
@@ -111,7 +113,7 @@ class ClefOmniModel(nn.Module):
     @property
     def text_only(self) -> bool:
         """The bf16 experts were freed (FP8 text-only, `enable_fast_path`): only text batches can run."""
-        return self._fast is not None and self._fast.text_only
+        return self._text_only
 
     @property
     def device(self) -> torch.device:
