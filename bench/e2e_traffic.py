@@ -28,11 +28,13 @@ def event_values(requests: Sequence[Any]) -> list[bytes]:
 
 @dataclass(slots=True)
 class Sent:
-    """One produced event: its load, scheduled send time (perf_counter) and record timestamp (ms)."""
+    """One produced event: its load, scheduled send time (perf_counter), record timestamp (ms) and the input
+    partition the broker put it in (-1 until acknowledged)."""
 
     load: int
     due: float
     timestamp_ms: int
+    partition: int = -1
 
 
 @dataclass(slots=True)
@@ -51,13 +53,26 @@ class Ledger:
 class Tail:
     """Reads the decisions and DLQ topics from the beginning (fresh topics) into a `Ledger`."""
 
-    def __init__(self, bootstrap: str, decisions: str, dlq: str, partitions: int, ledger: Ledger) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        decisions: str,
+        dlq: str,
+        partitions: int,
+        ledger: Ledger,
+        *,
+        read_committed: bool = False,
+    ) -> None:
+        """`read_committed`: only committed transactions' records (a consumer of an exactly-once service)."""
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
         self._decisions = decisions
         self._tps = [TopicPartition(t, p) for t in (decisions, dlq) for p in range(partitions)]
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+            bootstrap_servers=bootstrap,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed" if read_committed else "read_uncommitted",
         )
         self._ledger = ledger
         self._task: asyncio.Task[None] | None = None
@@ -175,13 +190,19 @@ class Producer:
     async def _send(self, load: int, i: int, due: float, ts: int) -> asyncio.Future[Any]:
         """Record event `i` of `load` in the ledger and hand it to the producer; returns its ack future."""
         eid = f"{self._prefix}{load}-{i}"
-        self._ledger.sent[eid] = Sent(load, due, ts)
+        sent = self._ledger.sent[eid] = Sent(load, due, ts)
         rng = self._rng
         value = self._values[rng.randrange(len(self._values))]
         key = f"k{rng.randrange(1000)}".encode()
         ack: asyncio.Future[Any] = await self._producer.send(
             self._topic, value, key=key, headers=[(CE_ID, eid.encode())], timestamp_ms=ts
         )
+
+        def acknowledged(done: asyncio.Future[Any]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                sent.partition = int(done.result().partition)
+
+        ack.add_done_callback(acknowledged)
         return ack
 
     async def _settle(self, acks: Sequence[asyncio.Future[Any]]) -> None:

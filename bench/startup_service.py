@@ -5,20 +5,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import random
-import signal
-import subprocess
-import sys
-import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
+
+from bench.children import http_get, kill, spawn, stopped, wait_ready
 
 REQUEST = {
     "model": "clef-omni",
@@ -29,83 +22,6 @@ REQUEST = {
         "outage": {"type": "noul"},
     },
 }
-_KEEP = ("engine.", "release", "fast path", "settings", "listening", "started", "ready", "error", "Error")
-
-
-@dataclass
-class Child:
-    """A service process and its stderr lines, each with the seconds since spawn it arrived at."""
-
-    proc: subprocess.Popen[bytes]
-    spawned: float
-    lines: list[tuple[float, str]] = field(default_factory=list)
-
-    def timeline(self) -> list[list[Any]]:
-        """The start-up lines worth reading (engine progress, settings, server and errors), shortened."""
-        return [[round(t, 2), line[:240]] for t, line in self.lines if any(k in line for k in _KEEP)]
-
-
-def _spawn(args: list[str], env: dict[str, str]) -> Child:
-    spawned = time.monotonic()
-    isolated = ["-S"] if env.get("BENCH_CLOSURE_SITE") else []  # only PYTHONPATH: see `bench.closure_site`
-    proc = subprocess.Popen(
-        [sys.executable, *isolated, "-m", "bench.service_main", *args],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # a Ctrl-C of the bench reaches it through `_stopped`, not the terminal
-    )
-    child = Child(proc, spawned)
-
-    def pump() -> None:
-        assert proc.stderr is not None
-        for raw in proc.stderr:
-            child.lines.append((time.monotonic() - spawned, raw.decode("utf-8", "replace").rstrip()))
-
-    threading.Thread(target=pump, name="startup-stderr", daemon=True).start()
-    return child
-
-
-@contextlib.contextmanager
-def _stopped(child: Child) -> Iterator[Child]:
-    """Yield `child`; on the way out SIGTERM it (SIGKILL after 30 s) unless it has already exited."""
-    try:
-        yield child
-    finally:
-        if child.proc.poll() is None:
-            child.proc.send_signal(signal.SIGTERM)
-            try:
-                child.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                child.proc.kill()
-                child.proc.wait(10)
-
-
-def _get(url: str, body: bytes | None = None, timeout: float = 60.0) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return int(resp.status), resp.read()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read()
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return 0, b""
-
-
-def _wait_ready(child: Child, port: int, limit_s: float) -> float:
-    """Seconds from spawn until `/readyz` answers 200 (polled every 50 ms); raises when the child exits
-    or `limit_s` passes."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if child.proc.poll() is not None:
-            tail = "\n".join(line for _, line in child.lines[-15:])
-            raise RuntimeError(f"service exited with {child.proc.returncode} before ready:\n{tail}")
-        status, _ = _get(f"http://127.0.0.1:{port}/readyz", timeout=1.0)
-        if status == 200:
-            return time.monotonic() - child.spawned
-        time.sleep(0.05)
-    raise TimeoutError(f"service not ready after {limit_s:.0f} s")
 
 
 def _env(args: argparse.Namespace, port: int, extra: dict[str, str]) -> dict[str, str]:
@@ -135,12 +51,12 @@ def serve_run(args: argparse.Namespace) -> dict[str, Any]:
 
     port = free_port()
     body = json.dumps(REQUEST).encode()
-    with _stopped(_spawn(["serve"], _env(args, port, {}))) as child:
-        ready_s = _wait_ready(child, port, args.timeout_s)
+    with stopped(spawn(["serve"], _env(args, port, {}))) as child:
+        ready_s = wait_ready(child, port, args.timeout_s)
         answers = []
         for _ in range(3):
             t = time.monotonic()
-            status, reply = _get(f"http://127.0.0.1:{port}/v1/systemone", body)
+            status, reply = http_get(f"http://127.0.0.1:{port}/v1/systemone", body)
             answers.append(
                 (status, round((time.monotonic() - t) * 1000, 1), reply[:200].decode("utf-8", "replace"))
             )
@@ -195,18 +111,17 @@ async def _restart(args: argparse.Namespace) -> dict[str, Any]:
         if args.session_timeout_ms:
             extra["CLEF_KAFKA__SESSION_TIMEOUT_MS"] = str(args.session_timeout_ms)
         env = _env(args, port, extra)
-        first = _spawn(["run"], env)
-        with _stopped(first):
-            ready1 = await asyncio.to_thread(_wait_ready, first, port, args.timeout_s)
+        first = spawn(["run"], env)
+        with stopped(first):
+            ready1 = await asyncio.to_thread(wait_ready, first, port, args.timeout_s)
             await _until(lambda: len(ledger.decided) >= min(300, sent // 4), args.timeout_s)
             before_kill = len(ledger.decided)
-            os.killpg(first.proc.pid, signal.SIGKILL)
+            kill(first)
             killed = time.monotonic()
-            first.proc.wait(30)
-        second = _spawn(["run"], env)
-        with _stopped(second):
+        second = spawn(["run"], env)
+        with stopped(second):
             seen = len(ledger.decided) + ledger.duplicates
-            ready_task = asyncio.create_task(asyncio.to_thread(_wait_ready, second, port, args.timeout_s))
+            ready_task = asyncio.create_task(asyncio.to_thread(wait_ready, second, port, args.timeout_s))
             await _until(lambda: len(ledger.decided) + ledger.duplicates > seen, args.timeout_s)
             flowing = time.monotonic() - killed
             ready2 = await ready_task
