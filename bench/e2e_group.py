@@ -219,32 +219,48 @@ class Fleet:
 
 
 class GpuMemory:
-    """Peak GPU memory per process id, sampled once a second with `nvidia-smi` (nothing without it)."""
+    """Peak GPU memory sampled once a second with `nvidia-smi` (nothing without it): per process id, and
+    per GPU in all (a container's process ids may not be the ones `nvidia-smi` reports)."""
 
     def __init__(self) -> None:
         self.peak_mib: dict[int, int] = {}
+        self.gpu_peak_mib: dict[int, int] = {}
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         if shutil.which("nvidia-smi"):
             self._task = asyncio.create_task(self._loop(), name="group-gpu-memory")
 
+    @staticmethod
+    async def _query(*args: str) -> list[tuple[int, int]]:
+        """`nvidia-smi ARGS` CSV rows of two integers (rows that are not are skipped)."""
+        proc = await asyncio.create_subprocess_exec(
+            "nvidia-smi", *args, "--format=csv,noheader,nounits",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        out, _ = await proc.communicate()
+        rows = []
+        for row in out.decode().splitlines():
+            key, _, value = row.partition(",")
+            with contextlib.suppress(ValueError):
+                rows.append((int(key), int(value)))
+        return rows
+
     async def _loop(self) -> None:
-        query = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
         while True:
-            proc = await asyncio.create_subprocess_exec(
-                *query, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
-            )
-            out, _ = await proc.communicate()
-            for row in out.decode().splitlines():
-                pid, _, mib = row.partition(",")
-                with contextlib.suppress(ValueError):
-                    self.peak_mib[int(pid)] = max(self.peak_mib.get(int(pid), 0), int(mib))
+            for pid, mib in await self._query("--query-compute-apps=pid,used_memory"):
+                self.peak_mib[pid] = max(self.peak_mib.get(pid, 0), mib)
+            for index, mib in await self._query("--query-gpu=index,memory.used"):
+                self.gpu_peak_mib[index] = max(self.gpu_peak_mib.get(index, 0), mib)
             await asyncio.sleep(1.0)
 
     def of(self, children: Sequence[Child]) -> list[int | None]:
         """Peak MiB of each child (None: never seen)."""
         return [self.peak_mib.get(c.proc.pid) for c in children]
+
+    def gpus(self) -> list[int]:
+        """Peak MiB used on each GPU (index order) since `start`."""
+        return [self.gpu_peak_mib[i] for i in sorted(self.gpu_peak_mib)]
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -370,6 +386,7 @@ async def steady(
                 **steady_figures(ledger, index, began, run.seconds),
                 "drain_s": drained,
                 "gpu_peak_mib": memory.of(fleet.children),
+                "gpu_total_peak_mib": memory.gpus(),
             }
             lines.append(line)
             emit(**line)
@@ -425,6 +442,7 @@ async def fault(
             ),
             "drain_s": drained,
             "gpu_peak_mib": memory.of(fleet.children),
+            "gpu_total_peak_mib": memory.gpus(),
         }
         emit(**line)
     finally:

@@ -183,14 +183,14 @@ def summary_text(info: dict[str, Any], lines: Sequence[dict[str, Any]]) -> str:
         head += [
             "",
             "| processes | rate/s | events/s in | events/s out | p50 ms | p95 ms | p99 ms | undecided | "
-            "DLQ | GPU peak GiB per process |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "DLQ | GPU peak GiB per process | per GPU |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in loads:
             head.append(
                 f"| {r['processes']} | {r['rate']:g} | {r['events_in_s']} | {r['events_out_s']} | "
                 f"{r['p50_ms']} | {r['p95_ms']} | {r['p99_ms']} | {r['undecided']} | {r['dead_lettered']} | "
-                f"{_peaks(r['gpu_peak_mib'])} |"
+                f"{_peaks(r['gpu_peak_mib'])} | {_peaks(r.get('gpu_total_peak_mib', []))} |"
             )
     for f in (ln for ln in lines if ln.get("kind") == "fault"):
         lat, burst = f["latency"], f["latency_after_kill_10s"]
@@ -208,6 +208,7 @@ def summary_text(info: dict[str, Any], lines: Sequence[dict[str, Any]]) -> str:
             f"{f['restart_first_decision_s']} s after spawn",
             f"  latency p50/p99/max ms: all {lat['p50_ms']} / {lat['p99_ms']} / {lat['max_ms']}; sent in the "
             f"10 s after the kill {burst['p50_ms']} / {burst['p99_ms']} / {burst['max_ms']}",
-            f"  GPU peak GiB per process: {_peaks(f['gpu_peak_mib'])}",
+            f"  GPU peak GiB per process: {_peaks(f['gpu_peak_mib'])}; per GPU "
+            f"{_peaks(f.get('gpu_total_peak_mib', []))}",
         ]
     return "\n".join(head) + "\n"

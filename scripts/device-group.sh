@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Dev tool (not part of the product): `bench.e2e_group` on the GPU machine, in one device call.
+#
+#   device tool:  command  bash scripts/device-group.sh [steady|fault]     carry  [".carry"]
+#
+# Needs .carry/ built by scripts/device-carry.sh (JRE, broker jars, wheels; see device-e2e.sh). Writes the
+# full-size random release in the published layout (`python -m bench.startup write`) to /dev/shm (or /tmp)
+# and levels its routers on the GPU (`python -m bench.level_release`), unless a levelled one is there from
+# an earlier call on the same machine (KEEP_RELEASE=1 keeps it for the next call). Then, every child a
+# `clef-router run` process on the release (FP8 text-only: `GROUP_FP8`, default text-only, so that two
+# fit on one GPU), Poisson arrivals, 12 input partitions:
+#   steady   (default) one process at GROUP_RATES (default 40,80,110) for GROUP_SECONDS (20) each, then two
+#            processes sharing the GPU at the same total rates
+#   fault    two processes sharing the GPU at GROUP_FAULT_RATE (60/s) for 55 s; kill -9 of one at 10 s,
+#            restarted once the survivor holds its partitions; at-least-once, then exactly-once
+# Results: $OUT/results.tgz (group.jsonl, group.txt and children.log of every step, the levelling lines and
+# the machine's description). The release is removed at the end (also on Ctrl-C) unless KEEP_RELEASE=1.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+what="${1:-steady}"
+tmp="${DEVICE_GROUP_TMP:-/tmp/clef-group}"
+out="${OUT:-$repo/bench-out/group}"
+began=$SECONDS
+[[ -f .carry/jre.tar.xz ]] || { echo "device-group: no .carry/ (run scripts/device-carry.sh)" >&2; exit 1; }
+
+need_gb=70
+shm_gb=$(df -BG --output=avail /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9 || echo 0)
+if [[ -d /dev/shm/clef-group-release ]] || (( ${shm_gb:-0} >= need_gb )); then
+    release=/dev/shm/clef-group-release
+else
+    release=/tmp/clef-group-release
+fi
+results="$tmp/results"
+cleanup() {
+    [[ -n ${KEEP_RELEASE:-} ]] || rm -rf "$release"
+    # the device tool brings back few files: everything travels as one archive
+    if [[ -d $results ]]; then tar -C "$results" -czf "$out/results.tgz" . || true; fi
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+rm -rf "$tmp"
+mkdir -p "$tmp/cache" "$results" "$out"
+tar -C "$tmp" -xJf .carry/jre.tar.xz
+tar -C "$tmp/cache" -xJf .carry/kafka-*.tar.xz
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$tmp/site" .carry/whl/*.whl
+export PYTHONPATH="$tmp/site${PYTHONPATH:+:$PYTHONPATH}" CLEF_CACHE_DIR="$tmp/cache" PATH="$tmp/jre/bin:$PATH"
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/dev/shm/clef-group-triton}"
+{
+    echo "device-group: $what; unpacked in $((SECONDS - began)) s; release in $release (/dev/shm free ${shm_gb} GB)"
+    nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,power.draw --format=csv,noheader || true
+    free -g | sed 's/^/  /'
+    nproc
+} 2>&1 | tee "$results/machine.txt" >&2
+
+log() { echo "device-group: $* at $((SECONDS - began)) s" | tee -a "$results/steps.txt" >&2; }
+
+if [[ ! -f $release/WRITTEN ]]; then
+    rm -rf "$release"
+    rc=0
+    timeout -k 10 240 python3 -m bench.startup write --release "$release" >"$results/write.jsonl" \
+        2>"$tmp/write.err" || rc=$?
+    tail -c 20000 "$tmp/write.err" >"$results/write.log"
+    log "write exit $rc"
+    (( rc == 0 )) || exit "$rc"
+    touch "$release/WRITTEN"
+fi
+if [[ ! -f $release/LEVELLED ]]; then
+    rc=0
+    timeout -k 10 300 python3 -m bench.level_release "$release" --device cuda >"$results/level.jsonl" \
+        2>"$tmp/level.err" || rc=$?
+    tail -c 20000 "$tmp/level.err" >"$results/level.log"
+    log "level exit $rc"
+    tail -n 3 "$results/level.jsonl" >&2 || true
+    (( rc == 0 )) || exit "$rc"
+    touch "$release/LEVELLED"
+else
+    log "levelled release kept from an earlier call"
+fi
+
+group() {  # group NAME TIMEOUT ARGS...: one bench.e2e_group run into $results/NAME/
+    local name=$1 limit=$2 rc=0
+    shift 2
+    mkdir -p "$results/$name"
+    timeout -k 30 "$limit" python3 -m bench.e2e_group --engine release --release "$release" \
+        --fp8 "${GROUP_FP8:-text-only}" --out "$results/$name" "$@" >"$tmp/$name.out" 2>"$tmp/$name.err" || rc=$?
+    tail -c 200000 "$tmp/$name.err" >"$results/$name/stderr.log"
+    log "$name exit $rc"
+    [[ -f $results/$name/group.txt ]] && cat "$results/$name/group.txt" >&2
+    tail -n 5 "$tmp/$name.err" >&2
+}
+
+rates="${GROUP_RATES:-40,80,110}"
+seconds="${GROUP_SECONDS:-20}"
+if [[ $what == steady ]]; then
+    group steady-1 240 --scenario steady --processes 1 --rate "$rates" --seconds "$seconds" --warmup-s 5 --drain-s 30
+    group steady-2 300 --scenario steady --processes 2 --rate "$rates" --seconds "$seconds" --warmup-s 5 --drain-s 30
+else
+    group fault-2 540 --scenario fault --processes 2 --rate "${GROUP_FAULT_RATE:-60}" --seconds 55 \
+        --kill-at-s 10 --restart-after-s 0 --session-timeout-ms 6000 --drain-s 40 --modes "${GROUP_MODES:-alo,eos}"
+fi
+log "done"
