@@ -13,6 +13,7 @@
 #            processes sharing the GPU at the same total rates
 #   fault    two processes sharing the GPU at GROUP_FAULT_RATE (60/s) for 55 s; kill -9 of one at 10 s,
 #            restarted once the survivor holds its partitions; at-least-once, then exactly-once
+# GROUP_GPU_TESTS="tests/gpu/..." runs those GPU tests first (GROUP_GPU_TESTS_S bounds them, default 240 s).
 # Results: $OUT/results.tgz (group.jsonl, group.txt and children.log of every step, the levelling lines and
 # the machine's description). The release is removed at the end (also on Ctrl-C) unless KEEP_RELEASE=1.
 set -euo pipefail
@@ -58,6 +59,15 @@ export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/dev/shm/clef-gr
 
 log() { echo "device-group: $* at $((SECONDS - began)) s" | tee -a "$results/steps.txt" >&2; }
 
+if [[ -n ${GROUP_GPU_TESTS:-} ]]; then
+    # PyAV is missing there: bench.e2e's placeholder stands in (these tests read no media)
+    rc=0
+    timeout -k 10 "${GROUP_GPU_TESTS_S:-240}" python3 -c 'import sys, pytest; from bench.e2e import install_av_placeholder
+install_av_placeholder(); sys.exit(pytest.main(sys.argv[1:]))' -q -m gpu -p no:cacheprovider $GROUP_GPU_TESTS \
+        >"$results/gpu-tests.log" 2>&1 || rc=$?
+    log "GPU tests ($GROUP_GPU_TESTS) exit $rc"
+    tail -n 5 "$results/gpu-tests.log" >&2
+fi
 if [[ ! -f $release/WRITTEN ]]; then
     rm -rf "$release"
     rc=0
