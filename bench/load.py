@@ -46,7 +46,7 @@ LOADS = (0.10, 0.25, 0.50, 0.70, 0.90, 1.10)
 
 def build(cpu: bool, max_tokens: int, routing: Routing = "levelled") -> Any:
     """The engine: full-size on CUDA (blocking, ~20 s; `routing` as `bench.routing` sets it up), or the
-    tiny release on CPU (a few seconds)."""
+    tiny release on CPU (a few seconds; written to a temporary folder that is removed once it is loaded)."""
     from engine.batching.cut import BatchLimits
     from engine.runner import Engine, EngineConfig
 
@@ -55,9 +55,9 @@ def build(cpu: bool, max_tokens: int, routing: Routing = "levelled") -> Any:
 
         from devtools.tiny_release import write_tiny_release
 
-        tiny = write_tiny_release(Path(tempfile.mkdtemp(prefix="clef-load-")) / "tiny")
         config = EngineConfig(device="cpu", dtype="float32", limits=BatchLimits(max_tokens, 256))
-        return Engine.from_release(tiny, config=config)
+        with tempfile.TemporaryDirectory(prefix="clef-load-") as folder:
+            return Engine.from_release(write_tiny_release(Path(folder) / "tiny"), config=config)
     from bench.workload import build_engine
     from engine.model.graphs import default_buckets
 
