@@ -527,6 +527,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sink.write(line + "\n")
         sink.flush()
 
+    from bench.av_placeholder import install_av_placeholder
+
+    install_av_placeholder()  # the engine imports PyAV; the H200 machine has none (no media here)
     from bench.load import make_pool
     from devtools.kafka_local import LocalKafka
     from devtools.tiny_release import write_tiny_release

@@ -45,13 +45,23 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from bench.report import emit_line
-from engine.model.release_header import StoredTensor, read_header
+from bench.av_placeholder import install_av_placeholder
+
+if TYPE_CHECKING:
+    from engine.model.release_header import StoredTensor
+
+
+def emit_line(rows: list[str], **fields: Any) -> None:
+    """`bench.report.emit_line` (imported here: `engine` imports only after `main` placed PyAV's
+    stand-in where PyAV is missing)."""
+    from bench.report import emit_line as emit
+
+    emit(rows, **fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +186,7 @@ def find_routers(model: Any, root: Path) -> list[Router]:
     Raises ValueError when a router is not in the index or its shard, is not floating point, or is stored
     with another shape than the model's."""
     from engine.model.release import read_weight_map
+    from engine.model.release_header import read_header
     from engine.model.thinker import checkpoint_names
 
     thinker = model.thinker
@@ -343,6 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=8192, help="probe tokens in all")
     p.add_argument("--records", type=int, default=16, help="probe requests (each about tokens/records)")
     args = p.parse_args(argv)
+    install_av_placeholder()  # the engine imports PyAV; the H200 machine has none (no media here)
     start = time.monotonic()
     done = level_release(args.release, args.device, args.passes, args.tokens, args.records)
     emit_line(
