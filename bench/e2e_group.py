@@ -14,9 +14,11 @@ one group on one input topic with `--partitions` (12) partitions. A benchmark pr
    bf16, process i on GPU i mod `--gpus`; `--fp8 experts|text-only`). For levelled routing (what a trained
    router does) the release's routers are levelled first (`bench.level_release`); the random release's
    routers send most tokens of a layer to one expert;
-3. `--scenario steady`: a warm-up, then each `--rate` for `--seconds` (open loop, `--arrivals`), each followed
-   by a drain; one `load` line per rate (events in and out per second, latency p50/p99 from each event's
-   scheduled send time to the moment the tail consumer holds its decision);
+3. `--scenario steady`: a warm-up; with `--capacity-events N` a backlog of N events sent at once, whose drain
+   rate (decided events over the seconds from the first send to the last decision) is the group's capacity
+   through Kafka (one `capacity` line); then each `--rate` for `--seconds` (open loop, `--arrivals`), each
+   followed by a drain; one `load` line per rate (events in and out per second, latency p50/p99 from each
+   event's scheduled send time to the moment the tail consumer holds its decision);
 4. `--scenario fault`: for each mode in `--modes` (`alo` at-least-once, `eos` exactly-once: the children's
    `kafka.exactly_once`, the tail reads committed records only), fresh topics and group, the fleet, then
    one rate for `--seconds`; at `--kill-at-s` the last process is killed with SIGKILL (its process group),
@@ -57,6 +59,7 @@ from bench.e2e_group_report import (
     EOS_MODES,
     FaultClock,
     assignment,
+    capacity_figures,
     fault_figures,
     first_holding,
     steady_figures,
@@ -321,6 +324,7 @@ class Run:
     kill_at_s: float
     restart_after_s: float
     modes: tuple[str, ...]
+    capacity_events: int = 0
 
 
 async def _session(
@@ -375,6 +379,18 @@ async def steady(
         if run.warmup_s > 0:
             await producer.run(0, run.rates[0], run.warmup_s, run.poisson, never)
             emit(kind="warmup", rate=run.rates[0], drain_s=await _drain(ledger, {0}, run.drain_s))
+        if run.capacity_events > 0:
+            load = len(run.rates) + 1
+            began = await producer.burst(load, run.capacity_events, never)
+            drained = await _drain(ledger, {load}, max(run.drain_s, 600.0))
+            line = {
+                "kind": "capacity",
+                "processes": run.processes,
+                **capacity_figures(ledger, load, began),
+                "drain_s": drained,
+            }
+            lines.append(line)
+            emit(**line)
         for index, rate in enumerate(run.rates, start=1):
             began = await producer.run(index, rate, run.seconds, run.poisson, never)
             fleet.check_alive()
@@ -480,6 +496,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", default="alo,eos", help="fault: alo (at-least-once), eos (exactly-once)")
     p.add_argument("--session-timeout-ms", type=int, default=10_000)
     p.add_argument("--pool", type=int, default=128, help="distinct events")
+    p.add_argument(
+        "--capacity-events",
+        type=int,
+        default=0,
+        help="steady: after the warm-up, a backlog of this many events sent at once; its drain rate is the "
+        "group's capacity through Kafka (0: none)",
+    )
 
 
 def _check(args: argparse.Namespace) -> Run:
@@ -499,7 +522,7 @@ def _check(args: argparse.Namespace) -> Run:
     spec = ChildSpec(args.engine, args.release, args.gpus, args.fp8, args.session_timeout_ms)
     return Run(
         spec, args.processes, args.partitions, rates, args.seconds, args.warmup_s, args.drain_s,
-        args.arrivals == "poisson", args.kill_at_s, args.restart_after_s, modes,
+        args.arrivals == "poisson", args.kill_at_s, args.restart_after_s, modes, args.capacity_events,
     )  # fmt: skip
 
 

@@ -71,6 +71,25 @@ def steady_figures(ledger: Ledger, load: int, began: float, seconds: float) -> d
     return {k: v for k, v in figures.items() if k not in _LAG_KEYS}
 
 
+def capacity_figures(ledger: Ledger, load: int, began: float) -> dict[str, Any]:
+    """A backlog's drain (load `load`, sent at once from `began`, perf_counter): events, decided,
+    dead-lettered, seconds from `began` to the last decision or dead letter, and decided events per
+    second over them."""
+    ids = [eid for eid, s in ledger.sent.items() if s.load == load]
+    ends = [ledger.decided[e][0] for e in ids if e in ledger.decided] + [
+        ledger.dead[e] for e in ids if e in ledger.dead
+    ]
+    seconds = max(ends, default=began) - began
+    decided = sum(1 for e in ids if e in ledger.decided)
+    return {
+        "events": len(ids),
+        "decided": decided,
+        "dead_lettered": sum(1 for e in ids if e in ledger.dead),
+        "seconds": round(seconds, 2),
+        "events_s": round(decided / seconds, 2) if seconds > 0 else 0.0,
+    }
+
+
 def _first_decision(ledger: Ledger, ids: Sequence[str], after: float) -> float | None:
     """Seconds from `after` (perf) to the earliest decision among `ids`; None when none was decided."""
     times = [ledger.decided[eid][0] for eid in ids if eid in ledger.decided]
@@ -178,6 +197,12 @@ def summary_text(info: dict[str, Any], lines: Sequence[dict[str, Any]]) -> str:
         + f", broker Apache Kafka {info['broker_version']}, {info['partitions']} input partitions, "
         f"{info['arrivals']} arrivals, session timeout {info['session_timeout_ms']} ms",
     ]
+    for c in (ln for ln in lines if ln.get("kind") == "capacity"):
+        head.append(
+            f"capacity through Kafka ({c['processes']} process(es)): {c['events_s']} events/s, a backlog of "
+            f"{c['events']} events drained in {c['seconds']} s ({c['decided']} decided, "
+            f"{c['dead_lettered']} DLQ)"
+        )
     loads = [ln for ln in lines if ln.get("kind") == "load"]
     if loads:
         head += [

@@ -9,10 +9,13 @@
 # an earlier call on the same machine (KEEP_RELEASE=1 keeps it for the next call). Then, every child a
 # `clef-router run` process on the release (FP8 text-only: `GROUP_FP8`, default text-only, so that two
 # fit on one GPU), Poisson arrivals, 12 input partitions:
-#   steady   (default) one process at GROUP_RATES (default 40,80,110) for GROUP_SECONDS (20) each, then two
-#            processes sharing the GPU at the same total rates
-#   fault    two processes sharing the GPU at GROUP_FAULT_RATE (60/s) for 55 s; kill -9 of one at 10 s,
-#            restarted once the survivor holds its partitions; at-least-once, then exactly-once
+#   steady   (default) one process: a backlog of GROUP_CAPACITY_EVENTS (3,000) sent at once (its drain rate:
+#            capacity through Kafka), then GROUP_RATES (default 40,80,110) for GROUP_SECONDS (20) each; then two
+#            processes: on a machine with two GPUs one per GPU at twice the rates and backlog (the same load
+#            per GPU), on one GPU both sharing it at the same totals (each step bounded by GROUP_STEADY_S, 300)
+#   fault    two processes (one per GPU where there are two, else sharing one) at GROUP_FAULT_RATE (60/s)
+#            for 55 s; kill -9 of one at 10 s, restarted once the survivor holds its partitions;
+#            at-least-once, then exactly-once
 # GROUP_GPU_TESTS="tests/gpu/..." runs those GPU tests first (GROUP_GPU_TESTS_S bounds them, default 240 s).
 # Results: $OUT/results.tgz (group.jsonl, group.txt and children.log of every step, the levelling lines and
 # the machine's description). The release is removed at the end (also on Ctrl-C) unless KEEP_RELEASE=1.
@@ -49,6 +52,7 @@ tar -C "$tmp" -xJf .carry/jre.tar.xz
 tar -C "$tmp/cache" -xJf .carry/kafka-*.tar.xz
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$tmp/site" .carry/whl/*.whl
 export PYTHONPATH="$tmp/site${PYTHONPATH:+:$PYTHONPATH}" CLEF_CACHE_DIR="$tmp/cache" PATH="$tmp/jre/bin:$PATH"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # the device notes
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/dev/shm/clef-group-triton}"
 {
     echo "device-group: $what; unpacked in $((SECONDS - began)) s; release in $release (/dev/shm free ${shm_gb} GB)"
@@ -105,11 +109,28 @@ group() {  # group NAME TIMEOUT ARGS...: one bench.e2e_group run into $results/N
 
 rates="${GROUP_RATES:-40,80,110}"
 seconds="${GROUP_SECONDS:-20}"
-if [[ $what == steady ]]; then
-    group steady-1 240 --scenario steady --processes 1 --rate "$rates" --seconds "$seconds" --warmup-s 5 --drain-s 30
-    group steady-2 300 --scenario steady --processes 2 --rate "$rates" --seconds "$seconds" --warmup-s 5 --drain-s 30
+backlog="${GROUP_CAPACITY_EVENTS:-3000}"
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+gpus=${gpus:-1}
+# two GPUs: the second run puts one process on each at twice the rates (the same load per GPU); one GPU:
+# both processes share it at the same total rates. NCCL is not used (the processes share nothing but the
+# broker); NVLink multicast stays off (exported above, and the children inherit the environment).
+if (( gpus >= 2 )); then
+    rates2=$(python3 -c 'import sys; print(",".join(f"{2 * float(r):g}" for r in sys.argv[1].split(",")))' "$rates")
+    backlog2=$((2 * backlog))
 else
-    group fault-2 540 --scenario fault --processes 2 --rate "${GROUP_FAULT_RATE:-60}" --seconds 55 \
-        --kill-at-s 10 --restart-after-s 0 --session-timeout-ms 6000 --drain-s 40 --modes "${GROUP_MODES:-alo,eos}"
+    rates2=$rates
+    backlog2=$backlog
+fi
+log "GPUs $gpus; one process at $rates, two at $rates2"
+if [[ $what == steady ]]; then
+    group steady-1 "${GROUP_STEADY_S:-300}" --scenario steady --processes 1 --gpus 1 --rate "$rates" \
+        --seconds "$seconds" --warmup-s 5 --drain-s 30 --capacity-events "$backlog"
+    group steady-2 "${GROUP_STEADY_S:-300}" --scenario steady --processes 2 --gpus "$(( gpus >= 2 ? 2 : 1 ))" \
+        --rate "$rates2" --seconds "$seconds" --warmup-s 5 --drain-s 30 --capacity-events "$backlog2"
+else
+    group fault-2 540 --scenario fault --processes 2 --gpus "$(( gpus >= 2 ? 2 : 1 ))" \
+        --rate "${GROUP_FAULT_RATE:-60}" --seconds 55 --kill-at-s 10 --restart-after-s 0 --session-timeout-ms 6000 \
+        --drain-s 40 --modes "${GROUP_MODES:-alo,eos}"
 fi
 log "done"

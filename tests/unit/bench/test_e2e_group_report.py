@@ -8,7 +8,14 @@ import subprocess
 from typing import cast
 
 from bench.children import Child
-from bench.e2e_group_report import FaultClock, assignment, fault_figures, first_holding, summary_text
+from bench.e2e_group_report import (
+    FaultClock,
+    assignment,
+    capacity_figures,
+    fault_figures,
+    first_holding,
+    summary_text,
+)
 from bench.e2e_traffic import Ledger, Sent
 
 
@@ -77,3 +84,16 @@ def test_summary_names_the_modes() -> None:
     assert "fault (exactly-once)" in text
     assert "lost 0, duplicates 0" in text
     assert "GPU peak GiB per process: 2.00, -" in text
+
+
+def test_capacity_is_decided_events_over_the_drain() -> None:
+    ledger = Ledger()
+    for i in range(10):
+        ledger.sent[f"L3-{i}"] = Sent(3, 10.0, 0)
+    for i in range(8):
+        ledger.decided[f"L3-{i}"] = (10.5 + 0.25 * i, 0)  # last decision at 12.25
+    ledger.dead["L3-8"] = 12.5  # the drain ends with the last answer of either kind
+    ledger.sent["L1-0"] = Sent(1, 0.0, 0)
+    f = capacity_figures(ledger, 3, 10.0)
+    assert (f["events"], f["decided"], f["dead_lettered"], f["seconds"]) == (10, 8, 1, 2.5)
+    assert f["events_s"] == 3.2
