@@ -16,9 +16,10 @@ one group on one input topic with `--partitions` (12) partitions. A benchmark pr
    routers send most tokens of a layer to one expert;
 3. `--scenario steady`: a warm-up; with `--capacity-events N` a backlog of N events sent at once, whose drain
    rate (decided events over the seconds from the first send to the last decision) is the group's capacity
-   through Kafka (one `capacity` line); then each `--rate` for `--seconds` (open loop, `--arrivals`), each
-   followed by a drain; one `load` line per rate (events in and out per second, latency p50/p99 from each
-   event's scheduled send time to the moment the tail consumer holds its decision);
+   through Kafka (one `capacity` line; `--shares`: the rates are shares of it); then each `--rate` for
+   `--seconds` (open loop, `--arrivals`), each followed by a drain; one `load` line per rate (events in and
+   out per second, latency p50/p99 from each event's scheduled send time to the moment the tail consumer
+   holds its decision);
 4. `--scenario fault`: for each mode in `--modes` (`alo` at-least-once, `eos` exactly-once: the children's
    `kafka.exactly_once`, the tail reads committed records only), fresh topics and group, the fleet, then
    one rate for `--seconds`; at `--kill-at-s` the last process is killed with SIGKILL (its process group),
@@ -325,6 +326,7 @@ class Run:
     restart_after_s: float
     modes: tuple[str, ...]
     capacity_events: int = 0
+    shares: bool = False  # steady: `rates` are shares of the capacity line's events/s
 
 
 async def _session(
@@ -375,10 +377,12 @@ async def steady(
     fleet, _, ledger, producer, tail, memory = await _session(broker, values, run, False, emit)
     lines: list[dict[str, Any]] = []
     never = asyncio.Event()
+    rates = run.rates
     try:
         if run.warmup_s > 0:
-            await producer.run(0, run.rates[0], run.warmup_s, run.poisson, never)
-            emit(kind="warmup", rate=run.rates[0], drain_s=await _drain(ledger, {0}, run.drain_s))
+            warm = 20.0 if run.shares else run.rates[0]
+            await producer.run(0, warm, run.warmup_s, run.poisson, never)
+            emit(kind="warmup", rate=warm, drain_s=await _drain(ledger, {0}, run.drain_s))
         if run.capacity_events > 0:
             load = len(run.rates) + 1
             began = await producer.burst(load, run.capacity_events, never)
@@ -391,7 +395,9 @@ async def steady(
             }
             lines.append(line)
             emit(**line)
-        for index, rate in enumerate(run.rates, start=1):
+            if run.shares:
+                rates = tuple(round(share * line["events_s"], 2) for share in run.rates)
+        for index, rate in enumerate(rates, start=1):
             began = await producer.run(index, rate, run.seconds, run.poisson, never)
             fleet.check_alive()
             drained = await _drain(ledger, {index}, run.drain_s)
@@ -399,6 +405,7 @@ async def steady(
                 "kind": "load",
                 "processes": run.processes,
                 "rate": rate,
+                **({"share": run.rates[index - 1]} if run.shares else {}),
                 **steady_figures(ledger, index, began, run.seconds),
                 "drain_s": drained,
                 "gpu_peak_mib": memory.of(fleet.children),
@@ -487,6 +494,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--processes", type=int, default=2)
     p.add_argument("--partitions", type=int, default=12)
     p.add_argument("--rate", default="20", help="events/s, comma-separated (fault: the first)")
+    p.add_argument(
+        "--shares",
+        action="store_true",
+        help="steady: --rate gives shares of the capacity line's events/s (needs --capacity-events); the "
+        "warm-up runs at 20/s",
+    )
     p.add_argument("--seconds", type=float, default=30.0, help="send window per load")
     p.add_argument("--warmup-s", type=float, default=5.0, help="steady: send window before the loads")
     p.add_argument("--drain-s", type=float, default=60.0, help="bound on each drain")
@@ -517,12 +530,15 @@ def _check(args: argparse.Namespace) -> Run:
         raise SystemExit("bench.e2e_group: the fault scenario needs --processes 2 or more")
     if args.scenario == "fault" and (not modes or set(modes) - {"alo", "eos"}):
         raise SystemExit("bench.e2e_group: --modes takes alo and eos")
+    if args.shares and (args.scenario != "steady" or args.capacity_events <= 0):
+        raise SystemExit("bench.e2e_group: --shares needs --scenario steady and --capacity-events")
     if args.scenario == "fault" and args.kill_at_s >= args.seconds:
         raise SystemExit("bench.e2e_group: --kill-at-s must fall inside --seconds")
     spec = ChildSpec(args.engine, args.release, args.gpus, args.fp8, args.session_timeout_ms)
     return Run(
         spec, args.processes, args.partitions, rates, args.seconds, args.warmup_s, args.drain_s,
         args.arrivals == "poisson", args.kill_at_s, args.restart_after_s, modes, args.capacity_events,
+        args.shares,
     )  # fmt: skip
 
 

@@ -181,6 +181,10 @@ def _assignments(child: Child) -> list[tuple[float, list[int]]]:
     ]
 
 
+def _share(load: dict[str, Any]) -> str:
+    return f" ({load['share']:g} of capacity)" if "share" in load else ""
+
+
 def _peaks(mib: Sequence[int | None]) -> str:
     return ", ".join("-" if m is None else f"{m / 1024:.2f}" for m in mib) or "-"
 
@@ -213,7 +217,7 @@ def summary_text(info: dict[str, Any], lines: Sequence[dict[str, Any]]) -> str:
         ]
         for r in loads:
             head.append(
-                f"| {r['processes']} | {r['rate']:g} | {r['events_in_s']} | {r['events_out_s']} | "
+                f"| {r['processes']} | {r['rate']:g}{_share(r)} | {r['events_in_s']} | {r['events_out_s']} | "
                 f"{r['p50_ms']} | {r['p95_ms']} | {r['p99_ms']} | {r['undecided']} | {r['dead_lettered']} | "
                 f"{_peaks(r['gpu_peak_mib'])} | {_peaks(r.get('gpu_total_peak_mib', []))} |"
             )

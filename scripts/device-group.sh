@@ -12,7 +12,8 @@
 #   steady   (default) one process: a backlog of GROUP_CAPACITY_EVENTS (3,000) sent at once (its drain rate:
 #            capacity through Kafka), then GROUP_RATES (default 40,80,110) for GROUP_SECONDS (20) each; then two
 #            processes: on a machine with two GPUs one per GPU at twice the rates and backlog (the same load
-#            per GPU), on one GPU both sharing it at the same totals (each step bounded by GROUP_STEADY_S, 300)
+#            per GPU), on one GPU both sharing it at the same totals (each step bounded by GROUP_STEADY_S, 300);
+#            GROUP_SHARES=0.25,0.7 runs shares of each run's measured capacity instead of GROUP_RATES
 #   fault    two processes (one per GPU where there are two, else sharing one) at GROUP_FAULT_RATE (60/s)
 #            for 55 s; kill -9 of one at 10 s, restarted once the survivor holds its partitions;
 #            at-least-once, then exactly-once
@@ -122,12 +123,16 @@ else
     rates2=$rates
     backlog2=$backlog
 fi
-log "GPUs $gpus; one process at $rates, two at $rates2"
+shares=()
+if [[ -n ${GROUP_SHARES:-} ]]; then  # rates as shares of each run's own capacity line
+    rates=$GROUP_SHARES rates2=$GROUP_SHARES shares=(--shares)
+fi
+log "GPUs $gpus; one process at $rates, two at $rates2 ${shares[*]}"
 if [[ $what == steady ]]; then
     group steady-1 "${GROUP_STEADY_S:-300}" --scenario steady --processes 1 --gpus 1 --rate "$rates" \
-        --seconds "$seconds" --warmup-s 5 --drain-s 30 --capacity-events "$backlog"
+        --seconds "$seconds" --warmup-s 5 --drain-s 30 --capacity-events "$backlog" "${shares[@]}"
     group steady-2 "${GROUP_STEADY_S:-300}" --scenario steady --processes 2 --gpus "$(( gpus >= 2 ? 2 : 1 ))" \
-        --rate "$rates2" --seconds "$seconds" --warmup-s 5 --drain-s 30 --capacity-events "$backlog2"
+        --rate "$rates2" --seconds "$seconds" --warmup-s 5 --drain-s 30 --capacity-events "$backlog2" "${shares[@]}"
 else
     group fault-2 540 --scenario fault --processes 2 --gpus "$(( gpus >= 2 ? 2 : 1 ))" \
         --rate "${GROUP_FAULT_RATE:-60}" --seconds 55 --kill-at-s 10 --restart-after-s 0 --session-timeout-ms 6000 \
