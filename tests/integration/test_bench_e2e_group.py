@@ -54,18 +54,25 @@ def test_fault_run_loses_nothing_in_both_modes(tmp_path: Path) -> None:
 
 
 def test_steady_run_with_two_processes_decides_every_event(tmp_path: Path) -> None:
-    args = ["--engine", "stub", "--processes", "2", "--rate", "20,40", "--seconds", "3", "--warmup-s", "1"]
-    assert main([*args, "--pool", "16", "--capacity-events", "300", "--out", str(tmp_path)]) == 0
+    args = ["--engine", "stub", "--processes", "2", "--rate", "0.1,0.2", "--shares", "--seconds", "3"]
+    args += ["--warmup-s", "1", "--pool", "16", "--capacity-events", "300", "--out", str(tmp_path)]
+    assert main(args) == 0
     (capacity,) = [line for line in _lines(tmp_path) if line["kind"] == "capacity"]
     assert (capacity["events"], capacity["decided"], capacity["dead_lettered"]) == (300, 300, 0)
     assert capacity["seconds"] > 0
     assert capacity["events_s"] == pytest.approx(300 / capacity["seconds"], rel=0.01)
     assert "capacity through Kafka (2 process(es))" in (tmp_path / "group.txt").read_text()
     loads = [line for line in _lines(tmp_path) if line["kind"] == "load"]
-    assert [line["rate"] for line in loads] == [20.0, 40.0]
+    assert [line["share"] for line in loads] == [0.1, 0.2]
+    assert [line["rate"] for line in loads] == [round(s * capacity["events_s"], 2) for s in (0.1, 0.2)]
     for line in loads:
         assert line["events"] > 0
         assert (line["decided"], line["undecided"]) == (line["events"], 0)
         assert 0 < line["p50_ms"] <= line["p99_ms"]
     (settled,) = [line for line in _lines(tmp_path) if line["kind"] == "group_settled"]
     assert settled["processes"] == 2
+
+
+def test_shares_need_a_capacity_run() -> None:
+    with pytest.raises(SystemExit, match="--shares needs"):
+        main(["--rate", "0.5", "--shares"])
