@@ -71,6 +71,9 @@ from bench.e2e_traffic import Ledger, Producer, Tail
 Emit = Callable[..., None]
 READY_LIMIT_S = 300.0
 SETTLE_LIMIT_S = 90.0
+#: Every child spawned by this process (appended by `Fleet.start` only): `main`'s last step kills any that
+#: is still alive, whatever stopped the run (a start thread that outlived its cancelled task included).
+_SPAWNED: list[Child] = []
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +192,7 @@ class Fleet:
         port = free_port()
         args = ["run", "--stub-engine"] if self._spec.engine == "stub" else ["run"]
         child = spawn(args, self._env(slot, port))
+        _SPAWNED.append(child)
         if slot < len(self.children):
             self.retired.append(self.children[slot])
             self.children[slot], self.ports[slot] = child, port
@@ -350,13 +354,17 @@ async def _session(
     producer = Producer(broker.bootstrap_servers, topics.input, values, ledger, seed=7)
     began = time.monotonic()
     ready = []
-    for slot in range(run.processes):
-        ready.append(round(await asyncio.to_thread(fleet.start, slot), 2))
-        emit(kind="child_ready", slot=slot, pid=fleet.children[slot].proc.pid, ready_s=ready[-1])
-    settled = await _settled(fleet, run.partitions, began)
-    emit(kind="group_settled", processes=run.processes, seconds=round(settled - began, 2), ready_s=ready)
-    await tail.start()
-    await producer.start()
+    try:
+        for slot in range(run.processes):
+            ready.append(round(await asyncio.to_thread(fleet.start, slot), 2))
+            emit(kind="child_ready", slot=slot, pid=fleet.children[slot].proc.pid, ready_s=ready[-1])
+        settled = await _settled(fleet, run.partitions, began)
+        emit(kind="group_settled", processes=run.processes, seconds=round(settled - began, 2), ready_s=ready)
+        await tail.start()
+        await producer.start()
+    except BaseException:  # a child that failed to start, a timeout, Ctrl-C: nothing started is left running
+        await _close(fleet, producer, tail, memory, emit)
+        raise
     return fleet, topics, ledger, producer, tail, memory
 
 
@@ -613,6 +621,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         emit(kind="done", lines=len(lines), failed=bad)
         return 1 if bad else 0
     finally:
+        for child in _SPAWNED:
+            if child.proc.poll() is None:
+                kill(child)
         broker.stop()
         sink.close()
         shutil.rmtree(tmp, ignore_errors=True)
