@@ -55,7 +55,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench.children import Child, kill, spawn, stop, wait_ready
+from bench.children import Child, http_get, kill, spawn, stop, wait_ready
 from bench.e2e_group_report import (
     EOS_MODES,
     FaultClock,
@@ -63,6 +63,7 @@ from bench.e2e_group_report import (
     capacity_figures,
     fault_figures,
     first_holding,
+    service_window,
     steady_figures,
     summary_text,
 )
@@ -277,6 +278,37 @@ class GpuMemory:
                 await self._task
 
 
+#: The service metrics each child's `/metrics` is read for (`service_window` in `bench.e2e_group_report`).
+SCRAPED = (
+    "clef_router_gpu_busy_seconds_total",
+    "clef_router_batch_records_count",
+    "clef_router_batch_records_sum",
+    "clef_router_batch_tokens_sum",
+)
+
+
+def scrape(port: int) -> dict[str, float] | None:
+    """`SCRAPED` from `http://127.0.0.1:port/metrics` plus the monotonic time of the read (`at`); None when
+    the child does not answer. Blocking."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, body = http_get(f"http://127.0.0.1:{port}/metrics", timeout=5.0)
+    if status != 200:
+        return None
+    values = {name: 0.0 for name in SCRAPED}
+    for family in text_string_to_metric_families(body.decode("utf-8", "replace")):
+        for sample in family.samples:
+            if sample.name in values and not sample.labels:
+                values[sample.name] = float(sample.value)
+    values["at"] = time.monotonic()
+    return values
+
+
+async def _scrape_all(fleet: Fleet) -> list[dict[str, float] | None]:
+    """`scrape` of every child, in a thread each."""
+    return list(await asyncio.gather(*(asyncio.to_thread(scrape, port) for port in fleet.ports)))
+
+
 async def _settled(fleet: Fleet, partitions: int, since: float) -> float:
     """Wait until every live child logged an assignment after `since` (monotonic) and together they hold
     each input partition exactly once; returns the monotonic time it was seen. Raises `TimeoutError`."""
@@ -406,9 +438,11 @@ async def steady(
             if run.shares:
                 rates = tuple(round(share * line["events_s"], 2) for share in run.rates)
         for index, rate in enumerate(rates, start=1):
+            before = await _scrape_all(fleet)
             began = await producer.run(index, rate, run.seconds, run.poisson, never)
             fleet.check_alive()
             drained = await _drain(ledger, {index}, run.drain_s)
+            service = [service_window(b, a) for b, a in zip(before, await _scrape_all(fleet), strict=True)]
             line = {
                 "kind": "load",
                 "processes": run.processes,
@@ -416,6 +450,7 @@ async def steady(
                 **({"share": run.rates[index - 1]} if run.shares else {}),
                 **steady_figures(ledger, index, began, run.seconds),
                 "drain_s": drained,
+                "service": service,
                 "gpu_peak_mib": memory.of(fleet.children),
                 "gpu_total_peak_mib": memory.gpus(),
             }

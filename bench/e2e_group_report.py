@@ -71,6 +71,23 @@ def steady_figures(ledger: Ledger, load: int, began: float, seconds: float) -> d
     return {k: v for k, v in figures.items() if k not in _LAG_KEYS}
 
 
+def service_window(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, Any] | None:
+    """One child's figures between two `/metrics` reads (`bench.e2e_group.scrape`): the GPU busy share
+    (GPU-thread seconds over the seconds between the reads), batches, records run, and mean records and
+    tokens per batch. None when either read failed."""
+    if before is None or after is None:
+        return None
+    d = {k: after[k] - before[k] for k in after}
+    batches = d["clef_router_batch_records_count"]
+    return {
+        "gpu_busy": round(d["clef_router_gpu_busy_seconds_total"] / max(1e-9, d["at"]), 3),
+        "batches": int(batches),
+        "records": int(d["clef_router_batch_records_sum"]),
+        "records_per_batch": round(d["clef_router_batch_records_sum"] / batches, 2) if batches else 0.0,
+        "tokens_per_batch": round(d["clef_router_batch_tokens_sum"] / batches) if batches else 0,
+    }
+
+
 def capacity_figures(ledger: Ledger, load: int, began: float) -> dict[str, Any]:
     """A backlog's drain (load `load`, sent at once from `began`, perf_counter): events, decided,
     dead-lettered, seconds from `began` to the last decision or dead letter, and decided events per
@@ -185,6 +202,11 @@ def _share(load: dict[str, Any]) -> str:
     return f" ({load['share']:g} of capacity)" if "share" in load else ""
 
 
+def _service(per_child: Sequence[dict[str, Any] | None]) -> str:
+    shown = ["-" if c is None else f"{c['gpu_busy']} / {c['records_per_batch']}" for c in per_child]
+    return ", ".join(shown) or "-"
+
+
 def _peaks(mib: Sequence[int | None]) -> str:
     return ", ".join("-" if m is None else f"{m / 1024:.2f}" for m in mib) or "-"
 
@@ -212,14 +234,15 @@ def summary_text(info: dict[str, Any], lines: Sequence[dict[str, Any]]) -> str:
         head += [
             "",
             "| processes | rate/s | events/s in | events/s out | p50 ms | p95 ms | p99 ms | undecided | "
-            "DLQ | GPU peak GiB per process | per GPU |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "DLQ | GPU busy / records per batch, per process | GPU peak GiB per process | per GPU |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in loads:
             head.append(
                 f"| {r['processes']} | {r['rate']:g}{_share(r)} | {r['events_in_s']} | {r['events_out_s']} | "
                 f"{r['p50_ms']} | {r['p95_ms']} | {r['p99_ms']} | {r['undecided']} | {r['dead_lettered']} | "
-                f"{_peaks(r['gpu_peak_mib'])} | {_peaks(r.get('gpu_total_peak_mib', []))} |"
+                f"{_service(r.get('service', []))} | {_peaks(r['gpu_peak_mib'])} | "
+                f"{_peaks(r.get('gpu_total_peak_mib', []))} |"
             )
     for f in (ln for ln in lines if ln.get("kind") == "fault"):
         lat, burst = f["latency"], f["latency_after_kill_10s"]

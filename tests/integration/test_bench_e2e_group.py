@@ -69,6 +69,8 @@ def test_steady_run_with_two_processes_decides_every_event(tmp_path: Path) -> No
         assert line["events"] > 0
         assert (line["decided"], line["undecided"]) == (line["events"], 0)
         assert 0 < line["p50_ms"] <= line["p99_ms"]
+        assert len(line["service"]) == 2  # each child's /metrics, read around the window
+        assert sum(c["records"] for c in line["service"]) == line["events"]
     (settled,) = [line for line in _lines(tmp_path) if line["kind"] == "group_settled"]
     assert settled["processes"] == 2
 

@@ -14,6 +14,7 @@ from bench.e2e_group_report import (
     capacity_figures,
     fault_figures,
     first_holding,
+    service_window,
     summary_text,
 )
 from bench.e2e_traffic import Ledger, Sent
@@ -97,3 +98,18 @@ def test_capacity_is_decided_events_over_the_drain() -> None:
     f = capacity_figures(ledger, 3, 10.0)
     assert (f["events"], f["decided"], f["dead_lettered"], f["seconds"]) == (10, 8, 1, 2.5)
     assert f["events_s"] == 3.2
+
+
+def test_service_window_is_the_difference_of_two_reads() -> None:
+    names = ("gpu_busy_seconds_total", "batch_records_count", "batch_records_sum", "batch_tokens_sum")
+    before = {f"clef_router_{n}": v for n, v in zip(names, (1.0, 10.0, 40.0, 4000.0), strict=True)}
+    after = {f"clef_router_{n}": v for n, v in zip(names, (4.0, 14.0, 60.0, 6000.0), strict=True)}
+    before["at"], after["at"] = 100.0, 110.0
+    assert service_window(before, after) == {
+        "gpu_busy": 0.3,
+        "batches": 4,
+        "records": 20,
+        "records_per_batch": 5.0,
+        "tokens_per_batch": 500,
+    }
+    assert service_window(None, after) is None
