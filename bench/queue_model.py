@@ -10,9 +10,11 @@ preemption: what the engine side of a service with that cost reaches when its ba
 a batch (waiting only adds latency here; cutting a batch smaller pays `a` once more). A model, not a
 measurement: compare it with the benches' figures, never quote it as one.
 
-Derive `a` and `b` from measured figures: `b` = 1 / capacity (events/s through Kafka at large batches), `a` =
-one request's latency minus `b * its tokens / mean_tokens`. Defaults: FP8 text-only from disk, levelled
-(capacity 138.3 events/s, one 800-token request 18.62 ms, `BENCHMARKS.md`).
+Derive `a` and `b` from measured figures: `b` = 1 / capacity (events/s through Kafka at large batches),
+`a` = one request's latency minus `b * its tokens / mean_tokens`; or give them (`--fixed-ms`,
+`--per-record-ms`, e.g. fitted to the service's `batch` log lines; the shares stay shares of `--capacity`).
+Defaults: FP8 text-only from disk, levelled (capacity 138.3 events/s, one 800-token request 18.62 ms,
+`BENCHMARKS.md`).
 
 Prints one JSON line per share (p50, p99, max ms, mean records per batch, GPU busy share), then, with
 `--target-p99-ms`, the largest `a` (same `b`) and the largest `b` (same `a / b`) that bring the p99 at
@@ -129,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--capacity", type=float, default=138.3, help="events/s at large batches (1 / b)")
     p.add_argument("--one-request-ms", type=float, default=18.62, help="one request's latency")
     p.add_argument("--one-request-tokens", type=float, default=800.0)
+    p.add_argument("--fixed-ms", type=float, default=None, help="a, given instead of derived")
+    p.add_argument("--per-record-ms", type=float, default=None, help="b, given instead of derived")
     p.add_argument("--shares", default="0.25,0.5,0.7", help="arrival rates as shares of --capacity")
     p.add_argument("--events", type=int, default=100_000, help="arrivals per share")
     p.add_argument("--max-tokens", type=float, default=None, help="cap on a batch's tokens (default none)")
@@ -137,8 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
     mean = mix_mean()
-    b = 1.0 / args.capacity
+    b = 1.0 / args.capacity if args.per_record_ms is None else args.per_record_ms / 1000
     a = args.one_request_ms / 1000 - b * args.one_request_tokens / mean
+    a = a if args.fixed_ms is None else args.fixed_ms / 1000
     if a < 0:
         raise SystemExit("bench.queue_model: one request is faster than 1/capacity allows (a < 0)")
     cost = Cost(a, b, mean)
