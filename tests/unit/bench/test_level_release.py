@@ -16,20 +16,8 @@ from safetensors import safe_open
 from safetensors.torch import load as load_safetensors
 
 from bench.level_release import level_release, load_engine, probe, probe_records
-from bench.release_writer import write_fullsize_release
+from tests.support.small_release import write_small_release
 
-SMALL = {
-    "hidden_size": 64,
-    "num_hidden_layers": 3,
-    "num_experts": 8,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 32,
-    "intermediate_size": 32,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "vocab_size": 2048,
-}
 ROUTER = ".mlp.gate.weight"
 
 
@@ -54,9 +42,7 @@ def masked(data: bytes, ranges: list[tuple[int, int]]) -> bytes:
 
 @pytest.mark.slow
 def test_levelling_rewrites_only_the_routers_and_spreads_the_load(tmp_path: Path) -> None:
-    root = write_fullsize_release(
-        tmp_path / "r", shard_bytes=150_000, text_overrides=SMALL, full_towers=False, log=lambda _: None
-    ).path
+    root = write_small_release(tmp_path / "r").path
     original = {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file()}
 
     done = level_release(root, "cpu", passes=4, tokens=512, records=4)

@@ -11,27 +11,12 @@ from pathlib import Path
 
 import torch
 
-from bench.release_writer import write_fullsize_release
 from engine.model.release import load_release_model
-
-SMALL = {
-    "hidden_size": 64,
-    "num_hidden_layers": 3,
-    "num_experts": 8,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 32,
-    "intermediate_size": 32,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "vocab_size": 2048,
-}
+from tests.support.small_release import write_small_release
 
 
 def test_written_release_is_per_expert_sharded_and_loads(tmp_path: Path) -> None:
-    written = write_fullsize_release(
-        tmp_path / "r", shard_bytes=150_000, text_overrides=SMALL, full_towers=False, log=lambda _: None
-    )
+    written = write_small_release(tmp_path / "r")
     weight_map: dict[str, str] = json.loads((written.path / "model.safetensors.index.json").read_text())[
         "weight_map"
     ]
@@ -39,7 +24,7 @@ def test_written_release_is_per_expert_sharded_and_loads(tmp_path: Path) -> None
     assert not any(k.endswith(("experts.gate_up_proj", "experts.down_proj")) for k in weight_map)
     assert any(k.startswith("talker.") for k in weight_map)
     assert any(k.startswith("code2wav.") for k in weight_map)
-    shards_per_layer = {}
+    shards_per_layer: dict[str, set[str]] = {}
     for key, shard in weight_map.items():
         m = re.match(r"thinker\.model\.layers\.(\d+)\.mlp\.experts\.\d+\.", key)
         if m:
