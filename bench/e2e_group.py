@@ -366,7 +366,7 @@ class Run:
 
 
 async def _session(
-    broker: Any, values: Sequence[bytes], run: Run, exactly_once: bool, emit: Emit
+    broker: Any, values: Sequence[bytes], run: Run, exactly_once: bool, emit: Emit, out: Path
 ) -> tuple[Fleet, Topics, Ledger, Producer, Tail, GpuMemory]:
     """Fresh topics, the fleet started and settled, the tail consumer and the producer started."""
     topics = Topics(f"group-{uuid.uuid4().hex[:8]}")
@@ -395,26 +395,31 @@ async def _session(
         await tail.start()
         await producer.start()
     except BaseException:  # a child that failed to start, a timeout, Ctrl-C: nothing started is left running
-        await _close(fleet, producer, tail, memory, emit)
+        await _close(fleet, producer, tail, memory, emit, out)
         raise
     return fleet, topics, ledger, producer, tail, memory
 
 
-async def _close(fleet: Fleet, producer: Producer, tail: Tail, memory: GpuMemory, emit: Emit) -> None:
-    """Stop the bench's clients and the fleet; every step runs even when an earlier one failed."""
+async def _close(
+    fleet: Fleet, producer: Producer, tail: Tail, memory: GpuMemory, emit: Emit, out: Path
+) -> None:
+    """Stop the bench's clients and the fleet, then append every child's stderr tail to
+    `out/children.log`; every step runs even when an earlier one failed."""
     for closing in (producer.stop, tail.stop, memory.stop):
         try:
             await asyncio.wait_for(closing(), 20.0)
         except Exception as exc:  # a client that never started, or a broker gone: note it, go on
             emit(kind="note", message=f"closing a client: {exc!r}"[:300])
     await asyncio.to_thread(fleet.stop_all)
+    with (out / "children.log").open("a", encoding="utf-8") as log:
+        log.write(fleet.log_tail())
 
 
 async def steady(
     broker: Any, values: Sequence[bytes], run: Run, out: Path, emit: Emit
 ) -> list[dict[str, Any]]:
     """Step 3 of the module docstring; returns the `load` lines."""
-    fleet, _, ledger, producer, tail, memory = await _session(broker, values, run, False, emit)
+    fleet, _, ledger, producer, tail, memory = await _session(broker, values, run, False, emit, out)
     lines: list[dict[str, Any]] = []
     never = asyncio.Event()
     rates = run.rates
@@ -457,9 +462,7 @@ async def steady(
             lines.append(line)
             emit(**line)
     finally:
-        await _close(fleet, producer, tail, memory, emit)
-        with (out / "children.log").open("a", encoding="utf-8") as log:
-            log.write(fleet.log_tail())
+        await _close(fleet, producer, tail, memory, emit, out)
     return lines
 
 
@@ -468,7 +471,7 @@ async def fault(
 ) -> dict[str, Any]:
     """Step 4 of the module docstring for one mode; returns the `fault` line."""
     exactly_once = mode in EOS_MODES
-    fleet, _, ledger, producer, tail, memory = await _session(broker, values, run, exactly_once, emit)
+    fleet, _, ledger, producer, tail, memory = await _session(broker, values, run, exactly_once, emit, out)
     victim = run.processes - 1
     never = asyncio.Event()
     try:
@@ -512,9 +515,7 @@ async def fault(
         }
         emit(**line)
     finally:
-        await _close(fleet, producer, tail, memory, emit)
-        with (out / "children.log").open("a", encoding="utf-8") as log:
-            log.write(fleet.log_tail())
+        await _close(fleet, producer, tail, memory, emit, out)
     return line
 
 

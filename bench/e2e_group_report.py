@@ -35,14 +35,20 @@ class FaultClock:
         return self.kill_perf + (mono - self.kill_mono)
 
 
+def assignments(child: Child, since_mono: float = 0.0) -> list[tuple[float, list[int]]]:
+    """Every `partitions_assigned` log line of `child` at or after `since_mono` (monotonic): its time and
+    the input partitions (ints, sorted; the children read one input topic)."""
+    return [
+        (t, sorted(int(str(p).rpartition(":")[2]) for p in fields.get("partitions", [])))
+        for t, fields in child.events("partitions_assigned")
+        if t >= since_mono
+    ]
+
+
 def assignment(child: Child, since_mono: float) -> tuple[float, list[int]] | None:
-    """The child's last `partitions_assigned` log line at or after `since_mono` (monotonic): its time and
-    the input partitions (ints; the children read one input topic). None when there is none."""
-    found = [(t, fields) for t, fields in child.events("partitions_assigned") if t >= since_mono]
-    if not found:
-        return None
-    t, fields = found[-1]
-    return t, sorted(int(str(p).rpartition(":")[2]) for p in fields.get("partitions", []))
+    """The child's last assignment at or after `since_mono` (`assignments`); None when there is none."""
+    found = assignments(child, since_mono)
+    return found[-1] if found else None
 
 
 def first_holding(children: Sequence[Child], partitions: Collection[int], since_mono: float) -> float | None:
@@ -51,11 +57,8 @@ def first_holding(children: Sequence[Child], partitions: Collection[int], since_
     one of them was never covered (or `partitions` is empty)."""
     firsts: dict[int, float] = {}
     for child in children:
-        for t, fields in child.events("partitions_assigned"):
-            if t < since_mono:
-                continue
-            for p in fields.get("partitions", []):
-                part = int(str(p).rpartition(":")[2])
+        for t, parts in assignments(child, since_mono):
+            for part in parts:
                 if part in partitions and (part not in firsts or t < firsts[part]):
                     firsts[part] = t
     if not partitions or set(partitions) - set(firsts):
@@ -151,7 +154,7 @@ def fault_figures(
     orphan_ids = [eid for eid in after_kill if ledger.sent[eid].partition in set(orphaned)]
     covered = first_holding(survivors, orphaned, clock.kill_mono)
 
-    held = [(t, parts) for t, parts in _assignments(restarted) if parts]
+    held = [(t, parts) for t, parts in assignments(restarted) if parts]
     restart_assigned = held[0] if held else None
     restart_first: float | None = None
     if restart_assigned is not None:
@@ -188,14 +191,6 @@ def fault_figures(
         "latency_after_kill_10s": latencies(burst),
         "out_per_s_from_kill": _rate_series(ledger, ids, clock.kill_perf, 5),
     }
-
-
-def _assignments(child: Child) -> list[tuple[float, list[int]]]:
-    """Every `partitions_assigned` line of `child`: (monotonic time, input partitions)."""
-    return [
-        (t, sorted(int(str(p).rpartition(":")[2]) for p in fields.get("partitions", [])))
-        for t, fields in child.events("partitions_assigned")
-    ]
 
 
 def _share(load: dict[str, Any]) -> str:
