@@ -1,9 +1,10 @@
 """The engine's expert modes side by side on the H200: bf16, FP8 through CUTLASS, FP8 through the fused Triton
-kernels, and FP8 text-only (bf16 experts freed), on the same full-size weights with levelled routing.
+kernels, FP8 text-only (bf16 experts freed), and those two with the attention projections in FP8 as well
+(`MODES`), on the same full-size weights with levelled routing.
 
-`python3 -m bench.fp8_modes --out DIR [--tiles-from tiles_best.json]` builds the full-size engine (random
-bf16 weights, routers levelled as a trained router spreads tokens, fast path, CUDA graphs up to 4,096
-tokens) and, per mode in this order (text-only last: it cannot be undone):
+`python3 -m bench.fp8_modes --out DIR [--modes a,b,...] [--tiles-from tiles_best.json]` builds the
+full-size engine (random bf16 weights, routers levelled as a trained router spreads tokens, fast path, CUDA
+graphs up to 4,096 tokens) and, per mode in this order (text-only last: it cannot be undone):
 
 - tok/s streaming 512-token requests at budget 65,536 and one 800-token request's `Engine.decide` p50/p99
   (`bench.experts.measure`);
@@ -32,6 +33,17 @@ import torch
 
 from bench.report import emit_line as emit
 
+MODES: dict[str, dict[str, bool]] = {
+    "bf16": {},
+    "fp8_cutlass": {"fp8_experts": True, "fused_experts": False},
+    "fp8_triton": {"fp8_experts": True},
+    "fp8_triton_attention": {"fp8_experts": True, "fp8_attention": True},
+    "fp8_text_only": {"fp8_experts": True, "text_only": True},
+    "fp8_text_only_attention": {"fp8_experts": True, "text_only": True, "fp8_attention": True},
+}
+"""The expert modes, in the order they run (`enable_fast_path` arguments); text-only ones last: the bf16
+experts cannot come back. `fp8_attention` also runs the attention projections in FP8."""
+
 
 def _use_tiles(path: Path) -> dict[str, object]:
     from engine.kernels import moe_fp8
@@ -51,6 +63,11 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=1024, help="512-token requests per stream")
     p.add_argument("--drift", type=int, default=192, help="requests of the load mix for the drift")
     p.add_argument("--tiles-from", type=Path, default=None)
+    p.add_argument(
+        "--modes",
+        default="bf16,fp8_triton,fp8_triton_attention,fp8_text_only_attention",
+        help=f"comma-separated, from {','.join(MODES)} (run in that order; bf16 first for the drift)",
+    )
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -76,13 +93,12 @@ def main() -> int:
     one = make_request(rng, engine, 800)
     pool = [engine.prepare(r) for r in make_pool(engine, random.Random(5), args.drift)]
     bf16: list[float] = []
-    modes: tuple[tuple[str, dict[str, bool]], ...] = (
-        ("bf16", {}),
-        ("fp8_cutlass", {"fp8_experts": True, "fused_experts": False}),
-        ("fp8_triton", {"fp8_experts": True}),
-        ("fp8_text_only", {"fp8_experts": True, "text_only": True}),
-    )
-    for mode, kwargs in modes:
+    chosen = set(args.modes.split(","))
+    if unknown := chosen - set(MODES):
+        p.error(f"unknown modes {sorted(unknown)}")
+    if "bf16" not in chosen:
+        p.error("bf16 is every drift's reference: include it")
+    for mode, kwargs in ((m, MODES[m]) for m in MODES if m in chosen):
         gc.collect()
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

@@ -157,6 +157,11 @@ class EngineSettings(_Frozen):
         description="FP8 experts with the bf16 experts freed (about half the GPU memory); every request "
         "with media is then refused (400 / dead letter media_undecodable). CUDA only",
     )
+    fp8_attention: bool = Field(
+        default=False,
+        description="run the text path's attention projections (fused QKV, output) in FP8 on Hopper GPUs "
+        "(engine.kernels.fp8.linear_fp8; opt-in, apart from the experts). CUDA only",
+    )
 
 
 def engine_device(engine: EngineSettings) -> str:

@@ -37,9 +37,10 @@ class EngineConfig:
     `engine.model.graphs.default_buckets(limits.max_tokens)`, empty: no graphs); `fp8_experts` runs the
     MoE experts in FP8 there (`engine.kernels.fp8`, opt-in), and `fp8_text_only` does so with the bf16
     experts freed: about half the GPU memory, and every request with media is refused (a permanent 400,
-    `media_undecodable`). Off CUDA neither applies. A record failing alone is tried
-    `single_record_attempts` times (`engine.batching.split`). A server maps its own settings onto this in
-    one place (`consumer.engine_config`).
+    `media_undecodable`); `fp8_attention` runs the attention projections of that path in FP8 too
+    (opt-in, apart from the experts; media batches keep bf16). Off CUDA none of them applies. A record
+    failing alone is tried `single_record_attempts` times (`engine.batching.split`). A server maps its
+    own settings onto this in one place (`consumer.engine_config`).
     """
 
     device: str = "cuda"
@@ -53,6 +54,7 @@ class EngineConfig:
     fast_path: bool = True
     fp8_experts: bool = False
     fp8_text_only: bool = False
+    fp8_attention: bool = False
     graph_buckets: tuple[int, ...] | None = None
     media_limits: MediaLimits = field(default_factory=MediaLimits)
     media_policy: MediaPolicy = field(default_factory=MediaPolicy)

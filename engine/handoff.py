@@ -21,7 +21,8 @@ class ModelLike(Protocol):
 
     - `device`: where `collate` puts a batch; `fast_path`: whether the text fast path is built.
     - `enable_fast_path(...)`: build it (CUDA only); returns False and changes nothing where it cannot.
-      `text_only` (with `fp8_experts`) frees the bf16 experts: the model then runs no media.
+      `text_only` (with `fp8_experts`) frees the bf16 experts: the model then runs no media;
+      `fp8_attention` runs the text path's attention projections in FP8.
     - `layout_for(with_media)`: the layout a batch gets when the engine names none.
     - `can_pack(with_media)`: whether records packed in one row need no dense attention mask.
     - `collate(encoded, layout)`: one forward pass's inputs, on `device`.
@@ -37,7 +38,12 @@ class ModelLike(Protocol):
     def fast_path(self) -> bool: ...
 
     def enable_fast_path(
-        self, *, graph_buckets: tuple[int, ...] = (), fp8_experts: bool = False, text_only: bool = False
+        self,
+        *,
+        graph_buckets: tuple[int, ...] = (),
+        fp8_experts: bool = False,
+        text_only: bool = False,
+        fp8_attention: bool = False,
     ) -> bool: ...
 
     def layout_for(self, with_media: bool) -> Layout: ...

@@ -91,10 +91,16 @@ class Engine(Generic[M]):
             if buckets is None:
                 buckets = default_buckets(cfg.limits.max_tokens)
             fp8 = cfg.fp8_experts or cfg.fp8_text_only
-            if model.enable_fast_path(graph_buckets=buckets, fp8_experts=fp8, text_only=cfg.fp8_text_only):
+            built = model.enable_fast_path(
+                graph_buckets=buckets,
+                fp8_experts=fp8,
+                text_only=cfg.fp8_text_only,
+                fp8_attention=cfg.fp8_attention,
+            )
+            if built:
                 self._text_only = cfg.fp8_text_only
-        elif cfg.fp8_text_only:
-            log.warning("fp8_text_only applies on CUDA only: this engine keeps its bf16 experts and media")
+        elif cfg.fp8_text_only or cfg.fp8_attention:
+            log.warning("fp8_text_only and fp8_attention apply on CUDA only: this engine runs bf16")
         self._layout: Layout | None = None if self.config.layout == "auto" else self.config.layout
 
     @classmethod

@@ -10,7 +10,13 @@ the two expert GEMMs per row (one scale per token, dynamic). The GEMMs then read
     silu(gate) * up * routing weight --row quant--> (S, I) e4m3 + (S,) scale
     down:    (S, I) x (E, I, H) e4m3, scales (S,) x (E, H)   -> (S, H) bf16
 
-Attention, norms, the router and the head stay bf16. Answers drift from bf16 by quantisation error
+The attention projections may run in e4m3 too (`Fp8Linear`, `linear_fp8`; opt-in apart from the experts,
+`ClefOmniModel.enable_fast_path(fp8_attention=True)`): the fused QKV and the output projection, weights
+per output channel, activations per row, through torch's row-wise scaled GEMM on Hopper:
+
+    x (T, K) bf16 --row quant--> (T, K) e4m3 + (T,) scale;  (T, K) x (K, N) e4m3 -> (T, N) bf16
+
+The attention itself, norms, the router and the head stay bf16. Answers drift from bf16 by quantisation error
 (BENCHMARKS.md, "FP8 experts"); batch invariance holds as in bf16, because every scale is per row or per
 channel and so never depends on the other records of a batch.
 
@@ -54,6 +60,59 @@ class Fp8Experts:
             t.numel() * t.element_size()
             for t in (self.gate_up, self.gate_up_scale, self.down, self.down_scale)
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Linear:
+    """One dense projection in e4m3: `weight` (N, K) row-major (its transpose is the column-major right
+    operand of `torch._scaled_mm`), `scale` (N,) float32 per output channel, `bias` (N,) or None."""
+
+    weight: torch.Tensor  # (N, K) e4m3
+    scale: torch.Tensor  # (N,) float32
+    bias: torch.Tensor | None
+
+    @property
+    def nbytes(self) -> int:
+        tensors = (self.weight, self.scale) if self.bias is None else (self.weight, self.scale, self.bias)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def linear_supported(out_features: int, in_features: int) -> bool:
+    """Whether `linear_fp8` takes this shape: the scaled GEMM wants both sizes in multiples of 16."""
+    return out_features % 16 == 0 and in_features % 16 == 0
+
+
+def quantize_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Fp8Linear:
+    """(N, K) weights (and an optional (N,) bias, kept as is) -> `Fp8Linear`. Blocking."""
+    q, s = quantize_weight(weight[None])
+    return Fp8Linear(q[0].contiguous(), s[0].contiguous(), bias)
+
+
+def linear_fp8(x: torch.Tensor, w: Fp8Linear) -> torch.Tensor:
+    """x (T, K) times `w` -> (T, N) in x's dtype (bf16 on CUDA): x quantised per row (dynamic,
+    `quantize_rows`), one e4m3 GEMM scaled by the row and channel scales (`torch._scaled_mm`, row-wise, on
+    CUDA; the float32 twin of the same arithmetic on CPU), then the bias. Every scale belongs to one row
+    or one channel, so a row's result does not depend on the other rows beyond the GEMM's accumulation
+    order."""
+    t, n = x.shape[0], w.weight.shape[0]
+    if not t:
+        return x.new_empty(0, n)
+    xq, xs = quantize_rows(x)  # (T, K) e4m3, (T,)
+    if x.is_cuda:
+        out: torch.Tensor = torch._scaled_mm(
+            xq,
+            w.weight.t(),
+            scale_a=xs[:, None],
+            scale_b=w.scale[None, :],
+            out_dtype=torch.bfloat16,
+            use_fast_accum=True,
+        )
+    else:
+        xf = xq.float() * xs[:, None]  # (T, K)
+        out = (xf @ (w.weight.float() * w.scale[:, None]).T).to(x.dtype)  # (T, N)
+    if w.bias is not None:
+        out = out + w.bias
+    return out
 
 
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

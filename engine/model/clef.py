@@ -59,6 +59,7 @@ class ClefOmniModel(nn.Module):
         fused_experts: bool = True,
         triton_attention: bool = True,
         text_only: bool = False,
+        fp8_attention: bool = False,
     ) -> bool:
         """Use the padding-free varlen decoder (`engine.model.decoder`) for text-only batches on CUDA.
 
@@ -67,6 +68,8 @@ class ClefOmniModel(nn.Module):
         `fp8_experts` runs the MoE experts in FP8 (`engine.kernels.fp8`, opt-in; the release is bf16);
         with `text_only` too, the bf16 experts are freed for good (`PackedTextDecoder.use_fp8_experts`):
         about half the memory, and from then on a batch with media raises ValueError (`text_only`).
+        `fp8_attention` runs the attention projections (fused QKV, output) in FP8 as well
+        (`PackedTextDecoder.use_fp8_attention`; opt-in, apart from the experts; the media path stays bf16).
         `fused_experts=False` runs bf16 experts unfused (CUTLASS grouped GEMMs instead of
         `engine.kernels.moe`), `triton_attention=False` runs attention through torch's varlen
         FlashAttention 2 instead of `engine.kernels.attention`. Calling again switches any of them and
@@ -80,6 +83,7 @@ class ClefOmniModel(nn.Module):
             self._fast = PackedTextDecoder(self.text_model)
         self._fast.use_fp8_experts(fp8_experts, text_only=fp8_experts and text_only)
         self._text_only = self._fast.text_only
+        self._fast.use_fp8_attention(fp8_attention)
         self._fast.fused_experts = fused_experts
         self._fast.triton_attention = triton_attention
         built = time.monotonic()
@@ -91,9 +95,11 @@ class ClefOmniModel(nn.Module):
             weight: torch.Tensor = self.text_model.embed_tokens.weight
             graphs = self._graphed.capture_all(weight.shape[1], weight.dtype, weight.device)
         log.info(
-            "fast path built in %.2fs (fp8 experts %s); %d CUDA graphs captured and replayed in %.2fs",
+            "fast path built in %.2fs (fp8 experts %s, fp8 attention %s); %d CUDA graphs captured and "
+            "replayed in %.2fs",
             built - start,
             fp8_experts,
+            fp8_attention,
             graphs,
             time.monotonic() - built,
         )

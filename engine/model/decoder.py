@@ -86,6 +86,8 @@ class PackedTextDecoder:
         self._qkv: list[torch.Tensor] = []
         self._fp8: list[fp8_mode.Fp8Experts | None] = []  # per layer, filled by `use_fp8_experts`
         self._fp8_on = False
+        self._fp8_att: list[tuple[fp8_mode.Fp8Linear, fp8_mode.Fp8Linear] | None] = []  # per layer
+        self._fp8_att_on = False
         self.text_only = False
         """The bf16 experts were dropped (`use_fp8_experts(text_only=True)`): FP8 only, and the
         transformers path (media) cannot run."""
@@ -108,7 +110,8 @@ class PackedTextDecoder:
         att = layer.self_attn
         t = x.shape[0]
         hq, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = F.linear(x, self._qkv[i])  # (T, (hq + 2 hk) d)
+        q8 = self._fp8_att[i] if self._fp8_att_on else None
+        qkv = F.linear(x, self._qkv[i]) if q8 is None else fp8_mode.linear_fp8(x, q8[0])  # (T, (hq + 2 hk) d)
         qn, kn = att.q_norm.weight, att.k_norm.weight
         q, k, v = elementwise.qk_norm_rope(qkv, qn, kn, cos, sin, hq, hk, self.eps)
         if x.is_cuda and not (self.triton_attention and attention.supported(d)):
@@ -119,7 +122,37 @@ class PackedTextDecoder:
             out = got
         else:  # the Triton kernel on CUDA, one SDPA call per record on CPU
             out = attention.attention(q, k, v, p.cu_seqlens, p.max_seqlen)  # (T, hq, d)
-        return att.o_proj(out.reshape(t, hq * d))  # type: ignore[no-any-return]
+        flat = out.reshape(t, hq * d)
+        if q8 is not None:
+            return fp8_mode.linear_fp8(flat, q8[1])
+        return att.o_proj(flat)  # type: ignore[no-any-return]
+
+    def use_fp8_attention(self, on: bool = True) -> int:
+        """Run the attention projections (the fused QKV and the output projection) in e4m3 from the next
+        forward on (`on`), or in bf16 (see `engine.kernels.fp8`, `linear_fp8`); the attention itself stays
+        bf16. The first call with `on` quantises every layer's two projections (blocking, well under a
+        second at full size) and keeps the copies (about 0.9 GB at full size), so switching is free; the
+        bf16 weights stay (the transformers path and media batches use them). A layer whose sizes the
+        scaled GEMM does not take (`fp8.linear_supported`) stays bf16. Recapture CUDA graphs after a
+        switch. Returns the bytes the copies take.
+        """
+        self._fp8_att_on = on
+        if on and not self._fp8_att:
+            with torch.inference_mode():
+                layers = enumerate(self.text_model.layers)
+                self._fp8_att = [self._quantized_attention(i, layer) for i, layer in layers]
+        return sum(qkv.nbytes + o.nbytes for qkv, o in filter(None, self._fp8_att))
+
+    def _quantized_attention(
+        self, i: int, layer: Any
+    ) -> tuple[fp8_mode.Fp8Linear, fp8_mode.Fp8Linear] | None:
+        # One layer's e4m3 QKV (from the fused copy) and output projection; None where a size does not fit.
+        o_proj = layer.self_attn.o_proj
+        shapes = (self._qkv[i].shape, o_proj.weight.shape)
+        if not all(fp8_mode.linear_supported(n, k) for n, k in shapes):
+            return None
+        qkv = fp8_mode.quantize_linear(self._qkv[i])
+        return qkv, fp8_mode.quantize_linear(o_proj.weight, getattr(o_proj, "bias", None))
 
     def use_fp8_experts(self, on: bool = True, *, text_only: bool = False) -> int:
         """Run the experts in FP8 (`on`) or bf16 from the next forward on (see `engine.kernels.fp8`).

@@ -35,7 +35,12 @@ class FakeModel:
         return False
 
     def enable_fast_path(
-        self, *, graph_buckets: tuple[int, ...] = (), fp8_experts: bool = False, text_only: bool = False
+        self,
+        *,
+        graph_buckets: tuple[int, ...] = (),
+        fp8_experts: bool = False,
+        text_only: bool = False,
+        fp8_attention: bool = False,
     ) -> bool:
         return False  # CPU: nothing to build (the engine asks on CUDA only)
 
@@ -172,9 +177,14 @@ class FakeFp8Model(FakeModel):
         return torch.device("cuda")
 
     def enable_fast_path(
-        self, *, graph_buckets: tuple[int, ...] = (), fp8_experts: bool = False, text_only: bool = False
+        self,
+        *,
+        graph_buckets: tuple[int, ...] = (),
+        fp8_experts: bool = False,
+        text_only: bool = False,
+        fp8_attention: bool = False,
     ) -> bool:
-        self.built = {"fp8_experts": fp8_experts, "text_only": text_only}
+        self.built = {"fp8_experts": fp8_experts, "text_only": text_only, "fp8_attention": fp8_attention}
         return True
 
 
@@ -186,7 +196,7 @@ def test_fp8_text_only_builds_fp8_experts_and_refuses_media_before_decoding_it(
 
     fake = FakeFp8Model(max_records=8, tokenizer=bpe_tokenizer)
     engine = Engine(fake, bpe_tokenizer, EngineConfig(fp8_text_only=True), media_hook=hook)
-    assert fake.built == {"fp8_experts": True, "text_only": True}
+    assert fake.built == {"fp8_experts": True, "text_only": True, "fp8_attention": False}
     with_media = {**body("see the screenshot"), "images": ["iVBORw0KGgo="]}
     results = engine.decide([with_media, body("text only")])
     assert isinstance(results[0], RequestError)

@@ -84,3 +84,60 @@ def test_fp8_text_only_frees_the_bf16_experts_and_answers_as_fp8(tmp_path: Path)
     assert torch.equal(out[0], out[1])
     with pytest.raises(ValueError, match="FP8 text-only"):
         decoder.use_fp8_experts(False)
+
+
+def test_linear_fp8_twin_matches_float_matmul_and_keeps_rows_independent() -> None:
+    """The FP8 dense projection (`linear_fp8`) stays near the float product, adds the bias, and a row's
+    result is the same alone and among other rows (its scale is its own)."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(24, 64, generator=gen) * torch.logspace(-2, 1, 24)[:, None]
+    w = torch.randn(48, 64, generator=gen) * 0.1
+    bias = torch.randn(48, generator=gen)
+    lin = fp8.quantize_linear(w, bias)
+    assert lin.weight.dtype == fp8.FP8
+    assert lin.scale.shape == (48,)
+    assert lin.nbytes == 48 * 64 + 48 * 4 + 48 * 4
+    out = fp8.linear_fp8(x, lin)
+    exact = x @ w.T + bias
+    assert out.shape == (24, 48)
+    assert ((out - exact).norm() / exact.norm()).item() < 0.08
+    alone = fp8.linear_fp8(x[5:6], lin)
+    assert torch.allclose(alone, out[5:6], rtol=1e-6, atol=1e-6)
+    assert fp8.linear_fp8(x[:0], lin).shape == (0, 48)
+    assert fp8.linear_supported(48, 64)
+    assert not fp8.linear_supported(40, 64)
+
+
+def test_fast_path_decoder_with_fp8_attention_stays_near_full_precision_and_switches_back(
+    tmp_path: Path,
+) -> None:
+    """FP8 attention projections (alone and with FP8 experts) move the decoder's output a little, never to
+    the same value, and switching back gives the full-precision output bit for bit."""
+    model = load_release_model(write_tiny_release(tmp_path / "tiny"), device="cpu", dtype=torch.float32).model
+    text_model = model.text_model
+    decoder = PackedTextDecoder(text_model)
+    ids = torch.randint(0, 800, (50,), generator=torch.Generator().manual_seed(5))
+    packed = PackedInputs(
+        text_model.embed_tokens(ids),
+        torch.arange(50)[None].expand(3, -1),
+        torch.tensor([0, 20, 50]).int(),
+        30,
+    )
+    with torch.inference_mode():
+        full = decoder(packed)
+        copies = decoder.use_fp8_attention(True)
+        attention_only = decoder(packed)
+        decoder.use_fp8_experts(True)
+        both = decoder(packed)
+        decoder.use_fp8_experts(False)
+        assert decoder.use_fp8_attention(False) == copies
+        again = decoder(packed)
+    attns = [layer.self_attn for layer in text_model.layers]
+    qkv_rows = sum(a.q_proj.weight.shape[0] + 2 * a.k_proj.weight.shape[0] for a in attns)
+    assert copies >= qkv_rows * text_model.config.hidden_size  # one e4m3 byte per weight at least
+    assert torch.equal(full, again)
+    scale = full.abs().max().item()
+    for out in (attention_only, both):
+        drift = (full - out).abs().max().item()
+        assert 0.0 < drift < 0.05 * scale
+    assert not torch.equal(attention_only, both)
