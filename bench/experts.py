@@ -149,6 +149,26 @@ def profile_one(engine: Any, request: Any, path: Path) -> None:
     print(table[:5000], flush=True)
 
 
+def profile_batch(engine: Any, prepared: Sequence[Any], budget: int, path: Path) -> None:
+    """Kernel time of one eager `Engine.execute` of the first of `prepared` that fit in `budget` tokens
+    (after one warm-up run), by kernel, to `path`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    batch, size = [], 0
+    for rec in prepared:
+        if size + rec.num_tokens > budget:
+            break
+        batch.append(rec)
+        size += rec.num_tokens
+    engine.execute(batch)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        engine.execute(batch)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=90)
+    path.write_text(f"{len(batch)} records, {size} tokens, one execute\n{table}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))

@@ -12,7 +12,8 @@ graphs up to 4,096 tokens) and, per mode in this order (text-only last: it canno
   the load mix, decided in batches at budget 32,768);
 - the device memory allocated after the switch and the peak while serving (peak statistics reset after
   the switch), plus, for text-only, the peak of the switch itself;
-- a kernel profile of five decisions of the 800-token request (`profile_800_<mode>.txt`).
+- a kernel profile of five decisions of the 800-token request (`profile_800_<mode>.txt`) and of one
+  eager batch of 512-token requests at budget 65,536 (`profile_batch_<mode>.txt`).
 
 `--tiles-from` launches the FP8 kernels with the shapes `bench.moe_fp8` found best (its
 `tiles_best.json`) instead of the shipped ones. Prints JSON lines and writes `fp8_modes.jsonl` to
@@ -74,7 +75,7 @@ def main() -> int:
     rows: list[str] = []
 
     from bench.engine import run_info
-    from bench.experts import measure, probabilities, profile_one
+    from bench.experts import measure, probabilities, profile_batch, profile_one
     from bench.load import make_pool
     from bench.workload import build_engine, make_request
     from engine.batching.cut import BatchLimits
@@ -92,6 +93,7 @@ def main() -> int:
     reqs512 = [make_request(rng, engine, 512) for _ in range(args.requests)]
     one = make_request(rng, engine, 800)
     pool = [engine.prepare(r) for r in make_pool(engine, random.Random(5), args.drift)]
+    batch_pool = [engine.prepare(r) for r in reqs512[:160]]
     bf16: list[float] = []
     chosen = set(args.modes.split(","))
     if unknown := chosen - set(MODES):
@@ -131,6 +133,7 @@ def main() -> int:
             **row,
         )
         profile_one(engine, one, out / f"profile_800_{mode}.txt")
+        profile_batch(engine, batch_pool, 65536, out / f"profile_batch_{mode}.txt")
     (out / "fp8_modes.jsonl").write_text("\n".join(rows) + "\n")
     return 0
 
