@@ -69,7 +69,7 @@ from bench.av_placeholder import install_av_placeholder
 from bench.cli import parse_sets
 from bench.e2e_mixed import MixedPlan, mixed_batching, mixed_run, mixed_sizes
 from bench.e2e_report import Emit, broker_log_errors, mixed_text, summary_text
-from bench.e2e_run import Plan, build_engines, kafka_run
+from bench.e2e_run import FP8_MODES, Plan, build_engines, kafka_run
 from bench.e2e_traffic import event_values
 from bench.routing import ROUTINGS
 
@@ -87,6 +87,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, default=None, help="full: decoder layers (default 48)")
     p.add_argument(
         "--routing", choices=ROUTINGS, default="levelled", help="full: routers levelled (default) or random"
+    )
+    p.add_argument(
+        "--fp8", choices=tuple(FP8_MODES), default="off", help="full: FP8 experts, or experts and attention"
     )
     p.add_argument("--rate", default="25,50,75,90", help="events/s, one load per value, comma-separated")
     p.add_argument("--seconds", type=float, default=60.0, help="send window per load")
@@ -182,7 +185,9 @@ def run(args: argparse.Namespace) -> int:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="e2e-broker") as pool:
             started = pool.submit(broker.start)  # the JVM starts while the model is built
             t0 = time.perf_counter()
-            engine, sizing = build_engines(kind, args.layers, batching["max_batch_tokens"], args.routing)
+            engine, sizing = build_engines(
+                kind, args.layers, batching["max_batch_tokens"], args.routing, args.fp8
+            )
             build_s = time.perf_counter() - t0
             requests = make_pool(sizing, random.Random(0), args.pool)
             lengths = sorted(sizing.prepare(r).num_tokens for r in requests)
@@ -193,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
             "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "engine": kind if args.layers is None or kind != "full" else f"full ({args.layers} layers)",
             "routing": args.routing if kind == "full" else None,
+            "fp8": args.fp8 if kind == "full" else None,
             "device": torch.cuda.get_device_name() if kind == "full" else "cpu",
             "torch": torch.__version__,
             "transformers": _version("transformers"),

@@ -28,12 +28,21 @@ SAMPLE_EVERY_S = 1.0
 KAFKA_CALL_TIMEOUT_S = 5.0
 
 
+FP8_MODES: dict[str, dict[str, bool]] = {
+    "off": {},
+    "experts": {"fp8_experts": True},
+    "attention": {"fp8_experts": True, "fp8_attention": True},
+}
+"""`build_engines`' FP8 choices for the full-size model (`ClefOmniModel.enable_fast_path` arguments; the
+service's `engine.fp8_experts` and `engine.fp8_attention`)."""
+
+
 def build_engines(
-    kind: str, layers: int | None, max_tokens: int, routing: Routing = "levelled"
+    kind: str, layers: int | None, max_tokens: int, routing: Routing = "levelled", fp8: str = "off"
 ) -> tuple[Any, Any]:
     """(engine for the pipeline, engine whose tokenizer sizes the events); blocking. `full`: the full-size
-    model on CUDA (`layers` decoder layers, None = 48); `tiny`: the tiny release on CPU (both the same);
-    `stub`: `StubEngine`, events sized with the tiny release."""
+    model on CUDA (`layers` decoder layers, None = 48, FP8 as `FP8_MODES[fp8]`); `tiny`: the tiny release
+    on CPU (both the same); `stub`: `StubEngine`, events sized with the tiny release."""
     from bench.load import build
     from engine.batching.cut import BatchLimits
 
@@ -50,7 +59,7 @@ def build_engines(
 
     config = EngineConfig(device="cuda", dtype="bfloat16", limits=BatchLimits(max_tokens, 256))
     engine = build_engine(config, num_layers=layers, routing=routing)
-    engine.model.enable_fast_path(graph_buckets=default_buckets(max_tokens))
+    engine.model.enable_fast_path(graph_buckets=default_buckets(max_tokens), **FP8_MODES[fp8])
     return engine, engine
 
 

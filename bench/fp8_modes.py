@@ -39,11 +39,16 @@ MODES: dict[str, dict[str, bool]] = {
     "fp8_cutlass": {"fp8_experts": True, "fused_experts": False},
     "fp8_triton": {"fp8_experts": True},
     "fp8_triton_attention": {"fp8_experts": True, "fp8_attention": True},
+    "fp8_attention_row_pass": {"fp8_experts": True, "fp8_attention": True},
+    "fp8_attention_row_fused": {"fp8_experts": True, "fp8_attention": True},
     "fp8_text_only": {"fp8_experts": True, "text_only": True},
     "fp8_text_only_attention": {"fp8_experts": True, "text_only": True, "fp8_attention": True},
 }
 """The expert modes, in the order they run (`enable_fast_path` arguments); text-only ones last: the bf16
 experts cannot come back. `fp8_attention` also runs the attention projections in FP8."""
+SCALING_OF = {"fp8_attention_row_pass": "row_pass", "fp8_attention_row_fused": "row_fused"}
+"""Modes whose FP8 down GEMM applies the activations' scales another way than `moe_fp8.DOWN_SCALING`
+(`moe_fp8.SCALINGS`; set before the graphs are captured)."""
 
 
 def _use_tiles(path: Path) -> dict[str, object]:
@@ -79,6 +84,7 @@ def main() -> int:
     from bench.load import make_pool
     from bench.workload import build_engine, make_request
     from engine.batching.cut import BatchLimits
+    from engine.kernels import moe_fp8
     from engine.model.graphs import default_buckets
     from engine.runner import EngineConfig
 
@@ -100,7 +106,9 @@ def main() -> int:
         p.error(f"unknown modes {sorted(unknown)}")
     if "bf16" not in chosen:
         p.error("bf16 is every drift's reference: include it")
+    shipped_scaling = moe_fp8.DOWN_SCALING
     for mode, kwargs in ((m, MODES[m]) for m in MODES if m in chosen):
+        moe_fp8.DOWN_SCALING = SCALING_OF.get(mode, shipped_scaling)
         gc.collect()
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

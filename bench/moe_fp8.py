@@ -12,7 +12,11 @@ uniformly at random (the levelled load of a trained router). It prints, as JSON 
    `torch._scaled_grouped_mm`, SwiGLU + quantise, again; its output in expert order), and bf16 fused
    (`engine.kernels.moe`, shipped shapes), with the weight-read rate and TFLOP/s; and the drift of each
    from bf16 (relative norm of the difference) and of Triton FP8 from its float32 twin.
-3. `bf16_small_down`: a few more shapes of the bf16 down kernel at T=800 (weight-read bound).
+3. `scaling`: per T and per other way of applying the activations' scales in the down GEMM
+   (`moe_fp8.SCALINGS`, `--scalings`): the whole block at the best shapes, with at T = 800 and 65,536 a
+   sweep of the down kernel's shapes under that scaling first (`sweep` lines with a `scaling` field);
+   drift from bf16 and from the twin of the same scaling.
+4. `bf16_small_down`: a few more shapes of the bf16 down kernel at T=800 (weight-read bound).
 
 Writes `moe_fp8.jsonl` and `tiles_best.json` (the best shapes per regime, in `tiles.json`'s `moe_fp8`
 form) to `--out`. Not a test: it asserts nothing.
@@ -108,13 +112,23 @@ def cutlass_fp8(
     return fp8.grouped_mm(aq, a_s, q8.down, q8.down_scale, offs)
 
 
-def sweep(rows: list[str], t: int, call: partial[torch.Tensor], regime: str, base: MoeTiles) -> MoeTiles:
-    """Each candidate of each kernel with the other at `base`; returns the best pair."""
+def sweep(
+    rows: list[str],
+    t: int,
+    call: partial[torch.Tensor],
+    regime: str,
+    base: MoeTiles,
+    kinds: tuple[str, ...] = ("gate_up", "down"),
+    **label: str,
+) -> MoeTiles:
+    """Each candidate of each of `kinds` with the other kernel at `base`; returns the best pair. `label`
+    goes into every line."""
     best = base
-    for kind, cands in (
-        ("gate_up", _SMALL_GATE_UP if regime == "small" else _LARGE_GATE_UP),
-        ("down", _SMALL_DOWN if regime == "small" else _LARGE_DOWN),
-    ):
+    cands_of = {
+        "gate_up": _SMALL_GATE_UP if regime == "small" else _LARGE_GATE_UP,
+        "down": _SMALL_DOWN if regime == "small" else _LARGE_DOWN,
+    }
+    for kind, cands in ((k, cands_of[k]) for k in kinds):
         timed: list[tuple[float, Tiles]] = []
         for c in cands:
             tiles = _tiles(c)
@@ -122,9 +136,17 @@ def sweep(rows: list[str], t: int, call: partial[torch.Tensor], regime: str, bas
             try:
                 us = graph_us(partial(call, tiles=pair))
             except Exception as exc:  # a shape Triton cannot compile or launch is reported, not fatal
-                emit(rows, kind="sweep", tokens=t, kernel=kind, tiles=list(c), error=f"{type(exc).__name__}")
+                emit(
+                    rows,
+                    kind="sweep",
+                    tokens=t,
+                    kernel=kind,
+                    tiles=list(c),
+                    error=type(exc).__name__,
+                    **label,
+                )
                 continue
-            emit(rows, kind="sweep", tokens=t, kernel=kind, tiles=list(c), us=round(us, 1))
+            emit(rows, kind="sweep", tokens=t, kernel=kind, tiles=list(c), us=round(us, 1), **label)
             timed.append((us, tiles))
         if timed:
             best = replace(best, **{kind: min(timed, key=lambda p: p[0])[1]})
@@ -135,6 +157,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     p.add_argument("--tokens", default="800,4096,16384,65536")
+    p.add_argument("--scalings", default="row_pass,row_fused", help="down scalings besides the shipped one")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -181,6 +204,22 @@ def main() -> int:
             row["triton_fp8_vs_twin"] = round(rel(got, twin), 7)
         row["best_tiles"] = {k: asdict(v) for k, v in asdict_tiles(best[regime]).items()}
         emit(rows, **row)
+        for scaling in (s for s in args.scalings.split(",") if s and s != moe_fp8.DOWN_SCALING):
+            sc_call = partial(call, scaling=scaling)
+            sc_best = best[regime]
+            if t in (800, 65536):
+                sc_best = sweep(rows, t, sc_call, regime, sc_best, ("down",), scaling=scaling)
+            us = graph_us(partial(sc_call, tiles=sc_best))
+            sc_got = sc_call(tiles=sc_best)
+            sc_row: dict[str, object] = {
+                "kind": "scaling", "tokens": t, "scaling": scaling, "us": round(us, 1),
+                "weights_tb_s": round(fp8_bytes / us / 1e6, 2), "tflop_s": round(flops / us / 1e6, 1),
+                "vs_bf16": round(rel(sc_got, ref), 5), "down_tiles": asdict(sc_best.down),
+            }  # fmt: skip
+            if t <= 4096:
+                twin = moe_fp8.experts_pairs_fp8_reference(x, order, counts, top_w, q8, scaling)
+                sc_row["vs_twin"] = round(rel(sc_got, twin), 7)
+            emit(rows, **sc_row)
         if t == 800:
             for c in _BF16_SMALL_DOWN:
                 tiles = replace(moe.SMALL, down=_tiles(c))

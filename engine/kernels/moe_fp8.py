@@ -4,14 +4,18 @@
     x (T, H) bf16 --row quant--> (T, H) e4m3 + (T,) scale          [`engine.kernels.fp8.quantize_rows`]
     gate_up: x[order // k] (gathered in the A load) . W_gate|up[e] -> silu(g) * u * weight, quantised per
              row and per `group` columns: (S, I) e4m3 + (S, I / group) scales in expert order
-    down:    (S, I) . W_down[e], one tensor-core product per group, scaled and summed in float32
+    requant: each row's groups brought to one scale, the largest of them (`DOWN_SCALING` "row_pass")
+    down:    (S, I) . W_down[e], the tensor-core products chained, scaled per row and channel at the end
              -> (S, H) bf16 in pair order (token * k + j)
 
 It replaces, for the same `Fp8Experts` weights, the unfused FP8 path (quantise, gather, CUTLASS scaled
 grouped GEMM, SwiGLU + quantise, CUTLASS again, inverse permutation): the gather is part of the first
 GEMM's load, the activations' quantisation its epilogue, and the result lands in pair order, as the bf16
-kernels of `engine.kernels.moe` do. The activations feeding the down GEMM carry one scale per `group`
-columns rather than one per row, because a gate/up program sees `block_n` of the row's columns only.
+kernels of `engine.kernels.moe` do. The gate/up epilogue quantises per `group` columns, because a gate/up
+program sees `block_n` of a row's columns only; the down GEMM either applies those scales per k step
+("group") or, by default, gets each row requantised to one scale first ("row_pass", a pass over the
+e4m3 activations; "row_fused" does it in the down kernel's load) so that its products chain in the
+accumulator.
 
 Tile shapes (`SMALL`, `LARGE`, `GROUP`; data in `engine.kernels.tiles`) are picked per call from the
 average rows per expert. Both regimes share the k steps and the group, so a record's result does not
@@ -36,7 +40,11 @@ try:  # Triton ships with CUDA builds of torch; CPU-only installs have the twin 
     import triton
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    from engine.kernels.moe_fp8_triton import _moe_down_fp8_kernel, _moe_gate_up_fp8_kernel
+    from engine.kernels.moe_fp8_triton import (
+        _moe_down_fp8_kernel,
+        _moe_gate_up_fp8_kernel,
+        _requant_rows_kernel,
+    )
 
     HAVE_TRITON = True
 except ImportError:  # pragma: no cover - depends on the install
@@ -50,6 +58,16 @@ LARGE_FROM_ROWS_PER_EXPERT = shipped().moe_fp8_large_from_rows_per_expert
 """Average rows per expert from which `LARGE` is used."""
 GROUP = shipped().moe_fp8_group
 """Columns of the (S, I) activations per scale (the down GEMM's k step), where the expert size allows."""
+SCALINGS = ("group", "row_pass", "row_fused")
+"""How the down GEMM applies the activations' scales: "group", one tensor-core product per group, scaled
+and summed in float32; "row_pass", the activations requantised to one scale per row (the largest of its
+groups) by a pass of their own, then one chained product; "row_fused", the same requantisation in the
+down kernel's load. The two row ways give the same values."""
+DOWN_SCALING = "row_pass"
+"""The way the engine runs (`SCALINGS`): at 65,536 tokens the whole block takes 6,025 us with "row_pass"
+against 6,741 us with "group" (each at its best down shape), at 800 tokens 192.6 against 188.3 us
+(BENCHMARKS.md, round seven). Both regimes use the same one, so a record's result does not depend on its
+batch's regime beyond accumulation order."""
 
 
 def tiles_for(pairs: int, experts: int) -> MoeTiles:
@@ -69,10 +87,16 @@ def supported(hidden: int, inter: int) -> bool:
 
 
 def experts_pairs_fp8_reference(
-    x: torch.Tensor, order: torch.Tensor, counts: torch.Tensor, top_w: torch.Tensor, q8: Fp8Experts
+    x: torch.Tensor,
+    order: torch.Tensor,
+    counts: torch.Tensor,
+    top_w: torch.Tensor,
+    q8: Fp8Experts,
+    scaling: str | None = None,
 ) -> torch.Tensor:
-    """The twin of `experts_pairs_fp8`, one expert at a time in float32 from the same e4m3 values and
-    scales: (T k, H) bf16 in pair order (rows of pairs nobody routed to stay zero)."""
+    """The twin of `experts_pairs_fp8` with the same `scaling`, one expert at a time in float32 from the
+    same e4m3 values and scales: (T k, H) bf16 in pair order (rows of pairs nobody routed to stay zero)."""
+    row = (scaling or DOWN_SCALING) != "group"
     t, hidden = x.shape
     k = top_w.shape[1]
     inter = q8.down.shape[2]
@@ -94,7 +118,12 @@ def experts_pairs_fp8_reference(
         act = F.silu(g) * u * flat_w.index_select(0, pairs).float()[:, None]  # (n, I)
         blocks = act.reshape(n, inter // group, group)
         scale = blocks.abs().amax(dim=-1).clamp_min(1e-12) / FP8_MAX  # (n, I / group)
-        aq = (blocks / scale[..., None]).to(FP8).float() * scale[..., None]  # dequantised, (n, I/G, G)
+        q = (blocks / scale[..., None]).to(FP8).float()
+        if row:  # requantised to the row's largest group scale
+            top = scale.amax(dim=-1, keepdim=True)  # (n, 1)
+            aq = (q * (scale / top)[..., None]).to(FP8).float() * top[..., None]
+        else:
+            aq = q * scale[..., None]  # dequantised, (n, I/G, G)
         w_dn = q8.down[expert].float() * q8.down_scale[expert][:, None]  # (H, I)
         y[pairs] = F.linear(aq.reshape(n, inter), w_dn).to(torch.bfloat16)
     return y
@@ -107,6 +136,7 @@ def experts_pairs_fp8(
     top_w: torch.Tensor,
     q8: Fp8Experts,
     tiles: MoeTiles | None = None,
+    scaling: str | None = None,
 ) -> torch.Tensor:
     """weight * down(silu(gate(x)) * up(x)) for every token-expert pair with e4m3 experts: (T k, H) bf16
     in pair order (token * k + j), not yet summed over a token's k experts.
@@ -114,8 +144,10 @@ def experts_pairs_fp8(
     `x` (T, H) normalised hidden states in bf16; `order` (T k,) pair ids sorted by expert and `counts`
     (E,) as `engine.kernels.moe.group_by_expert` returns them; `top_w` (T, k) float32 routing weights;
     `q8` the layer's e4m3 experts (`engine.kernels.fp8.quantize_experts`). `tiles` overrides the regime
-    (benchmarks); its down `block_k` is ignored (the down k step is the scale group).
+    (benchmarks); its down `block_k` is ignored (the down k step is the scale group). `scaling` (one of
+    `SCALINGS`, default `DOWN_SCALING`) picks how the down GEMM applies the activations' scales.
     """
+    mode = SCALINGS.index(scaling or DOWN_SCALING)
     t, hidden = x.shape
     k = top_w.shape[1]
     experts, two_inter, _ = q8.gate_up.shape
@@ -139,6 +171,12 @@ def experts_pairs_fp8(
         **shapes, top_k=k, group=group, fp8_max=FP8_MAX,
         block_m=gu.block_m, block_n=gu_n, block_k=gu_k, stages=gu.stages, tma=gu.tma, num_warps=gu.warps,
     )  # fmt: skip
+    if mode == 1:
+        row_s = torch.empty(pairs, dtype=torch.float32, device=x.device)
+        _requant_rows_kernel[(triton.cdiv(pairs, 32),)](
+            act, act_s, row_s, pairs, inter=inter, group=group, block_r=32, num_warps=4
+        )
+        act_s = row_s
     dn = tl_.down
     dn_n = fit_block(dn.block_n, hidden)
     if dn.tma:
@@ -149,6 +187,6 @@ def experts_pairs_fp8(
     _moe_down_fp8_kernel[(row_tiles(pairs, experts, dn.block_m) * (hidden // dn_n),)](
         a_dn, act_s, w_dn, q8.down_scale, order, counts, y,
         **shapes, group=group, block_m=dn.block_m, block_n=dn_n, stages=dn.stages, tma=dn.tma,
-        num_warps=dn.warps,
+        scaling=mode, num_warps=dn.warps,
     )  # fmt: skip
     return y

@@ -109,9 +109,15 @@ def _moe_down_fp8_kernel(
     block_n: tl.constexpr,
     stages: tl.constexpr,
     tma: tl.constexpr,
+    scaling: tl.constexpr,
 ):
-    # out[pair(r), n] = w_scale[e, n] * sum_g s[r, g] * (q[r, g-th group] . W[e, n, g-th group]) for the
-    # sorted pair r of expert e; q (S, inter) e4m3 sorted, s (S, inter / group), W (E, hidden, inter) e4m3.
+    # scaling 0 ("group"): out[pair(r), n] = w_scale[e, n] * sum_g s[r, g] * (q[r, g] . W[e, n, g]) for
+    # the sorted pair r of expert e, one tensor-core product per group g of columns; q (S, inter) e4m3
+    # sorted, s (S, inter / group), W (E, hidden, inter) e4m3.
+    # scaling 1 ("row_pass"): q was requantised to one scale per row (`_requant_rows_kernel`), s is
+    # (S,): out = w_scale[e, n] * s[r] * (q[r] . W[e, n]), the products chained in the accumulator.
+    # scaling 2 ("row_fused"): the same requantisation done here, on each loaded group:
+    # q' = e4m3(q * (s[r, g] / m[r])), m[r] = max_g s[r, g]; then as 1 with s[r] = m[r].
     # With `tma`, `a` and `w` are descriptors in (block_m, group) and (1, block_n, group) boxes (rows past
     # the expert's end belong to the next expert, or are zero-filled past S, and are never stored).
     expert, pid_n, row0, row_end = _tile_of_program(counts_ptr, hidden // block_n, block_m, e, e_pad)
@@ -124,17 +130,61 @@ def _moe_down_fp8_kernel(
     r64 = rows.to(tl.int64)
     a_offs = r64[:, None] * inter + ks[None, :]  # (BM, G), pointer loads (no `tma`)
     w_offs = expert.to(tl.int64) * (hidden * inter) + ns[:, None] * inter + ks[None, :]  # (BN, G)
-    s_ptrs = as_ptr + r64 * (inter // group)
+    groups: tl.constexpr = inter // group
+    s_ptrs = as_ptr + r64 * (1 if scaling == 1 else groups)
+    row_s = tl.load(s_ptrs, mask=rmask, other=0.0)  # (BM,): scaling 1's row scale
+    if scaling == 2:
+        for gi in tl.range(1, groups):
+            row_s = tl.maximum(row_s, tl.load(s_ptrs + gi, mask=rmask, other=0.0))
+    row_s = tl.maximum(row_s, 1e-30)  # masked rows: no division by zero below
     acc = tl.zeros([block_m, block_n], dtype=tl.float32)
-    for gi in tl.range(0, inter // group, num_stages=stages):
+    for gi in tl.range(0, groups, num_stages=stages):
         if tma:
             at = a.load([row0, gi * group])
             wt = w.load([expert, n0, gi * group]).reshape(block_n, group)
         else:
             at = tl.load(a + a_offs + gi * group, mask=rmask[:, None], other=0.0)
             wt = tl.load(w + w_offs + gi * group)
-        s = tl.load(s_ptrs + gi, mask=rmask, other=0.0)  # (BM,)
-        acc += tl.dot(at, wt.T) * s[:, None]
+        if scaling == 0:
+            s = tl.load(s_ptrs + gi, mask=rmask, other=0.0)  # (BM,)
+            acc += tl.dot(at, wt.T) * s[:, None]
+        elif scaling == 1:
+            acc = tl.dot(at, wt.T, acc)
+        else:
+            ratio = tl.load(s_ptrs + gi, mask=rmask, other=0.0) / row_s  # (BM,), <= 1
+            at = (at.to(tl.float32) * ratio[:, None]).to(at.dtype)
+            acc = tl.dot(at, wt.T, acc)
+    if scaling != 0:
+        acc = acc * row_s[:, None]
     w_s = tl.load(ws_ptr + expert.to(tl.int64) * hidden + ns)  # (BN,)
     o_ptrs = out_ptr + pair[:, None] * hidden + ns[None, :]
     tl.store(o_ptrs, (acc * w_s[None, :]).to(out_ptr.dtype.element_ty), mask=rmask[:, None])
+
+
+@triton.jit
+def _requant_rows_kernel(
+    q_ptr,
+    qs_ptr,
+    rs_ptr,
+    rows,
+    inter: tl.constexpr,
+    group: tl.constexpr,
+    block_r: tl.constexpr,
+):
+    # In place: q[r, g] = e4m3(q[r, g] * (s[r, g] / m[r])) for every group g of row r, m[r] = max_g s[r, g]
+    # stored in rs (S,); q (S, inter) e4m3, s (S, inter / group) float32.
+    groups: tl.constexpr = inter // group
+    r = tl.program_id(0) * block_r + tl.arange(0, block_r)
+    rmask = r < rows
+    r64 = r.to(tl.int64)
+    cs = tl.arange(0, group)
+    m = tl.load(qs_ptr + r64 * groups, mask=rmask, other=0.0)
+    for gi in tl.range(1, groups):
+        m = tl.maximum(m, tl.load(qs_ptr + r64 * groups + gi, mask=rmask, other=0.0))
+    m = tl.maximum(m, 1e-30)
+    for gi in tl.range(0, groups):
+        ratio = tl.load(qs_ptr + r64 * groups + gi, mask=rmask, other=0.0) / m
+        ptrs = q_ptr + r64[:, None] * inter + gi * group + cs[None, :]
+        q = tl.load(ptrs, mask=rmask[:, None], other=0.0)
+        tl.store(ptrs, (q.to(tl.float32) * ratio[:, None]).to(q_ptr.dtype.element_ty), mask=rmask[:, None])
+    tl.store(rs_ptr + r64, m, mask=rmask)

@@ -130,6 +130,43 @@ def test_triton_fp8_experts_match_their_twin_and_stay_near_bf16_cuda(tokens: int
     assert float((alone - got[:first]).abs().max()) <= 1e-2 * float(got[:first].abs().max())
 
 
+@pytest.mark.parametrize("tokens", [300, 5000])
+def test_fp8_row_scalings_match_their_twin_and_each_other_cuda(tokens: int) -> None:
+    """The two row scalings of the FP8 down GEMM (`moe_fp8.SCALINGS`) at full expert size, both tile
+    regimes: bit-equal to each other, near their float32 twin and the bf16 kernels, and a record's rows
+    alone equal to the same rows in a batch."""
+    hidden, inter, experts, k = 2048, 768, 128, 8
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    gate_up = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) / hidden**0.5).bfloat16()
+    down = (torch.randn(experts, hidden, inter, device="cuda", generator=gen) / inter**0.5).bfloat16()
+    q8 = fp8.quantize_experts(gate_up, down)
+    x = torch.randn(tokens, hidden, device="cuda", generator=gen).bfloat16()
+    top_w, top_i = moe.route_topk(torch.randn(tokens, experts, device="cuda", generator=gen), k, True)
+    order, counts = moe.group_by_expert(top_i, experts)
+    fused = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, scaling="row_fused")
+    passed = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, scaling="row_pass")
+    twin = moe_fp8.experts_pairs_fp8_reference(x, order, counts, top_w, q8, "row_fused").float()
+    group = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, scaling="group").float()
+    bf16 = moe.experts_pairs(x, order, counts, top_w, gate_up, down).float()
+    o1, c1 = moe.group_by_expert(top_i[:300].contiguous(), experts)
+    alone = moe_fp8.experts_pairs_fp8(
+        x[:300].contiguous(), o1, c1, top_w[:300].contiguous(), q8, scaling="row_fused"
+    )
+
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a.float() - b).norm() / b.norm())
+
+    print(
+        f"fp8 row scaling at {tokens} tokens: vs twin {rel(fused, twin):.2e}, vs bf16 {rel(fused, bf16):.2e} "
+        f"(group scaling {rel(group, bf16):.2e}); pass == fused {torch.equal(fused, passed)}; alone vs batch "
+        f"{float((alone.float() - fused[: 300 * k].float()).abs().max()):.2e}"
+    )
+    assert torch.equal(fused, passed)
+    assert rel(fused, twin) <= 3e-2  # the tensor cores' accumulation, as for the group scaling above
+    assert rel(fused, bf16) <= 1.5 * rel(group, bf16)  # one scale per row: coarser, not far off
+    assert float((alone.float() - fused[: 300 * k].float()).abs().max()) <= 1e-2 * float(alone.abs().max())
+
+
 def test_fp8_text_only_frees_the_bf16_experts_and_answers_as_fp8_cuda(tmp_path: Path) -> None:
     """Text-only FP8 on the GPU: the bf16 experts are emptied and text answers are those of FP8 with the
     bf16 experts kept (the engine's refusal of media: tests/unit/engine/test_runner_fake.py)."""

@@ -1,7 +1,9 @@
 """Run by `test_moe.py` in a child process under `TRITON_INTERPRET=1`: the fused FP8 expert kernels
 (`engine.kernels.moe_fp8.experts_pairs_fp8`) on CPU tensors against their float32 twin
-(`experts_pairs_fp8_reference`), row by row in pair order. Prints one line per case,
-`case <args> tiles <n> rel_diff <d> rel_norm <r> vs_bf16 <b>`, and exits 1 when a case is off.
+(`experts_pairs_fp8_reference`) with the same down scaling (`moe_fp8.SCALINGS`), row by row in pair order.
+Prints one line per case, `case <args> tiles <n> scaling <s> rel_diff <d> rel_norm <r> vs_bf16 <b>`, and
+exits 1 when a case is off, or when the two row scalings (a pass of their own, or fused in the down
+kernel) give different bits.
 
 The kernels and the twin sum in different orders, so an activation on a rounding edge of e4m3 could land
 one step apart: the norm of the difference must stay within 1e-4 of the twin's, no element may be off by
@@ -49,21 +51,28 @@ def main() -> int:
         flat = top_i.reshape(-1)
         order = torch.argsort(flat).to(torch.int32)
         counts = torch.bincount(flat, minlength=experts).to(torch.int32)
-        ref = moe_fp8.experts_pairs_fp8_reference(x, order, counts, top_w, q8).float()
         bf16 = moe.experts_pairs_reference(
             x, order, counts, top_w, gate_up.to(torch.bfloat16), down.to(torch.bfloat16)
         ).float()
-        scale = float(ref.abs().max())
+        for scaling in moe_fp8.SCALINGS:
+            ref = moe_fp8.experts_pairs_fp8_reference(x, order, counts, top_w, q8, scaling).float()
+            scale = float(ref.abs().max())
+            for n, tile in enumerate(tiles):
+                got = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, tile, scaling).float()
+                rel = float((got - ref).abs().max()) / scale
+                norm = float((got - ref).norm() / ref.norm())
+                vs_bf16 = float((got - bf16).abs().max()) / scale
+                print(
+                    f"case {(t, hidden, inter, experts, k)} tiles {n} scaling {scaling} rel_diff {rel:.3e} "
+                    f"rel_norm {norm:.3e} vs_bf16 {vs_bf16:.3e}"
+                )
+                failed += rel > 0.125 or norm > 1e-4 or vs_bf16 > 0.2
         for n, tile in enumerate(tiles):
-            got = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, tile).float()
-            rel = float((got - ref).abs().max()) / scale
-            norm = float((got - ref).norm() / ref.norm())
-            vs_bf16 = float((got - bf16).abs().max()) / scale
-            print(
-                f"case {(t, hidden, inter, experts, k)} tiles {n} rel_diff {rel:.3e} rel_norm {norm:.3e} "
-                f"vs_bf16 {vs_bf16:.3e}"
-            )
-            failed += rel > 0.125 or norm > 1e-4 or vs_bf16 > 0.2
+            pass_ = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, tile, "row_pass")
+            fused = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, tile, "row_fused")
+            same = torch.equal(pass_, fused)
+            print(f"case {(t, hidden, inter, experts, k)} tiles {n} row_pass == row_fused {same}")
+            failed += not same
     return 1 if failed else 0
 
 
