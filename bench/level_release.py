@@ -122,6 +122,7 @@ def recorded_routers(model: Any) -> Iterator[dict[int, RouterStats]]:
     (by layer index), on the text fast path (`PackedTextDecoder._moe`, wrapped) and on transformers' path
     (a pre-hook on each router module). Eager forwards only: a CUDA graph replay records nothing. Restores
     both on exit."""
+    from engine.kernels.fp8 import Quantized
     from engine.model.decoder import PackedTextDecoder
 
     k = int(model.text_model.config.num_experts_per_tok)
@@ -140,9 +141,11 @@ def recorded_routers(model: Any) -> Iterator[dict[int, RouterStats]]:
 
     original = PackedTextDecoder._moe
 
-    def moe(self: PackedTextDecoder, i: int, mlp: Any, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    def moe(
+        self: PackedTextDecoder, i: int, mlp: Any, x: torch.Tensor, xq: Quantized | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         record(i, x)
-        return original(self, i, mlp, x)
+        return original(self, i, mlp, x, xq)
 
     def hook_for(i: int) -> Callable[[Any, tuple[Any, ...]], None]:
         def hook(module: Any, args: tuple[Any, ...]) -> None:

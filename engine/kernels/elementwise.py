@@ -34,6 +34,8 @@ try:  # Triton ships with CUDA builds of torch; CPU-only installs fall back to P
 except ImportError:  # pragma: no cover - depends on the install
     HAVE_TRITON = False
 
+from engine.kernels.fp8 import FP8, FP8_MAX, Quantized, quantize_rows
+
 _BLOCK = 1024
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 """Triton's CPU interpreter is on (tests): the kernels run on CPU tensors too."""
@@ -109,7 +111,21 @@ def add_rms_norm(
     if not _use_triton(x):
         y = x + delta
         return y, rms_norm_reference(y, weight, eps)
-    return _sum_rows(delta.contiguous(), None, 1, (x, weight, eps))
+    y, n, _ = _sum_rows(delta.contiguous(), None, 1, (x, weight, eps))
+    return y, n
+
+
+def add_rms_norm_fp8(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, Quantized]:
+    """`add_rms_norm` and the normalised rows quantised to e4m3 with one scale per row, the same bits as
+    `fp8.quantize_rows` of them, in the same pass: (x + delta, n, ((T, H) e4m3, (T,) scales))."""
+    if not _use_triton(x):
+        y, n = add_rms_norm(x, delta, weight, eps)
+        return y, n, quantize_rows(n)
+    y, n, q = _sum_rows(delta.contiguous(), None, 1, (x, weight, eps), quant=True)
+    assert q is not None
+    return y, n, q
 
 
 def add_pairs_rms_norm(
@@ -130,7 +146,25 @@ def add_pairs_rms_norm(
     if not _use_triton(x):
         y = x + sum_pairs_reference(rows, inv, k)
         return y, rms_norm_reference(y, weight, eps)
-    return _sum_rows(rows, inv, k, (x, weight, eps))
+    y, n, _ = _sum_rows(rows, inv, k, (x, weight, eps))
+    return y, n
+
+
+def add_pairs_rms_norm_fp8(
+    x: torch.Tensor,
+    rows: torch.Tensor,
+    inv: torch.Tensor | None,
+    k: int,
+    weight: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, Quantized]:
+    """`add_pairs_rms_norm` and the normalised rows quantised as `add_rms_norm_fp8` does them."""
+    if not _use_triton(x):
+        y, n = add_pairs_rms_norm(x, rows, inv, k, weight, eps)
+        return y, n, quantize_rows(n)
+    y, n, q = _sum_rows(rows, inv, k, (x, weight, eps), quant=True)
+    assert q is not None
+    return y, n, q
 
 
 def combine(y: torch.Tensor, inv: torch.Tensor | None, k: int) -> torch.Tensor:
@@ -138,7 +172,7 @@ def combine(y: torch.Tensor, inv: torch.Tensor | None, k: int) -> torch.Tensor:
     for y (T k, H) in pair order when `inv` is None -> (T, H) (float32 sums, in j order)."""
     if not _use_triton(y):
         return sum_pairs_reference(y, inv, k)
-    out, _ = _sum_rows(y, inv, k, None)
+    out, _, _ = _sum_rows(y, inv, k, None)
     return out
 
 
@@ -153,13 +187,17 @@ def _sum_rows(
     inv: torch.Tensor | None,
     k: int,
     residual: tuple[torch.Tensor, torch.Tensor, float] | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    # One launch of `_sum_rows_kernel`: (y, normed) with a (x, weight, eps) residual, else (sum, sum).
+    quant: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, Quantized | None]:
+    # One launch of `_sum_rows_kernel`: (y, normed, None) with a (x, weight, eps) residual, else (sum,
+    # sum, None); with `quant` (a residual too) the third is normed in e4m3 and its row scales.
     hidden = rows.shape[1]
     t = (rows.shape[0] if inv is None else inv.numel()) // k
     x, weight, eps = residual if residual is not None else (rows, rows, 0.0)
     y = torch.empty(t, hidden, dtype=x.dtype, device=rows.device)
     n = torch.empty_like(y) if residual is not None else y
+    q = torch.empty(t, hidden, dtype=FP8, device=rows.device) if quant else y
+    qs = torch.empty(t, dtype=torch.float32, device=rows.device) if quant else y
     if t:
         _sum_rows_kernel[(t,)](
             rows,
@@ -168,15 +206,19 @@ def _sum_rows(
             weight,
             y,
             n,
+            q,
+            qs,
             eps,
             hidden=hidden,
             k=k,
             block=triton.next_power_of_2(hidden),
             indexed=inv is not None,
             residual=residual is not None,
+            quant=quant and residual is not None,
+            fp8_max=FP8_MAX,
             num_warps=8,
         )
-    return y, n
+    return y, n, ((q, qs) if quant else None)
 
 
 def swiglu_weighted(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

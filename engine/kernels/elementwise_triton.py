@@ -27,17 +27,22 @@ def _sum_rows_kernel(
     w_ptr,
     y_ptr,
     n_ptr,
+    q_ptr,
+    qs_ptr,
     eps,
     hidden: tl.constexpr,
     k: tl.constexpr,
     block: tl.constexpr,
     indexed: tl.constexpr,
     residual: tl.constexpr,
+    quant: tl.constexpr,
+    fp8_max: tl.constexpr,
 ):
     # One program per token t: d = sum_j rows[r_j] in float32, in j order, with r_j = inv[t k + j] when
     # `indexed` (rows in expert order) or t k + j (pair order; k = 1: a plain (T, H) delta), rounded to
     # the rows' dtype as a separate sum kernel would store it. With `residual`: y = x + d and
-    # n = RMSNorm(y) * w (`x_ptr`, `w_ptr`, `n_ptr` are unused without it); else y = d.
+    # n = RMSNorm(y) * w (`x_ptr`, `w_ptr`, `n_ptr` are unused without it); else y = d. With `quant` too,
+    # n's row quantised to e4m3 as `_row_quant_fp8_kernel` does it: q = n / s, s = amax(|n|) / fp8_max.
     t = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, block)
     mask = cols < hidden
@@ -54,8 +59,13 @@ def _sum_rows_kernel(
         yf = y.to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(yf * yf, axis=0) / hidden + eps)
         w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-        normed = (yf * rstd).to(x.dtype).to(tl.float32) * w.to(tl.float32)
-        tl.store(n_ptr + base + cols, normed.to(x.dtype), mask=mask)
+        normed = ((yf * rstd).to(x.dtype).to(tl.float32) * w.to(tl.float32)).to(x.dtype)
+        tl.store(n_ptr + base + cols, normed, mask=mask)
+        if quant:
+            nf = normed.to(tl.float32)
+            scale = tl.maximum(tl.max(tl.abs(nf), axis=0), 1e-12) / fp8_max
+            tl.store(q_ptr + base + cols, (nf / scale).to(q_ptr.dtype.element_ty), mask=mask)
+            tl.store(qs_ptr + t, scale)
     else:
         tl.store(y_ptr + base + cols, d, mask=mask)
 

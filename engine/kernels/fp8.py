@@ -88,19 +88,19 @@ def quantize_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> F
     return Fp8Linear(q[0].contiguous(), s[0].contiguous(), bias)
 
 
-def linear_fp8(x: torch.Tensor, w: Fp8Linear) -> torch.Tensor:
+def linear_fp8(x: torch.Tensor, w: Fp8Linear, xq: Quantized | None = None) -> torch.Tensor:
     """x (T, K) times `w` -> (T, N) in x's dtype (bf16 on CUDA): x quantised per row (dynamic,
-    `quantize_rows`), one e4m3 GEMM scaled by the row and channel scales (`torch._scaled_mm`, row-wise, on
-    CUDA; the float32 twin of the same arithmetic on CPU), then the bias. Every scale belongs to one row
-    or one channel, so a row's result does not depend on the other rows beyond the GEMM's accumulation
-    order."""
+    `quantize_rows`, or `xq` when the caller has those already), one e4m3 GEMM scaled by the row and
+    channel scales (`torch._scaled_mm`, row-wise, on CUDA; the float32 twin of the same arithmetic on
+    CPU), then the bias. Every scale belongs to one row or one channel, so a row's result does not depend
+    on the other rows beyond the GEMM's accumulation order."""
     t, n = x.shape[0], w.weight.shape[0]
     if not t:
         return x.new_empty(0, n)
-    xq, xs = quantize_rows(x)  # (T, K) e4m3, (T,)
+    xq_, xs = xq if xq is not None else quantize_rows(x)  # (T, K) e4m3, (T,)
     if x.is_cuda:
         out: torch.Tensor = torch._scaled_mm(
-            xq,
+            xq_,
             w.weight.t(),
             scale_a=xs[:, None],
             scale_b=w.scale[None, :],
@@ -108,7 +108,7 @@ def linear_fp8(x: torch.Tensor, w: Fp8Linear) -> torch.Tensor:
             use_fast_accum=True,
         )
     else:
-        xf = xq.float() * xs[:, None]  # (T, K)
+        xf = xq_.float() * xs[:, None]  # (T, K)
         out = (xf @ (w.weight.float() * w.scale[:, None]).T).to(x.dtype)  # (T, N)
     if w.bias is not None:
         out = out + w.bias
@@ -137,7 +137,11 @@ def quantize_experts(gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> Fp8
     return Fp8Experts(gu.contiguous(), gus.contiguous(), dn.contiguous(), dns.contiguous())
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+Quantized = tuple[torch.Tensor, torch.Tensor]
+"""Rows in e4m3 and their float32 scales, one per row: ((R, K), (R,)), as `quantize_rows` returns them."""
+
+
+def quantize_rows(x: torch.Tensor) -> Quantized:
     """(R, K) -> (R, K) e4m3 and (R,) float32 scales, one per row (dynamic, amax / 448)."""
     if HAVE_TRITON and x.is_cuda:
         return _quantize_rows_triton(x)

@@ -4,7 +4,7 @@
     x (T, H) bf16 --row quant--> (T, H) e4m3 + (T,) scale          [`engine.kernels.fp8.quantize_rows`]
     gate_up: x[order // k] (gathered in the A load) . W_gate|up[e] -> silu(g) * u * weight, quantised per
              row and per `group` columns: (S, I) e4m3 + (S, I / group) scales in expert order
-    requant: each row's groups brought to one scale, the largest of them (`DOWN_SCALING` "row_pass")
+    requant: each row's groups brought to one scale, the largest of them (large batches; `DOWN_SCALING`)
     down:    (S, I) . W_down[e], the tensor-core products chained, scaled per row and channel at the end
              -> (S, H) bf16 in pair order (token * k + j)
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from engine.kernels.fp8 import FP8, FP8_MAX, Fp8Experts, quantize_rows
+from engine.kernels.fp8 import FP8, FP8_MAX, Fp8Experts, Quantized, quantize_rows
 from engine.kernels.moe import fit_block, row_tiles
 from engine.kernels.tiles import MoeTiles, shipped
 
@@ -58,16 +58,18 @@ LARGE_FROM_ROWS_PER_EXPERT = shipped().moe_fp8_large_from_rows_per_expert
 """Average rows per expert from which `LARGE` is used."""
 GROUP = shipped().moe_fp8_group
 """Columns of the (S, I) activations per scale (the down GEMM's k step), where the expert size allows."""
-SCALINGS = ("group", "row_pass", "row_fused")
+SCALINGS = ("group", "row_pass", "row_fused", "row")
 """How the down GEMM applies the activations' scales: "group", one tensor-core product per group, scaled
 and summed in float32; "row_pass", the activations requantised to one scale per row (the largest of its
 groups) by a pass of their own, then one chained product; "row_fused", the same requantisation in the
-down kernel's load. The two row ways give the same values."""
-DOWN_SCALING = "row_pass"
-"""The way the engine runs (`SCALINGS`): at 65,536 tokens the whole block takes 6,025 us with "row_pass"
-against 6,741 us with "group" (each at its best down shape), at 800 tokens 192.6 against 188.3 us
-(BENCHMARKS.md, round seven). Both regimes use the same one, so a record's result does not depend on its
-batch's regime beyond accumulation order."""
+down kernel's load; "row", "row_fused" in the `SMALL` regime and "row_pass" in the `LARGE` one. The row
+ways give the same values (bit-equal on the GPU)."""
+DOWN_SCALING = "row"
+"""The way the engine runs (`SCALINGS`). One MoE layer, each at its best down shape (BENCHMARKS.md, round
+seven): at 65,536 tokens 6,025 us with "row_pass", 6,206 with "row_fused", 6,741 with "group"; at 800
+tokens 185.5 us with "row_fused", 192.6 with "row_pass", 188.3 with "group". The regimes differ in the
+way only, not in the values, so a record's result does not depend on its batch's regime beyond
+accumulation order."""
 
 
 def tiles_for(pairs: int, experts: int) -> MoeTiles:
@@ -137,6 +139,7 @@ def experts_pairs_fp8(
     q8: Fp8Experts,
     tiles: MoeTiles | None = None,
     scaling: str | None = None,
+    xq: Quantized | None = None,
 ) -> torch.Tensor:
     """weight * down(silu(gate(x)) * up(x)) for every token-expert pair with e4m3 experts: (T k, H) bf16
     in pair order (token * k + j), not yet summed over a token's k experts.
@@ -145,9 +148,10 @@ def experts_pairs_fp8(
     (E,) as `engine.kernels.moe.group_by_expert` returns them; `top_w` (T, k) float32 routing weights;
     `q8` the layer's e4m3 experts (`engine.kernels.fp8.quantize_experts`). `tiles` overrides the regime
     (benchmarks); its down `block_k` is ignored (the down k step is the scale group). `scaling` (one of
-    `SCALINGS`, default `DOWN_SCALING`) picks how the down GEMM applies the activations' scales.
+    `SCALINGS`, default `DOWN_SCALING`) picks how the down GEMM applies the activations' scales. `xq`:
+    x already quantised as `quantize_rows` does it ((T, H) e4m3, (T,) scales), e.g. by the RMSNorm before.
     """
-    mode = SCALINGS.index(scaling or DOWN_SCALING)
+    way = scaling or DOWN_SCALING
     t, hidden = x.shape
     k = top_w.shape[1]
     experts, two_inter, _ = q8.gate_up.shape
@@ -155,10 +159,13 @@ def experts_pairs_fp8(
     pairs = t * k
     group = group_for(inter)
     tl_ = tiles or tiles_for(pairs, experts)
+    if way == "row":
+        way = "row_pass" if tiles_for(pairs, experts) is LARGE else "row_fused"
+    mode = SCALINGS.index(way)
     y = torch.empty(pairs, hidden, dtype=torch.bfloat16, device=x.device)  # pair order
     if not t:
         return y
-    xq, xs = quantize_rows(x)  # (T, H) e4m3, (T,)
+    xq_, xs = xq if xq is not None else quantize_rows(x)  # (T, H) e4m3, (T,)
     act = torch.empty(pairs, inter, dtype=FP8, device=x.device)  # expert order
     act_s = torch.empty(pairs, inter // group, dtype=torch.float32, device=x.device)
     shapes = {"hidden": hidden, "inter": inter, "e": experts, "e_pad": triton.next_power_of_2(experts)}
@@ -167,7 +174,7 @@ def experts_pairs_fp8(
     gu_k = fit_block(gu.block_k, hidden)
     w_gu: object = TensorDescriptor.from_tensor(q8.gate_up, [1, gu_n, gu_k]) if gu.tma else q8.gate_up
     _moe_gate_up_fp8_kernel[(row_tiles(pairs, experts, gu.block_m) * (inter // gu_n),)](
-        xq, xs, w_gu, q8.gate_up_scale, order, counts, top_w, act, act_s,
+        xq_, xs, w_gu, q8.gate_up_scale, order, counts, top_w, act, act_s,
         **shapes, top_k=k, group=group, fp8_max=FP8_MAX,
         block_m=gu.block_m, block_n=gu_n, block_k=gu_k, stages=gu.stages, tma=gu.tma, num_warps=gu.warps,
     )  # fmt: skip

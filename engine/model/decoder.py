@@ -31,6 +31,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from engine.kernels import attention, elementwise, moe, moe_fp8
 from engine.kernels import fp8 as fp8_mode
+from engine.kernels.fp8 import Quantized
 from engine.types import Between
 
 
@@ -103,15 +104,23 @@ class PackedTextDecoder:
             self._qkv.append(w)  # (q + 2 kv, hidden)
 
     def _attention(
-        self, i: int, layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, p: PackedInputs
+        self,
+        i: int,
+        layer: Any,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        p: PackedInputs,
+        xq: Quantized | None = None,
     ) -> torch.Tensor:
+        # `xq`: x already in e4m3 with its row scales (the RMSNorm before quantised it), FP8 attention only.
         from torch.nn.attention.varlen import varlen_attn
 
         att = layer.self_attn
         t = x.shape[0]
         hq, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
         q8 = self._fp8_att[i] if self._fp8_att_on else None
-        qkv = F.linear(x, self._qkv[i]) if q8 is None else fp8_mode.linear_fp8(x, q8[0])  # (T, (hq + 2 hk) d)
+        qkv = F.linear(x, self._qkv[i]) if q8 is None else fp8_mode.linear_fp8(x, q8[0], xq)  # (T, (hq+2hk)d)
         qn, kn = att.q_norm.weight, att.k_norm.weight
         q, k, v = elementwise.qk_norm_rope(qkv, qn, kn, cos, sin, hq, hk, self.eps)
         if x.is_cuda and not (self.triton_attention and attention.supported(d)):
@@ -189,11 +198,24 @@ class PackedTextDecoder:
             _drop_bf16_experts(experts)
         return q8
 
-    def _moe(self, i: int, mlp: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _moe_takes_fp8(self, i: int, x: torch.Tensor) -> bool:
+        """Whether layer i's experts run the fused e4m3 kernels on `x` (T, hidden): they then take x
+        already quantised per row (`_moe`'s `xq`), which the RMSNorm before them does in its own pass."""
+        q8 = self._fp8[i] if self._fp8_on else None
+        return (
+            q8 is not None
+            and self.fused_experts
+            and x.is_cuda
+            and moe_fp8.supported(x.shape[1], q8.down.shape[2])
+        )
+
+    def _moe(
+        self, i: int, mlp: Any, x: torch.Tensor, xq: Quantized | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The experts' outputs for `x` (T, hidden), not yet summed per token
         (`elementwise.add_pairs_rms_norm` sums them into the residual): (T k, hidden) in pair order and
         None from the fused Triton experts, else (S, hidden) in expert order and the (T k,) slot of each
-        pair in it."""
+        pair in it. `xq`: x in e4m3 with its row scales, used where `_moe_takes_fp8`."""
         experts = mlp.experts
         num_experts = mlp.gate.weight.shape[0]  # the router's rows (the bf16 experts may be dropped)
         k = self.top_k
@@ -206,7 +228,8 @@ class PackedTextDecoder:
         fused = self.fused_experts and x.is_cuda
         if q8 is not None and fused and moe_fp8.supported(x.shape[1], inter):
             order, counts = moe.group_by_expert(top_i, num_experts)  # (S,) by expert, (E,)
-            return moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8), None  # (T k, hidden) pair order
+            y8 = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, xq=xq)
+            return y8, None  # (T k, hidden) pair order
         if q8 is None and fused and moe.supported(x.shape[1], inter):
             # gather, SwiGLU and the inverse permutation inside two Triton GEMMs (`engine.kernels.moe`)
             order, counts = moe.group_by_expert(top_i, num_experts)  # (S,) by expert, (E,)
@@ -215,10 +238,10 @@ class PackedTextDecoder:
         # (S,) pairs by expert, (E,) cumulative counts (grouped_mm's offs), (S,) sorted slot of each pair
         order, offs, inv = moe.group_by_expert_inverse(top_i, num_experts)
         if q8 is not None:
-            xq, x_scale = fp8_mode.quantize_rows(x)  # (T, hidden) e4m3, (T,)
+            x8, x_scale = fp8_mode.quantize_rows(x)  # (T, hidden) e4m3, (T,)
             src = order // k  # (S,) token of each sorted pair
             h8 = fp8_mode.grouped_mm(
-                fp8_mode.gather_rows(xq, src),
+                fp8_mode.gather_rows(x8, src),
                 x_scale.index_select(0, src),
                 q8.gate_up,
                 q8.gate_up_scale,
@@ -260,16 +283,28 @@ class PackedTextDecoder:
         x, h, cos, sin = state.x, state.h, state.cos, state.sin
         layers: list[Any] = list(tm.layers)
         pacer = _LaunchPacer(self.layers_ahead if x.is_cuda else 0)
+        hq: Quantized | None = None  # h in e4m3 when the layer before quantised it (FP8 attention)
         for i in range(start, end):
             layer = layers[i]
             pacer.step()
-            att = self._attention(i, layer, h, cos, sin, p)
-            x, h = elementwise.add_rms_norm(x, att, layer.post_attention_layernorm.weight, self.eps)
+            att = self._attention(i, layer, h, cos, sin, p, hq)
             mlp = layer.mlp
+            moe_block = hasattr(mlp, "experts")
+            post = layer.post_attention_layernorm.weight
+            mq: Quantized | None = None
+            if moe_block and self._moe_takes_fp8(i, x):  # the experts' row quantisation in the norm's pass
+                x, h, mq = elementwise.add_rms_norm_fp8(x, att, post, self.eps)
+            else:
+                x, h = elementwise.add_rms_norm(x, att, post, self.eps)
             nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else tm.norm.weight
-            if hasattr(mlp, "experts"):  # the per-token sum of the k experts inside the residual add
-                rows, inv = self._moe(i, mlp, h)
-                x, h = elementwise.add_pairs_rms_norm(x, rows, inv, self.top_k, nxt, self.eps)
+            quant_next = self._fp8_att_on and x.is_cuda and i + 1 < end  # next layer's QKV input
+            hq = None
+            if moe_block:  # the per-token sum of the k experts inside the residual add
+                rows, inv = self._moe(i, mlp, h, mq)
+                if quant_next:
+                    x, h, hq = elementwise.add_pairs_rms_norm_fp8(x, rows, inv, self.top_k, nxt, self.eps)
+                else:
+                    x, h = elementwise.add_pairs_rms_norm(x, rows, inv, self.top_k, nxt, self.eps)
             else:
                 x, h = elementwise.add_rms_norm(x, mlp(h), nxt, self.eps)
             if between is not None and i + 1 < end:

@@ -13,7 +13,7 @@ import torch
 
 from devtools.tiny_release import write_tiny_release
 from engine.batching.collate import collate
-from engine.kernels import fp8, moe, moe_fp8
+from engine.kernels import elementwise, fp8, moe, moe_fp8
 from engine.model.release import load_release_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -61,6 +61,31 @@ def test_fp8_kernels_match_their_float32_twins_cuda() -> None:
     deq = a.float().cpu() * a_s.cpu()[:, None]
     deq_cpu = a_cpu.float() * a_s_cpu[:, None]
     assert ((deq - deq_cpu).norm() / deq_cpu.norm()).item() <= 2e-2
+
+
+def test_norms_that_quantise_give_the_bits_of_norm_then_quantize_rows_cuda() -> None:
+    """`add_rms_norm_fp8` and `add_pairs_rms_norm_fp8` (the decoder's norms before FP8 GEMMs) return the
+    norm's own outputs and the same e4m3 bits and scales as `fp8.quantize_rows` of the normed rows."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    t, hidden, k = 777, 2048, 8
+    x = torch.randn(t, hidden, device="cuda", generator=gen).to(torch.bfloat16)
+    w = (1.0 + 0.1 * torch.randn(hidden, device="cuda", generator=gen)).to(torch.bfloat16)
+    delta = torch.randn(t, hidden, device="cuda", generator=gen).to(torch.bfloat16)
+    rows = torch.randn(t * k, hidden, device="cuda", generator=gen).to(torch.bfloat16)
+    inv = torch.randperm(t * k, device="cuda", generator=gen).to(torch.int32)
+    for fused, alone in (
+        (elementwise.add_rms_norm_fp8(x, delta, w, 1e-6), elementwise.add_rms_norm(x, delta, w, 1e-6)),
+        (
+            elementwise.add_pairs_rms_norm_fp8(x, rows, inv, k, w, 1e-6),
+            elementwise.add_pairs_rms_norm(x, rows, inv, k, w, 1e-6),
+        ),
+    ):
+        y, n, (q, qs) = fused
+        want_q, want_s = fp8.quantize_rows(alone[1])
+        assert torch.equal(y, alone[0])
+        assert torch.equal(n, alone[1])
+        assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+        assert torch.equal(qs, want_s)
 
 
 def test_fp8_experts_batch_invariance_cuda(tmp_path: Path) -> None:
@@ -132,9 +157,9 @@ def test_triton_fp8_experts_match_their_twin_and_stay_near_bf16_cuda(tokens: int
 
 @pytest.mark.parametrize("tokens", [300, 5000])
 def test_fp8_row_scalings_match_their_twin_and_each_other_cuda(tokens: int) -> None:
-    """The two row scalings of the FP8 down GEMM (`moe_fp8.SCALINGS`) at full expert size, both tile
-    regimes: bit-equal to each other, near their float32 twin and the bf16 kernels, and a record's rows
-    alone equal to the same rows in a batch."""
+    """The row scalings of the FP8 down GEMM (`moe_fp8.SCALINGS`) at full expert size, both tile regimes:
+    bit-equal to each other and to the default, near their float32 twin and the bf16 kernels, and a
+    record's rows alone (the default way of its regime) equal to the same rows in a batch."""
     hidden, inter, experts, k = 2048, 768, 128, 8
     gen = torch.Generator(device="cuda").manual_seed(4)
     gate_up = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) / hidden**0.5).bfloat16()
@@ -149,9 +174,8 @@ def test_fp8_row_scalings_match_their_twin_and_each_other_cuda(tokens: int) -> N
     group = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, scaling="group").float()
     bf16 = moe.experts_pairs(x, order, counts, top_w, gate_up, down).float()
     o1, c1 = moe.group_by_expert(top_i[:300].contiguous(), experts)
-    alone = moe_fp8.experts_pairs_fp8(
-        x[:300].contiguous(), o1, c1, top_w[:300].contiguous(), q8, scaling="row_fused"
-    )
+    default = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8)
+    alone = moe_fp8.experts_pairs_fp8(x[:300].contiguous(), o1, c1, top_w[:300].contiguous(), q8)
 
     def rel(a: torch.Tensor, b: torch.Tensor) -> float:
         return float((a.float() - b).norm() / b.norm())
@@ -162,6 +186,7 @@ def test_fp8_row_scalings_match_their_twin_and_each_other_cuda(tokens: int) -> N
         f"{float((alone.float() - fused[: 300 * k].float()).abs().max()):.2e}"
     )
     assert torch.equal(fused, passed)
+    assert torch.equal(fused, default)
     assert rel(fused, twin) <= 3e-2  # the tensor cores' accumulation, as for the group scaling above
     assert rel(fused, bf16) <= 1.5 * rel(group, bf16)  # one scale per row: coarser, not far off
     assert float((alone.float() - fused[: 300 * k].float()).abs().max()) <= 1e-2 * float(alone.abs().max())

@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from engine.kernels import elementwise, moe
+from engine.kernels import elementwise, fp8, moe
 
 # (tokens, k, experts, scan block, id dtype)
 GROUPINGS = (
@@ -111,11 +111,48 @@ def sums_case(t: int, hidden: int, k: int, dtype: torch.dtype, gen: torch.Genera
     return worst_rel <= tol
 
 
+# (tokens, hidden, k, dtype)
+QUANTS = (
+    (7, 64, 4, torch.bfloat16),
+    (5, 48, 2, torch.float32),
+    (0, 64, 2, torch.bfloat16),
+)
+
+
+def quant_case(t: int, hidden: int, k: int, dtype: torch.dtype, gen: torch.Generator) -> bool:
+    # The norms that quantise their output in the same pass give the bits of the norm alone followed
+    # by the row quantisation kernel (`fp8._quantize_rows_triton`, the one a CUDA `quantize_rows` runs).
+    eps = 1e-6
+    x = torch.randn(t, hidden, generator=gen).to(dtype)
+    weight = (1.0 + 0.1 * torch.randn(hidden, generator=gen)).to(dtype)
+    pairs = (3.0 * torch.randn(t * k, hidden, generator=gen)).to(dtype)  # (T k, H) pair order
+    delta = torch.randn(t, hidden, generator=gen).to(dtype)
+    ok = True
+    for fused, alone in (
+        (
+            elementwise.add_rms_norm_fp8(x, delta, weight, eps),
+            elementwise.add_rms_norm(x, delta, weight, eps),
+        ),
+        (
+            elementwise.add_pairs_rms_norm_fp8(x, pairs, None, k, weight, eps),
+            elementwise.add_pairs_rms_norm(x, pairs, None, k, weight, eps),
+        ),
+    ):
+        y, n, (q, qs) = fused
+        want_q, want_s = fp8._quantize_rows_triton(alone[1])
+        ok = ok and torch.equal(y, alone[0]) and torch.equal(n, alone[1])
+        ok = ok and q.dtype == fp8.FP8 and q.shape == (t, hidden) and qs.shape == (t,)
+        ok = ok and torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(qs, want_s)
+    print(f"case quant {(t, hidden, k, str(dtype))} bit_equal {ok}")
+    return ok
+
+
 def main() -> int:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run under TRITON_INTERPRET=1"
     gen = torch.Generator().manual_seed(0)
     failed = sum(not grouping_case(*case, gen) for case in GROUPINGS)
     failed += sum(not sums_case(*case, gen) for case in SUMS)
+    failed += sum(not quant_case(*case, gen) for case in QUANTS)
     return 1 if failed else 0
 
 

@@ -94,7 +94,7 @@ def test_triton_kernels_under_the_interpreter_match_the_reference() -> None:
 @_needs_triton
 def test_fp8_expert_kernels_under_the_interpreter_match_their_twin() -> None:
     out = _interpreted("moe_fp8_interpreted.py")
-    assert out.count("case ") == 24  # 3 sizes x (3 scalings x 2 tile sets + 2 row-scaling comparisons)
+    assert out.count("case ") == 30  # 3 sizes x (4 scalings x 2 tile sets + 2 row-scaling comparisons)
     assert out.count("row_pass == row_fused True") == 6
 
 
@@ -104,3 +104,5 @@ def test_grouping_and_pair_sum_kernels_under_the_interpreter_match_torch() -> No
     assert out.count("case group ") == 7
     assert out.count("exact True") == 7
     assert out.count("case sums ") == 4
+    assert out.count("case quant ") == 3
+    assert out.count("bit_equal True") == 3
