@@ -32,6 +32,7 @@ import torch.nn.functional as F  # noqa: N812
 from engine.kernels import attention, elementwise, moe, moe_fp8
 from engine.kernels import fp8 as fp8_mode
 from engine.kernels.fp8 import Quantized
+from engine.model.pacer import LaunchPacer
 from engine.types import Between
 
 
@@ -282,7 +283,7 @@ class PackedTextDecoder:
         tm = self.text_model
         x, h, cos, sin = state.x, state.h, state.cos, state.sin
         layers: list[Any] = list(tm.layers)
-        pacer = _LaunchPacer(self.layers_ahead if x.is_cuda else 0)
+        pacer = LaunchPacer(self.layers_ahead if x.is_cuda else 0)
         hq: Quantized | None = None  # h in e4m3 when the layer before quantised it (FP8 attention)
         for i in range(start, end):
             layer = layers[i]
@@ -329,27 +330,3 @@ class DecoderState:
     h: torch.Tensor
     cos: torch.Tensor
     sin: torch.Tensor
-
-
-class _LaunchPacer:
-    """Keeps eager launches at most `ahead` layers in front of the GPU, waiting without the GIL.
-
-    An eager forward launches ~40 kernels per layer, far faster than the GPU runs them; once the driver's
-    launch queue is full, each launch blocks inside a torch op, holding the GIL, for most of the batch.
-    That starves the threads tokenizing the next batch. Waiting on an event of an earlier layer instead
-    releases the GIL (`Event.synchronize`) while the queue still holds `ahead` layers of work. Off (0)
-    on CPU and while a CUDA graph is being captured.
-    """
-
-    def __init__(self, ahead: int) -> None:
-        self.ahead = ahead if ahead > 0 and not torch.cuda.is_current_stream_capturing() else 0
-        self._events: list[torch.cuda.Event] = []
-
-    def step(self) -> None:
-        if not self.ahead:
-            return
-        event = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
-        event.record()
-        self._events.append(event)
-        if len(self._events) > self.ahead:
-            self._events.pop(0).synchronize()
