@@ -168,6 +168,15 @@ def http_figures(calls: Sequence[HttpCall]) -> dict[str, Any]:
     how many of each), unanswered (no response by the end), latency of the answered ones (request sent to
     response, p50/p95/p99/max ms)."""
     ok = [c.done - c.due for c in calls if c.status == 200 and c.done is not None]
+    first = calls[0].due if calls else 0.0
+    timed = sorted(
+        (
+            (c.done - c.due, n, c.due - first)
+            for n, c in enumerate(calls, 1)
+            if c.status == 200 and c.done is not None
+        ),
+        reverse=True,
+    )
     errors = Counter(
         str(c.status) if c.status is not None else c.error or "?"
         for c in calls
@@ -180,6 +189,8 @@ def http_figures(calls: Sequence[HttpCall]) -> dict[str, Any]:
         "error_kinds": dict(errors.most_common(5)),
         "unanswered": sum(1 for c in calls if c.done is None),
         **quantiles_ms(ok),
+        # the slowest answers: which request in send order, how far into the run it was sent
+        "slowest": [{"n": n, "at_s": round(at, 2), "ms": round(lat * 1e3, 2)} for lat, n, at in timed[:3]],
     }
 
 
@@ -293,11 +304,13 @@ def mixed_text(info: dict[str, Any], capacity: dict[str, Any] | None, mixed: dic
         )
     http = mixed["classes"]["http"]
     kinds = f" {http['error_kinds']}" if http["errors"] else ""
+    slow = "; ".join(f"#{c['n']} sent at {c['at_s']} s: {c['ms']} ms" for c in http.get("slowest", []))
     lines += [
         "",
         f"HTTP errors {http['errors']}{kinds}, unanswered {http['unanswered']}; "
         f"committed offsets at the high watermarks after the drain: {mixed['offsets_at_end']} "
         f"(drain {mixed['drain_s']} s)",
+        f"HTTP slowest (request in send order): {slow or '-'}",
     ]
     for metric, per_class in mixed["service_classes"].items():
         shown = ", ".join(f"{k}: {v['count']} (mean {v['mean_ms']} ms)" for k, v in per_class.items())

@@ -91,8 +91,9 @@ def test_http_figures_split_answers_errors_and_unanswered() -> None:
     assert (r["sent"], r["answered"], r["errors"], r["unanswered"]) == (6, 2, 3, 1)
     assert r["error_kinds"] == {"503": 2, "ReadTimeout": 1}
     assert (r["p50_ms"], r["max_ms"]) == (pytest.approx(500.0), pytest.approx(500.0))  # 20 and 500 ms
+    assert r["slowest"] == [{"n": 2, "at_s": 1.0, "ms": 500.0}, {"n": 1, "at_s": 0.0, "ms": 20.0}]
     empty = http_figures([])
-    assert (empty["sent"], empty["p99_ms"], empty["error_kinds"]) == (0, 0.0, {})
+    assert (empty["sent"], empty["p99_ms"], empty["error_kinds"], empty["slowest"]) == (0, 0.0, {}, [])
 
 
 def test_offsets_at_end_needs_every_partition_and_at_least_one() -> None:
