@@ -120,12 +120,7 @@ def add_rms_norm_fp8(
 ) -> tuple[torch.Tensor, torch.Tensor, Quantized]:
     """`add_rms_norm` and the normalised rows quantised to e4m3 with one scale per row, the same bits as
     `fp8.quantize_rows` of them, in the same pass: (x + delta, n, ((T, H) e4m3, (T,) scales))."""
-    if not _use_triton(x):
-        y, n = add_rms_norm(x, delta, weight, eps)
-        return y, n, quantize_rows(n)
-    y, n, q = _sum_rows(delta.contiguous(), None, 1, (x, weight, eps), quant=True)
-    assert q is not None
-    return y, n, q
+    return add_pairs_rms_norm_fp8(x, delta.contiguous(), None, 1, weight, eps)  # a sum of one per token
 
 
 def add_pairs_rms_norm(
