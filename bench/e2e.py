@@ -311,5 +311,6 @@ def _mixed(
 if __name__ == "__main__":
     from consumer.logging import configure_logging
 
-    configure_logging("warning")  # the batcher logs a line per batch at info
+    # the batcher logs a line per batch (and one per urgent lane batch) at info: BENCH_E2E_LOG_LEVEL=info
+    configure_logging(os.environ.get("BENCH_E2E_LOG_LEVEL", "warning"))
     raise SystemExit(main())

@@ -41,6 +41,7 @@ from bench.e2e_report import (
 )
 from bench.e2e_run import Session, close_quietly, service_session
 from bench.e2e_traffic import HttpLoad, Producer
+from bench.loop_lag import LoopLag, lag_figures
 
 if TYPE_CHECKING:
     from consumer.http.server import HttpServer
@@ -150,8 +151,26 @@ async def _mixed(
     run: Session, plan: MixedPlan, bulk: Producer, critical: Producer, http: HttpLoad, emit: Emit
 ) -> dict[str, Any] | None:
     """Steps 1-3 of the module docstring on started clients; the `mixed` line (emitted too)."""
+    run.sampler.load = BACKLOG
+    loop_lag = LoopLag()
+    loop_lag.start()  # from the backlog's first send: the service fetches it while it is being sent
+    try:
+        return await _window(run, plan, bulk, critical, http, loop_lag, emit)
+    finally:
+        await loop_lag.stop()
+
+
+async def _window(
+    run: Session,
+    plan: MixedPlan,
+    bulk: Producer,
+    critical: Producer,
+    http: HttpLoad,
+    loop_lag: LoopLag,
+    emit: Emit,
+) -> dict[str, Any] | None:
+    """`_mixed` with the loop's lag sampled throughout."""
     ledger, sampler, stop = run.ledger, run.sampler, run.stop
-    sampler.load = BACKLOG
     began = await bulk.burst(BACKLOG, plan.backlog_events, stop)
     backlog_send_s = round(time.perf_counter() - began, 2)
     emit(kind="backlog", events=plan.backlog_events, send_s=backlog_send_s)
@@ -202,6 +221,8 @@ async def _mixed(
         "offsets_at_end": offsets_at_end(offsets),
         "drain_s": drained,
         "lag_max": max(lags, default=0),
+        # the service's loop (it is this process's): lateness of a 5 ms sleep, times from the window start
+        "loop_lag": lag_figures(loop_lag.samples, window_start),
         **service_fig,
         "service_classes": class_histograms(registry_samples(run.pipeline.metrics.registry)),
         "interrupted": stop.is_set(),

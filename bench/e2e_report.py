@@ -312,6 +312,14 @@ def mixed_text(info: dict[str, Any], capacity: dict[str, Any] | None, mixed: dic
         f"(drain {mixed['drain_s']} s)",
         f"HTTP slowest (request in send order): {slow or '-'}",
     ]
+    lag = mixed.get("loop_lag")
+    if lag:
+        worst = "; ".join(f"{w['ms']} ms at {w['at_s']} s" for w in lag["worst"])
+        lines.append(
+            f"event loop lag (5 ms sleeps, {lag['samples']} samples): p50 {lag['p50_ms']} "
+            f"p99 {lag['p99_ms']} max {lag['max_ms']} ms, {lag['over_20ms_s']} s late by more than 20 ms; "
+            f"worst (s from the window start): {worst or '-'}"
+        )
     for metric, per_class in mixed["service_classes"].items():
         shown = ", ".join(f"{k}: {v['count']} (mean {v['mean_ms']} ms)" for k, v in per_class.items())
         lines.append(f"service {metric} by class: {shown}")

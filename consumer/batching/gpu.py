@@ -9,8 +9,12 @@ splitting rule; its `out_of_memory` tells an OOM apart and frees the cache).
 Urgent lane (`run_urgent`): an urgent batch is staged on a thread of its own and queued in the lane; the
 GPU thread runs it at the next step boundary of the batch it is running (the engine calls the lane's
 drain as its `between` hook, between decoder layers), or, when no batch is running, as its next task. Each
-lane batch runs exactly once, whichever comes first. The time a lane batch took inside a normal batch is
-taken out of that batch's GPU time, and that batch is not learnt from.
+lane batch runs exactly once, whichever comes first. Lane work inside a running batch is bounded by time,
+not count: at a step boundary a lane batch goes in while the lane's time inside that batch is at most
+`URGENT_SHARE` of the batch's wall time so far (the first always goes in), so a bulk batch is stretched
+at most 1 / (1 - share) times and an urgent batch waits a few steps, never the rest of the batch. The time
+a lane batch took inside a normal batch is taken out of that batch's GPU time, and that batch is not
+learnt from.
 """
 
 from __future__ import annotations
@@ -43,12 +47,15 @@ class _LaneBatch(Generic[S, R]):
     """A staged urgent batch waiting in the lane, and the future its run settles (GPU thread)."""
 
     staged: S
+    queued: float  # perf_counter time it entered the lane (event loop)
     done: Future[tuple[R, float]] = field(default_factory=Future)
+    started: float = 0.0  # perf_counter time its run began (GPU thread, before `done` is settled)
+    inside: bool = False  # whether it ran inside a running batch (GPU thread, as `started`)
 
 
-URGENT_PER_BATCH = 4
-"""Lane batches one running batch lets in between its layers: urgent work never stretches a bulk batch
-without bound (more urgent batches run right after it)."""
+URGENT_SHARE = 0.5
+"""The most of a running batch's wall time the lane may take inside it (see the module docstring): urgent
+work at most doubles a bulk batch, and a flood of it still leaves bulk half of the GPU."""
 
 GpuDone = Callable[[float, bool], None]
 """Called once per batch when it left the GPU thread: (seconds it ran there, whether that is one clean run
@@ -59,9 +66,15 @@ class GpuRunner(Generic[P, S, R]):
     """Runs batches of `engine` on one GPU thread (its own) and the caller's CPU pool. Event loop only."""
 
     def __init__(
-        self, engine: ServingEngine[P, S, R], cpu_pool: Executor, *, single_attempts: int = 2
+        self,
+        engine: ServingEngine[P, S, R],
+        cpu_pool: Executor,
+        *,
+        single_attempts: int = 2,
+        now: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._engine = engine
+        self._now = now  # the GPU thread's clock of the lane's bound (tests pass a scripted one)
         self._cpu_pool = cpu_pool
         self._single_attempts = single_attempts
         self._gpu_pool = ThreadPoolExecutor(1, thread_name_prefix="clef-gpu")
@@ -69,8 +82,15 @@ class GpuRunner(Generic[P, S, R]):
         self._lane: deque[_LaneBatch[S, R]] = deque()
         self._lane_lock = threading.Lock()
         self._lane_seconds = 0.0  # GPU thread only: lane time spent so far
-        self._lane_room = 0  # GPU thread only: lane batches the running batch still lets in
+        self._batch_began: float | None = None  # GPU thread only: when the running batch began (None: none)
+        self._batch_lane0 = 0.0  # GPU thread only: `_lane_seconds` when the running batch began
         self.lead = 0.0  # seconds staging takes (exponential average)
+
+    @property
+    def lane_waiting(self) -> int:
+        """Staged urgent batches waiting in the lane for their run."""
+        with self._lane_lock:
+            return len(self._lane)
 
     @property
     def urgent_pool(self) -> Executor:
@@ -117,15 +137,27 @@ class GpuRunner(Generic[P, S, R]):
         loop = asyncio.get_running_loop()
         engine = self._engine
         try:
+            t0 = time.perf_counter()
             staged = await loop.run_in_executor(self._urgent_pool, engine.stage, prepared)
-            item: _LaneBatch[S, R] = _LaneBatch(staged)
+            item: _LaneBatch[S, R] = _LaneBatch(staged, time.perf_counter())
             with self._lane_lock:
                 self._lane.append(item)
             self._gpu_pool.submit(self._drain_lane)  # in case no running batch reaches a step boundary
             raw, elapsed = await asyncio.wrap_future(item.done)
+            answered = time.perf_counter()
             responses = await loop.run_in_executor(self._urgent_pool, engine.respond, raw)
             if len(responses) != len(prepared):
                 raise RuntimeError(f"engine returned {len(responses)} results for {len(prepared)}")
+            log.info(  # where an urgent batch's time went (the figures of a tail)
+                "urgent_lane",
+                records=len(prepared),
+                stage_ms=_ms(item.queued - t0),
+                lane_wait_ms=_ms(item.started - item.queued),
+                run_ms=_ms(elapsed),
+                settle_ms=_ms(answered - item.started - elapsed),
+                respond_ms=_ms(time.perf_counter() - answered),
+                inside=item.inside,
+            )
             return BatchResult(list(responses), SplitStats(calls=1)), elapsed
         except Exception as exc:
             log.warning("urgent_batch_failed", records=len(prepared), error=type(exc).__name__)
@@ -134,24 +166,26 @@ class GpuRunner(Generic[P, S, R]):
     def _run_normal(self, staged: S) -> tuple[R, float, bool]:
         """GPU thread: run one batch with the lane as its `between` hook; returns its result, its own GPU
         seconds (lane time taken out) and whether it ran clean of lane work (the cost model learns it)."""
-        lane0 = self._lane_seconds
-        t0 = time.perf_counter()
-        self._lane_room = URGENT_PER_BATCH
+        lane0 = self._batch_lane0 = self._lane_seconds
+        t0 = self._batch_began = self._now()
         try:
             raw = self._engine.run(staged, self._between)
         finally:
-            self._lane_room = 0
+            self._batch_began = None
         lane = self._lane_seconds - lane0
-        return raw, time.perf_counter() - t0 - lane, lane == 0.0
+        return raw, self._now() - t0 - lane, lane == 0.0
 
     def _between(self) -> None:
-        """GPU thread, the running batch's `between` hook: the lane's waiting batches, at most
-        `URGENT_PER_BATCH` per running batch (the rest run after it)."""
-        while self._lane_room > 0 and self._lane:
-            self._lane_room -= 1
-            self._drain_lane(limit=1)
+        """GPU thread, the running batch's `between` hook: the lane's waiting batches while the lane's
+        time inside this batch is at most `URGENT_SHARE` of its wall time so far (the first always)."""
+        began = self._batch_began
+        while began is not None and self._lane:
+            inside = self._lane_seconds - self._batch_lane0
+            if inside > 0.0 and inside > URGENT_SHARE * (self._now() - began):
+                return  # the next boundaries let it in, once the bulk work caught up
+            self._drain_lane(limit=1, inside=True)
 
-    def _drain_lane(self, limit: int | None = None) -> None:
+    def _drain_lane(self, limit: int | None = None, *, inside: bool = False) -> None:
         """GPU thread: run staged urgent batches waiting in the lane (all, or at most `limit`), each once,
         settling its future."""
         ran = 0
@@ -161,15 +195,17 @@ class GpuRunner(Generic[P, S, R]):
                     return
                 item = self._lane.popleft()
             ran += 1
-            t0 = time.perf_counter()
+            item.started = time.perf_counter()
+            item.inside = inside
+            t0 = self._now()
             try:
                 raw = self._engine.run(item.staged)
             except BaseException as exc:
                 item.done.set_exception(exc)
             else:
-                item.done.set_result((raw, time.perf_counter() - t0))
+                item.done.set_result((raw, self._now() - t0))
             finally:
-                self._lane_seconds += time.perf_counter() - t0
+                self._lane_seconds += self._now() - t0
 
     def shutdown(self) -> None:
         """Stop the GPU thread (a batch running finishes there; nothing new starts)."""
@@ -192,6 +228,10 @@ class GpuRunner(Generic[P, S, R]):
             failed=failed,
         )
         return result, time.perf_counter() - t0
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 2)
 
 
 def _timed(fn: Callable[[_In], _Out], arg: _In) -> tuple[_Out, float]:

@@ -21,6 +21,7 @@ from bench.e2e_report import (
     window_out,
 )
 from bench.e2e_traffic import HttpCall, Ledger, Sent
+from bench.loop_lag import lag_figures
 
 BACKLOG, BULK, CRITICAL = e2e_mixed.BACKLOG, e2e_mixed.BULK, e2e_mixed.CRITICAL
 
@@ -181,6 +182,7 @@ def _mixed_line(engine_only: float | None) -> dict[str, Any]:
         "offsets_at_end": False,
         "drain_s": 3.5,
         "service_classes": {"queue_wait": {"0": {"count": 1, "mean_ms": 50.0}}},
+        "loop_lag": lag_figures([(1.0, 0.001), (1.5, 0.03), (2.5, 0.002)], 1.0),
     }
 
 
@@ -211,6 +213,7 @@ def test_mixed_text_rows_per_class_and_topic() -> None:
     assert "HTTP errors 1 {'503': 1}, unanswered 0" in text
     assert "after the drain: False (drain 3.5 s)" in text
     assert "service queue_wait by class: 0: 1 (mean 50.0 ms)" in lines
+    assert "0.03 s late by more than 20 ms; worst (s from the window start): 30.0 ms at 0.5 s; 2.0 ms" in text
     bare = mixed_text(info, None, _mixed_line(None))
     assert "engine-only" not in bare
     assert "engine only" not in bare
