@@ -313,4 +313,6 @@ if __name__ == "__main__":
 
     # the batcher logs a line per batch (and one per urgent lane batch) at info: BENCH_E2E_LOG_LEVEL=info
     configure_logging(os.environ.get("BENCH_E2E_LOG_LEVEL", "warning"))
+    if os.environ.get("BENCH_E2E_SWITCH_INTERVAL_MS"):  # an experiment's GIL switch interval (default 5 ms)
+        sys.setswitchinterval(float(os.environ["BENCH_E2E_SWITCH_INTERVAL_MS"]) / 1000.0)
     raise SystemExit(main())

@@ -121,7 +121,13 @@ class BatchingSettings(_Frozen):
     max_batch_records: int = Field(default=SERVICE_LIMITS.max_records, ge=1)
     max_batch_tokens: int = Field(default=SERVICE_LIMITS.max_tokens, ge=1)
     max_wait_ms: float = Field(default=20.0, ge=0)
-    prepare_workers: int = Field(default=4, ge=1)
+    prepare_workers: int = Field(
+        # 1: BENCHMARKS.md, "Priority classes, round three" (more CPU-bound threads starve the loop's GIL)
+        default=1,
+        ge=1,
+        description="threads decoding and preparing records (media-heavy inputs, whose decoding releases "
+        "the GIL, may want more)",
+    )
     prepare_chunk: int = Field(default=64, ge=1, description="records per thread-pool prepare call")
     max_pending_batches: int = Field(default=2, ge=1, description="batches queued for the GPU thread")
     priority: PrioritySettings = PrioritySettings()
