@@ -17,7 +17,7 @@ batch of at most `priority.urgent_max_tokens` that runs between two decoder laye
 that budget.
 
 Each submission gets one future, resolving to one outcome per item in order (`submission.Outcome`). A cut
-batch runs through `consumer.batching.gpu.GpuRunner`: `stage`/`respond` on its stage thread, `run` on the
+batch runs through `consumer.batching.gpu.GpuRunner`: `stage`/`respond` in the prepare pool, `run` on the
 GPU thread; a failed batch is split by the engine's one rule (`engine.batching.split`).
 """
 
@@ -84,7 +84,7 @@ class Batcher(Generic[P, S, R]):
         self._wakeup = asyncio.Event()
         self._gpu_slots = asyncio.Semaphore(settings.max_pending_batches)
         self._prepare_pool = ThreadPoolExecutor(settings.prepare_workers, thread_name_prefix="clef-prepare")
-        self._gpu = GpuRunner(engine, single_attempts=single_attempts)
+        self._gpu = GpuRunner(engine, self._prepare_pool, single_attempts=single_attempts)
         self._tasks: set[asyncio.Future[Any]] = set()
         self._collector: asyncio.Task[None] | None = None
         self._closing = False

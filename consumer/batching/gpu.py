@@ -1,12 +1,10 @@
 """The engine end of the batcher: runs one cut batch, with only GPU work on the one GPU thread.
 
-The engine is an `engine.types.ServingEngine`: a batch is staged (collated, copied to the device) on the
-runner's stage thread while the previous batch is still on the GPU, run on the GPU thread, and answered on
-the stage thread while the next batch runs. The stage thread is the runner's own, so a batch's staging
-never queues behind the preparation of a backlog (the batcher's prepare pool). A batch whose staged run
-fails in any way goes through the engine's `execute` with splitting on the GPU thread
-(`engine.batching.split.run_split`: the engine's one splitting rule; its `out_of_memory` tells an OOM apart
-and frees the cache).
+The engine is an `engine.types.ServingEngine`: a batch is staged (collated, copied to the device) in the
+prepare pool while the previous batch is still on the GPU, run on the GPU thread, and answered in the
+prepare pool while the next batch runs. A batch whose staged run fails in any way goes through the
+engine's `execute` with splitting on the GPU thread (`engine.batching.split.run_split`: the engine's one
+splitting rule; its `out_of_memory` tells an OOM apart and frees the cache).
 
 Urgent lane (`run_urgent`): an urgent batch is staged on a thread of its own and queued in the lane; the
 GPU thread runs it at the next step boundary of the batch it is running (the engine calls the lane's
@@ -65,20 +63,21 @@ the cost model may learn from)."""
 
 
 class GpuRunner(Generic[P, S, R]):
-    """Runs batches of `engine` on one GPU thread, one stage thread and one urgent thread (all its own).
+    """Runs batches of `engine` on one GPU thread and one urgent thread (its own) and the caller's CPU pool.
     Event loop only."""
 
     def __init__(
         self,
         engine: ServingEngine[P, S, R],
+        cpu_pool: Executor,
         *,
         single_attempts: int = 2,
         now: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._engine = engine
         self._now = now  # the GPU thread's clock of the lane's bound (tests pass a scripted one)
+        self._cpu_pool = cpu_pool
         self._single_attempts = single_attempts
-        self._stage_pool = ThreadPoolExecutor(1, thread_name_prefix="clef-stage")
         self._gpu_pool = ThreadPoolExecutor(1, thread_name_prefix="clef-gpu")
         self._urgent_pool = ThreadPoolExecutor(1, thread_name_prefix="clef-urgent")
         self._lane: deque[_LaneBatch[S, R]] = deque()
@@ -115,11 +114,11 @@ class GpuRunner(Generic[P, S, R]):
 
         try:
             try:
-                staged, stage_s = await loop.run_in_executor(self._stage_pool, _timed, engine.stage, prepared)
+                staged, stage_s = await loop.run_in_executor(self._cpu_pool, _timed, engine.stage, prepared)
                 self.lead += 0.2 * (stage_s - self.lead)
                 raw, elapsed, clean = await loop.run_in_executor(self._gpu_pool, self._run_normal, staged)
                 release(elapsed, clean)
-                responses = await loop.run_in_executor(self._stage_pool, engine.respond, raw)
+                responses = await loop.run_in_executor(self._cpu_pool, engine.respond, raw)
                 if len(responses) != len(prepared):
                     raise RuntimeError(f"engine returned {len(responses)} results for {len(prepared)}")
                 return BatchResult(list(responses), SplitStats(calls=1)), elapsed
@@ -212,7 +211,6 @@ class GpuRunner(Generic[P, S, R]):
     def shutdown(self) -> None:
         """Stop the GPU thread (a batch running finishes there; nothing new starts)."""
         self._gpu_pool.shutdown(wait=False, cancel_futures=True)
-        self._stage_pool.shutdown(wait=False, cancel_futures=True)
         self._urgent_pool.shutdown(wait=False, cancel_futures=True)
         with self._lane_lock:
             for item in self._lane:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from consumer.batching.gpu import URGENT_SHARE, GpuRunner
 from engine.types import Between
@@ -62,7 +63,8 @@ async def test_lane_batches_go_in_while_the_lane_keeps_within_its_share() -> Non
     (after layers 3 and 6: 3 <= 0.5 x 6, 6 <= 0.5 x 12), not all at once, not after the batch."""
     assert URGENT_SHARE == 0.5  # the layers below are worked out for this share
     engine = LayeredEngine()
-    runner: GpuRunner[Item, list[Item], list[SystemOneResponse]] = GpuRunner(engine, now=engine.now)
+    cpu = ThreadPoolExecutor(1)
+    runner: GpuRunner[Item, list[Item], list[SystemOneResponse]] = GpuRunner(engine, cpu, now=engine.now)
     done: list[tuple[float, bool]] = []
     bulk = asyncio.ensure_future(runner.run([Item("bulk")], lambda s, learn: done.append((s, learn))))
     for _ in range(500):  # the bulk run holds the GPU thread before any lane batch is queued
@@ -77,6 +79,7 @@ async def test_lane_batches_go_in_while_the_lane_keeps_within_its_share() -> Non
     answers = await asyncio.wait_for(asyncio.gather(*urgent), 5)
     result, bulk_s = await asyncio.wait_for(bulk, 5)
     runner.shutdown()
+    cpu.shutdown()
     assert engine.lane_at == [1, 3, 6]
     assert [said(r.outcomes) for r, _ in answers] == [["answer:a"], ["answer:b"], ["answer:c"]]
     assert [s for _, s in answers] == [LANE_S] * 3
