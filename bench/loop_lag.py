@@ -1,47 +1,38 @@
-"""Event-loop lag of a bench process: how late a short sleep wakes up, sampled for a run's window.
+"""Event-loop lag of a bench process for a run's window: every late wake-up with its time.
 
-A task sleeps `period` seconds again and again; each wake-up's lateness (the time past the due time) is one
-sample. A loop busy with a long callback, or a loop thread waiting for the GIL while other threads hold it,
-shows as late wake-ups. `LoopLag` runs on the loop it measures (the service's, in `bench.e2e --mixed`);
-`figures` summarises the samples relative to the window's start.
+`LoopLag` samples with the service's own sampler (`consumer.loop_lag.LoopLagSampler`) at a finer period
+and keeps the samples, where the service only observes them into a histogram; it runs on the loop it
+measures (the service's, in `bench.e2e --mixed`). `lag_figures` summarises the samples relative to the
+window's start.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
-from dataclasses import dataclass, field
 from typing import Any
+
+from consumer.loop_lag import LoopLagSampler
 
 PERIOD_S = 0.005
 MAX_SAMPLES = 200_000  # 1,000 s at the period: a bound on memory, never reached by a bench window
 
 
-@dataclass(slots=True)
 class LoopLag:
-    """Samples (perf_counter due time, lateness s) while started; written by its own task only."""
+    """Samples (perf_counter due time, lateness s) while started; written by its sampler only."""
 
-    period: float = PERIOD_S
-    samples: list[tuple[float, float]] = field(default_factory=list)
-    _task: asyncio.Task[None] | None = None
+    def __init__(self, period: float = PERIOD_S) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self._sampler = LoopLagSampler(self._keep, period, MAX_SAMPLES)
+
+    def _keep(self, due: float, late: float) -> None:
+        self.samples.append((due, late))
 
     def start(self) -> None:
         """Start sampling on the running loop (idempotent)."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._sample(), name="bench-loop-lag")
+        self._sampler.start()
 
     async def stop(self) -> None:
         """Stop sampling (the samples stay)."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-
-    async def _sample(self) -> None:
-        while len(self.samples) < MAX_SAMPLES:
-            due = time.perf_counter() + self.period
-            await asyncio.sleep(self.period)
-            self.samples.append((due, max(0.0, time.perf_counter() - due)))
+        await self._sampler.stop()
 
 
 def lag_figures(samples: list[tuple[float, float]], t0: float, worst: int = 5) -> dict[str, Any]:

@@ -16,6 +16,7 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 FILL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 TOKEN_BUCKETS = (256, 1024, 4096, 16_384, 65_536, 262_144, 1_048_576)
+LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -157,7 +158,7 @@ class Metrics:
         )
 
     def _add_service_metrics(self, registry: CollectorRegistry) -> None:
-        """The service itself: broker reachability (`run`) and the engine being loaded."""
+        """The service itself: broker reachability (`run`), the engine being loaded, the loop's lag."""
         self.broker_reachable = Gauge(
             f"{PREFIX}_broker_reachable",
             "1 while the last broker probe answered (run only)",
@@ -169,6 +170,12 @@ class Metrics:
             registry=registry,
         )
         self.model_loaded = Gauge(f"{PREFIX}_model_loaded", "1 once the engine is ready", registry=registry)
+        self.loop_lag = BulkHistogram(
+            f"{PREFIX}_event_loop_lag_seconds",
+            "How late the event loop woke up for a periodic sleep (consumer.loop_lag)",
+            buckets=LAG_BUCKETS,
+            registry=registry,
+        )
 
     def render(self) -> bytes:
         """Prometheus text exposition of every metric."""

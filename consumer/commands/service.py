@@ -170,10 +170,13 @@ async def _serve(settings: Settings, engine: ServingEngine[P, S, R]) -> None:
     progress finish while the pipeline drains (HTTP requests already in the batcher are answered)."""
     from consumer.http.backends import ServiceBackend, http_server
     from consumer.kafka.broker_watch import BrokerWatch
+    from consumer.loop_lag import LoopLagSampler
     from consumer.pipeline.pipeline import Pipeline
 
     pipeline = Pipeline(settings, engine)
     watch = BrokerWatch(settings.kafka, pipeline.metrics, settings.http.broker_unreachable_s)
+    lag = LoopLagSampler(lambda _, late: pipeline.metrics.loop_lag.observe(late))
+    lag.start()
     server = None
     if settings.http.enabled:
         server = http_server(settings, ServiceBackend(pipeline, watch), pipeline.metrics)
@@ -203,6 +206,7 @@ async def _serve(settings: Settings, engine: ServingEngine[P, S, R]) -> None:
         await watch.stop()
         if server is not None:
             await server.stop()
+        await lag.stop()
 
 
 def _serve_http(args: argparse.Namespace) -> int:
@@ -230,10 +234,13 @@ def _serve_http(args: argparse.Namespace) -> int:
 
 async def _serve_http_async(settings: Settings, engine: ServingEngine[P, S, R]) -> None:
     from consumer.http.backends import HttpService, http_server
+    from consumer.loop_lag import LoopLagSampler
     from consumer.runtime import tune_gc
 
     service = HttpService(settings, engine)
     server = http_server(settings, service, service.metrics)
+    lag = LoopLagSampler(lambda _, late: service.metrics.loop_lag.observe(late))
+    lag.start()
     await service.start()
     await server.start()
     tune_gc(settings.gc_gen0_threshold, freeze=settings.gc_freeze)
@@ -250,3 +257,4 @@ async def _serve_http_async(settings: Settings, engine: ServingEngine[P, S, R]) 
     await stopping.wait()
     await server.stop()  # requests in progress finish on the still running batcher
     await service.close(settings.http.shutdown_timeout_s)
+    await lag.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -71,6 +72,9 @@ def test_run_serves_http_next_to_kafka(kafka_broker: LocalKafka, tmp_path: Path)
         status, metrics = get(base + "/metrics")
         assert status == 200
         assert b"clef_router_broker_reachable 1.0" in metrics
+        lag = re.search(rb"^clef_router_event_loop_lag_seconds_count (\S+)$", metrics, re.M)
+        assert lag is not None  # the loop's lag is sampled while the service runs
+        assert float(lag.group(1)) > 0
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
     finally:
