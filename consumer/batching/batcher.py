@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from typing import Any, Generic, TypeVar
 
 from consumer.batching.adaptive import AdaptiveView, CostLike, CostModel, GpuQueue, plan_adaptive
@@ -251,10 +252,13 @@ class Batcher(Generic[P, S, R]):
             self._gpu_slots.release()
             self._gpu_done(tokens, seconds, learn=learn)
 
+        lane: dict[str, float | bool] = {}  # an urgent batch's `gpu.LaneTimes`, logged with it
         try:
             if urgent:
                 try:
-                    result, elapsed = await self._gpu.run_urgent(prepared)
+                    result, elapsed, times = await self._gpu.run_urgent(prepared)
+                    if times is not None:
+                        lane = asdict(times)
                 finally:
                     self._urgent_busy = False
                     self._wakeup.set()
@@ -289,6 +293,7 @@ class Batcher(Generic[P, S, R]):
             splits=result.stats.splits,
             ooms=result.stats.ooms,
             failed=failures,
+            **lane,
         )
 
     def _observe(

@@ -53,6 +53,20 @@ class _LaneBatch(Generic[S, R]):
     inside: bool = False  # whether it ran inside a running batch (GPU thread, as `started`)
 
 
+@dataclass(frozen=True, slots=True)
+class LaneTimes:
+    """Where one urgent batch's time went, in ms: staging on the urgent thread, waiting in the lane, its run
+    on the GPU thread, from the run's end until the loop took the result (settle), answering; and whether it
+    ran inside a running batch. The batcher logs them with the batch."""
+
+    stage_ms: float
+    lane_wait_ms: float
+    run_ms: float
+    settle_ms: float
+    respond_ms: float
+    inside: bool
+
+
 URGENT_SHARE = 0.5
 """The most of a running batch's wall time the lane may take inside it (see the module docstring): urgent
 work at most doubles a bulk batch, and a flood of it still leaves bulk half of the GPU."""
@@ -131,10 +145,12 @@ class GpuRunner(Generic[P, S, R]):
         finally:
             release()
 
-    async def run_urgent(self, prepared: list[P]) -> tuple[BatchResult[SystemOneResponse], float]:
+    async def run_urgent(
+        self, prepared: list[P]
+    ) -> tuple[BatchResult[SystemOneResponse], float, LaneTimes | None]:
         """Run `prepared` as one urgent batch through the lane (see the module docstring); returns its
-        outcomes and GPU seconds. A failed lane run is split on the GPU thread like any batch. Never raises
-        for an engine error."""
+        outcomes, GPU seconds and where its time went (None when it failed and was split: a failed lane
+        run is split on the GPU thread like any batch). Never raises for an engine error."""
         loop = asyncio.get_running_loop()
         engine = self._engine
         try:
@@ -149,9 +165,7 @@ class GpuRunner(Generic[P, S, R]):
             responses = await loop.run_in_executor(self._urgent_pool, engine.respond, raw)
             if len(responses) != len(prepared):
                 raise RuntimeError(f"engine returned {len(responses)} results for {len(prepared)}")
-            log.info(  # where an urgent batch's time went (the figures of a tail)
-                "urgent_lane",
-                records=len(prepared),
+            times = LaneTimes(
                 stage_ms=_ms(item.queued - t0),
                 lane_wait_ms=_ms(item.started - item.queued),
                 run_ms=_ms(elapsed),
@@ -159,10 +173,11 @@ class GpuRunner(Generic[P, S, R]):
                 respond_ms=_ms(time.perf_counter() - answered),
                 inside=item.inside,
             )
-            return BatchResult(list(responses), SplitStats(calls=1)), elapsed
+            return BatchResult(list(responses), SplitStats(calls=1)), elapsed, times
         except Exception as exc:
             log.warning("urgent_batch_failed", records=len(prepared), error=type(exc).__name__)
-            return await loop.run_in_executor(self._gpu_pool, self._split, prepared, exc)
+            result, elapsed = await loop.run_in_executor(self._gpu_pool, self._split, prepared, exc)
+            return result, elapsed, None
 
     def _run_normal(self, staged: S) -> tuple[R, float, bool]:
         """GPU thread: run one batch with the lane as its `between` hook; returns its result, its own GPU

@@ -81,8 +81,10 @@ async def test_lane_batches_go_in_while_the_lane_keeps_within_its_share() -> Non
     runner.shutdown()
     cpu.shutdown()
     assert engine.lane_at == [1, 3, 6]
-    assert [said(r.outcomes) for r, _ in answers] == [["answer:a"], ["answer:b"], ["answer:c"]]
-    assert [s for _, s in answers] == [LANE_S] * 3
+    assert [said(r.outcomes) for r, _, _ in answers] == [["answer:a"], ["answer:b"], ["answer:c"]]
+    assert [s for _, s, _ in answers] == [LANE_S] * 3
+    times = [t for _, _, t in answers]
+    assert all(t is not None and t.inside and t.run_ms == LANE_S * 1000 for t in times)  # logged per batch
     assert said(result.outcomes) == ["answer:bulk"]
     assert bulk_s == LAYERS * LAYER_S  # the lane's time is taken out of the bulk batch's
     assert done == [(LAYERS * LAYER_S, False)]  # a batch the lane ran inside is not learnt from
