@@ -30,7 +30,13 @@ One process, one run (a benchmark program, not a test; nothing here asserts a sp
 work on `alerts.in` (at the engine-only figure, or at `--bulk-rate` without one), then for `--seconds`
 `alerts.in` at `--bulk-rate` (default 1.2 x engine-only), `alerts.critical` at `--critical-rate` and HTTP
 requests at `--http-rate` (both Poisson); then one `mixed` line and its table (per class p50/p95/p99, the
-Kafka throughput meanwhile, the ledger per topic, the committed offsets after the drain).
+Kafka throughput meanwhile, the ledger per topic, the committed offsets after the drain, the event loop's
+lag with its worst wake-ups). A rate may repeat (`--rate 113,113,113`: three loads at one rate, the spread of
+one code between runs).
+
+Environment, for experiments: `BENCH_E2E_LOG_LEVEL` (default `warning`; `info` keeps the batcher's line per
+batch, where an urgent batch's line says where its time went) and `BENCH_E2E_SWITCH_INTERVAL_MS` (the GIL
+switch interval of the process; Python's 5 ms when unset).
 
 Writes `e2e.jsonl` (every line: info, capacity, lag samples, one `load` line per rate or the `backlog` and
 `mixed` lines, done), `e2e.txt` (the summary table) and `broker.log` (the broker's WARN+ log) to `--out`
