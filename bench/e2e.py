@@ -317,7 +317,7 @@ def _mixed(
 if __name__ == "__main__":
     from consumer.logging import configure_logging
 
-    # the batcher logs a line per batch (and one per urgent lane batch) at info: BENCH_E2E_LOG_LEVEL=info
+    # the batcher logs a line per batch at info (an urgent one with its lane times): BENCH_E2E_LOG_LEVEL=info
     configure_logging(os.environ.get("BENCH_E2E_LOG_LEVEL", "warning"))
     if os.environ.get("BENCH_E2E_SWITCH_INTERVAL_MS"):  # an experiment's GIL switch interval (default 5 ms)
         sys.setswitchinterval(float(os.environ["BENCH_E2E_SWITCH_INTERVAL_MS"]) / 1000.0)

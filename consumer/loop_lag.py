@@ -14,6 +14,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from consumer.histogram import BulkHistogram
+
 PERIOD_S = 0.05
 """The service's sampling period: 20 wake-ups a second, enough to see every stall of 50 ms or more."""
 
@@ -32,6 +34,12 @@ class LoopLagSampler:
         self._period = period_s
         self._max = max_samples
         self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def into(cls, histogram: BulkHistogram) -> LoopLagSampler:
+        """A sampler at the service's period observing each lateness into `histogram` (the service's
+        `Metrics.loop_lag`)."""
+        return cls(lambda _, late: histogram.observe(late))
 
     def start(self) -> None:
         """Start sampling on the running loop (idempotent)."""

@@ -257,7 +257,7 @@ class Batcher(Generic[P, S, R]):
             if urgent:
                 try:
                     result, elapsed, times = await self._gpu.run_urgent(prepared)
-                    lane = asdict(times) if times is not None else lane
+                    lane = asdict(times) if times is not None else {}
                 finally:
                     self._urgent_busy = False
                     self._wakeup.set()

@@ -175,7 +175,7 @@ async def _serve(settings: Settings, engine: ServingEngine[P, S, R]) -> None:
 
     pipeline = Pipeline(settings, engine)
     watch = BrokerWatch(settings.kafka, pipeline.metrics, settings.http.broker_unreachable_s)
-    lag = LoopLagSampler(lambda _, late: pipeline.metrics.loop_lag.observe(late))
+    lag = LoopLagSampler.into(pipeline.metrics.loop_lag)
     lag.start()
     server = None
     if settings.http.enabled:
@@ -239,7 +239,7 @@ async def _serve_http_async(settings: Settings, engine: ServingEngine[P, S, R]) 
 
     service = HttpService(settings, engine)
     server = http_server(settings, service, service.metrics)
-    lag = LoopLagSampler(lambda _, late: service.metrics.loop_lag.observe(late))
+    lag = LoopLagSampler.into(service.metrics.loop_lag)
     lag.start()
     await service.start()
     await server.start()
