@@ -15,6 +15,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from consumer.batching.batcher import Batcher
@@ -109,6 +110,10 @@ class Metered:
 
     def out_of_memory(self, exc: BaseException) -> bool:
         return bool(self._engine.out_of_memory(exc))
+
+    def lane(self) -> AbstractContextManager[None]:
+        lane: AbstractContextManager[None] = self._engine.lane()
+        return lane
 
 
 def _batcher(

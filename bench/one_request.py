@@ -51,6 +51,12 @@ def main() -> int:
         action="store_true",
         help="leave the routers as built (no levelling): the issue's setup",
     )
+    p.add_argument(
+        "--fp8",
+        choices=("off", "experts", "attention"),
+        default="off",
+        help="run the experts (and with `attention` the attention projections too) in FP8 (default bf16)",
+    )
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -60,19 +66,23 @@ def main() -> int:
     from bench.routing import level
     from bench.workload import make_request
 
-    engine, biases, _ = biased_engine()
+    engine, biases, buckets = biased_engine()
     rng = random.Random(0)
     probe = [engine.prepare(make_request(rng, engine, 512)).encoded for _ in range(16)]
     if not args.random_router:
         with torch.inference_mode():
             level(engine, biases, engine.model.collate(probe))
+    if args.fp8 != "off":  # after levelling: the FP8 copies are made from the same weights, graphs recaptured
+        engine.model.enable_fast_path(
+            graph_buckets=buckets, fp8_experts=True, fp8_attention=args.fp8 == "attention"
+        )
     one = make_request(random.Random(1), engine, 800)
     prepared = engine.prepare(one)
     staged = engine.stage([prepared])
     result = engine.run(staged)
     model: Any = engine.model
     batch = model.collate([prepared.encoded])
-    emit(rows, kind="request", tokens=prepared.num_tokens)
+    emit(rows, kind="request", tokens=prepared.num_tokens, fp8=args.fp8, levelled=not args.random_router)
     box: dict[str, torch.Tensor] = {}
 
     def decoder() -> None:

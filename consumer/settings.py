@@ -168,6 +168,12 @@ class EngineSettings(_Frozen):
         description="run the text path's attention projections (fused QKV, output) in FP8 on Hopper GPUs "
         "(engine.kernels.fp8.linear_fp8; opt-in, apart from the experts). CUDA only",
     )
+    lane_stream: bool = Field(
+        default=True,
+        description="urgent batches (HTTP, priority topics) run on a high-priority CUDA stream of their own, "
+        "so their copies and kernels do not queue behind the bulk batch's (off: the bulk batch's stream). "
+        "CUDA only",
+    )
 
 
 def engine_device(engine: EngineSettings) -> str:

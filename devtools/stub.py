@@ -6,9 +6,11 @@ exercise the Kafka side without a model.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import zlib
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import pydantic_core
@@ -59,6 +61,9 @@ class StubEngine:
 
     def out_of_memory(self, exc: BaseException) -> bool:
         return False
+
+    def lane(self) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()  # no device: nothing to queue behind
 
     def _answer(self, p: StubPrepared) -> SystemOneResponse:
         variant = zlib.crc32(pydantic_core.to_json(p.request.state)) % self.VARIANTS

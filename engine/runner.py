@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Generic
 
@@ -28,6 +29,7 @@ from engine.batching.split import EngineError, run_split
 from engine.config import TORCH_DTYPES, DTypeName, EngineConfig, dtype_name
 from engine.encoding.encode import TextEncoder, encoder_for
 from engine.handoff import MediaHook, MediaInputLike, ModelLike, Prepared, RunResult, StagedBatch
+from engine.lane import Lane
 from engine.media import MediaError
 from engine.model.clef import ClefOmniModel
 from engine.types import Between, EncodedRequest
@@ -102,6 +104,7 @@ class Engine(Generic[M]):
         elif cfg.fp8_text_only or cfg.fp8_attention:
             log.warning("fp8_text_only and fp8_attention apply on CUDA only: this engine runs bf16")
         self._layout: Layout | None = None if self.config.layout == "auto" else self.config.layout
+        self._lane = Lane(model.device, cfg.lane_stream)
 
     @classmethod
     def from_release(
@@ -269,6 +272,11 @@ class Engine(Generic[M]):
         if self.config.device.startswith("cuda") and torch.cuda.is_available():
             torch.cuda.empty_cache()
         return True
+
+    def lane(self) -> AbstractContextManager[None]:
+        """The urgent lane (`engine.types.ServingEngine.lane`; `engine.lane`): enter it around both the
+        `stage` and the `run` of an urgent batch, on each thread, never around a bulk batch's."""
+        return self._lane.enter()
 
     def respond(self, result: RunResult) -> list[SystemOneResponse]:
         """SystemOne responses of a run batch, in batch order (CPU, any thread).

@@ -12,6 +12,7 @@ module imports no torch at import time, so a server can name the protocol withou
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -100,6 +101,10 @@ class ServingEngine(Protocol[PreparedT, StagedT, RanT]):
       and retried on).
     - `out_of_memory(exc)`: True when `exc` is the device running out of memory; frees cached device
       memory first, so a retry of a smaller batch can fit. The server never inspects the exception itself.
+    - `lane()`: a context for the urgent lane, entered on each thread that stages or runs an urgent batch
+      (the stage and the run of one urgent batch both inside it): device work launched inside it goes to
+      a lane of its own, so it does not queue behind the bulk work already launched (on CUDA a
+      high-priority stream; a no-op context where there is nothing to queue behind).
     Every step but `prepare` may raise for a batch; the server then splits the batch and retries it.
     """
 
@@ -117,3 +122,5 @@ class ServingEngine(Protocol[PreparedT, StagedT, RanT]):
     def execute(self, batch: Sequence[PreparedT]) -> list[SystemOneResponse]: ...
 
     def out_of_memory(self, exc: BaseException) -> bool: ...
+
+    def lane(self) -> AbstractContextManager[None]: ...

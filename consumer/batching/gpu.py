@@ -6,15 +6,16 @@ prepare pool while the next batch runs. A batch whose staged run fails in any wa
 engine's `execute` with splitting on the GPU thread (`engine.batching.split.run_split`: the engine's one
 splitting rule; its `out_of_memory` tells an OOM apart and frees the cache).
 
-Urgent lane (`run_urgent`): an urgent batch is staged on a thread of its own and queued in the lane; the
-GPU thread runs it at the next step boundary of the batch it is running (the engine calls the lane's
-drain as its `between` hook, between decoder layers), or, when no batch is running, as its next task. Each
-lane batch runs exactly once, whichever comes first. Lane work inside a running batch is bounded by time,
-not count: at a step boundary a lane batch goes in while the lane's time inside that batch is at most
-`URGENT_SHARE` of the batch's wall time so far (the first always goes in), so a bulk batch is stretched
-at most 1 / (1 - share) times and an urgent batch waits a few steps, never the rest of the batch. The time
-a lane batch took inside a normal batch is taken out of that batch's GPU time, and that batch is not
-learnt from.
+Urgent lane (`run_urgent`): an urgent batch is staged on a thread of its own and queued in the lane, its
+stage and its run inside the engine's `lane()` (on CUDA a high-priority stream, so neither queues behind the
+running batch's launched layers); the GPU thread runs it at the next step boundary of the batch it is
+running (the engine calls the lane's drain as its `between` hook, between decoder layers), or, when no batch
+is running, as its next task. Each lane batch runs exactly once, whichever comes first. Lane work inside a
+running batch is bounded by time, not count: at a step boundary a lane batch goes in while the lane's time
+inside that batch is at most `URGENT_SHARE` of the batch's wall time so far (the first always goes in), so a
+bulk batch is stretched at most 1 / (1 - share) times and an urgent batch waits a few steps, never the rest
+of the batch. The time a lane batch took inside a normal batch is taken out of that batch's GPU time, and
+that batch is not learnt from.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ class GpuRunner(Generic[P, S, R]):
         engine = self._engine
         try:
             t0 = time.perf_counter()
-            staged = await loop.run_in_executor(self._urgent_pool, engine.stage, prepared)
+            staged = await loop.run_in_executor(self._urgent_pool, self._stage_in_lane, prepared)
             item: _LaneBatch[S, R] = _LaneBatch(staged, time.perf_counter())
             with self._lane_lock:
                 self._lane.append(item)
@@ -178,6 +179,11 @@ class GpuRunner(Generic[P, S, R]):
             log.warning("urgent_batch_failed", records=len(prepared), error=type(exc).__name__)
             result, elapsed = await loop.run_in_executor(self._gpu_pool, self._split, prepared, exc)
             return result, elapsed, None
+
+    def _stage_in_lane(self, prepared: list[P]) -> S:
+        """Urgent thread: stage an urgent batch inside the engine's lane (its copies on the lane's stream)."""
+        with self._engine.lane():
+            return self._engine.stage(prepared)
 
     def _run_normal(self, staged: S) -> tuple[R, float, bool]:
         """GPU thread: run one batch with the lane as its `between` hook; returns its result, its own GPU
@@ -215,7 +221,8 @@ class GpuRunner(Generic[P, S, R]):
             item.inside = inside
             t0 = self._now()
             try:
-                raw = self._engine.run(item.staged)
+                with self._engine.lane():  # where it was staged: not behind the running batch's layers
+                    raw = self._engine.run(item.staged)
             except BaseException as exc:
                 item.done.set_exception(exc)
             else:

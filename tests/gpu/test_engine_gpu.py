@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import torch
 from devtools.tiny_release import write_tiny_release
 from engine.batching.collate import Layout, collate
 from engine.model.release import load_release_model
-from engine.runner import RunResult
+from engine.runner import RunResult, StagedBatch
 from engine.types import EncodedRequest
 from schemas.systemone import SystemOneRequest, parse_request
 
@@ -98,26 +99,45 @@ def test_fast_path_batch_invariance_and_accuracy_bf16_cuda(tmp_path: Path, graph
     assert err_fast <= max(2e-3, 2.0 * err_ref)
 
 
-def test_an_urgent_batch_between_layers_changes_no_answer_cuda(tmp_path: Path) -> None:
+@pytest.mark.parametrize("lane", [False, True], ids=["same-stream", "lane-stream"])
+def test_an_urgent_batch_between_layers_changes_no_answer_cuda(tmp_path: Path, lane: bool) -> None:
     """`Engine.run(staged, between)`: a large text batch runs eagerly layer by layer, an urgent batch (a
-    CUDA-graph replay) runs inside it at a layer boundary; both give exactly their answers run alone."""
+    CUDA-graph replay) runs inside it at a layer boundary; both give exactly their answers run alone. With
+    `lane`, the urgent batch is staged on another thread inside `Engine.lane()` and run inside it, as the
+    service's urgent lane does: on the engine's high-priority stream, while the big batch's launched layers
+    are still queued on the default one."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from engine import Engine, EngineConfig
     from engine.batching.cut import BatchLimits
 
     release = write_tiny_release(tmp_path / "tiny")
     config = EngineConfig(device="cuda", limits=BatchLimits(65_536, 256), graph_buckets=(512,))
     engine = Engine.from_release(release, config=config)
+    stream = engine._lane.stream
+    assert stream is not None
+    assert stream.priority < torch.cuda.current_stream().priority
     rng = random.Random(9)
     big = [engine.prepare(_request(rng, 1200)) for _ in range(6)]  # 7k tokens: beyond the graph bucket
     small = [engine.prepare(_request(rng, 200))]
     big_alone = engine.run(engine.stage(big))
     small_alone = engine.run(engine.stage(small))
-    staged_small = engine.stage(small)
     inside: list[RunResult] = []
+    with ThreadPoolExecutor(1) as urgent_thread:
+        if lane:
+
+            def stage_in_lane() -> StagedBatch:
+                with engine.lane():
+                    return engine.stage(small)
+
+            staged_small = urgent_thread.submit(stage_in_lane).result()
+        else:
+            staged_small = engine.stage(small)
 
     def between() -> None:
         if not inside:
-            inside.append(engine.run(staged_small))
+            with engine.lane() if lane else contextlib.nullcontext():
+                inside.append(engine.run(staged_small))
 
     big_interleaved = engine.run(engine.stage(big), between)
     assert len(inside) == 1

@@ -4,9 +4,11 @@ consistent, and `main` writes the JSON lines and the plot. Speeds are not assert
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +51,9 @@ class SleepyEngine:
 
     def respond(self, staged: Staged) -> list[str]:
         return [f"answer:{p.num_tokens}" for p in staged.prepared]
+
+    def lane(self) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
 
 POOL = [200, 500, 800, 1200, 1500]

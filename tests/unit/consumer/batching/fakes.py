@@ -4,8 +4,10 @@ responses that carry the record's name."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from engine.batching.cut import BatchLimits
@@ -72,9 +74,25 @@ class FakeEngine:
         self.executed: list[list[str]] = []
         self.steps: list[tuple[str, str]] = []
         self.oom_calls: list[str] = []
+        self.in_lane: list[tuple[str, list[str]]] = []
+        self._lane = threading.local()
 
-    def _note(self, step: str) -> None:
+    def _note(self, step: str, batch: Sequence[Item] = ()) -> None:
         self.steps.append((step, threading.current_thread().name))
+        if getattr(self._lane, "depth", 0):
+            self.in_lane.append((step, [i.name for i in batch]))
+
+    @contextlib.contextmanager
+    def _in_lane(self) -> Iterator[None]:
+        self._lane.depth = getattr(self._lane, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._lane.depth -= 1
+
+    def lane(self) -> AbstractContextManager[None]:
+        """Steps taken inside it, on the thread that entered it, are noted in `in_lane` with their batch."""
+        return self._in_lane()
 
     def _answer(self, batch: Sequence[Item]) -> list[SystemOneResponse]:
         self.batches.append([i.name for i in batch])
@@ -88,11 +106,11 @@ class FakeEngine:
         return Item(request.model)
 
     def stage(self, batch: Sequence[Item]) -> list[Item]:
-        self._note("stage")
+        self._note("stage", batch)
         return list(batch)
 
     def run(self, staged: list[Item], between: Between | None = None) -> list[SystemOneResponse]:
-        self._note("run")
+        self._note("run", staged)
         return self._answer(staged)
 
     def respond(self, ran: list[SystemOneResponse]) -> list[SystemOneResponse]:

@@ -113,6 +113,8 @@ async def test_an_urgent_batch_runs_inside_a_running_bulk_batch() -> None:
     engine.open.set()
     assert said(await bulk) == ["answer:bulk0"]
     assert engine.order == ["http", "bulk0"]
+    # the lane batch was staged and run inside the engine's lane (its own stream on CUDA), the bulk one not
+    assert engine.in_lane == [("stage", ["http"]), ("run", ["http"])]
     assert metrics.class_latency.labels("0").count == 1
     assert metrics.class_queue_wait.labels("2").count == 1
     await b.close()

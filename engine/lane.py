@@ -1,0 +1,43 @@
+"""The urgent lane's place on the device: a high-priority CUDA stream of the engine's own.
+
+An urgent batch (an HTTP request, a priority topic's event) is staged and run while a bulk batch's layers
+are already queued on the device. On the bulk batch's stream its copies and kernels would wait for those
+layers; on a stream of higher priority they do not: the GPU's scheduler hands freed SMs to the lane's
+kernels first (already running work is not preempted). The lane's tensors are allocated, written and read
+on the lane's stream only, and its result is copied back with a sync of that stream alone, so the bulk
+batch's work goes on meanwhile. Answers do not change: every kernel computes the same bits on any stream
+(tests/gpu/test_engine_gpu.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+
+import torch
+
+PRIORITY = -1
+"""The lane stream's priority (lower is higher; CUDA clamps to its range): above the default streams' 0."""
+
+
+class Lane:
+    """The lane of one engine: `enter()` makes the lane's stream current on the calling thread for the
+    duration (each thread has its own current stream), or does nothing without a stream (CPU, or the
+    lane switched off). Build it once per engine, on the thread that builds the engine."""
+
+    def __init__(self, device: torch.device, enabled: bool = True) -> None:
+        use = enabled and device.type == "cuda" and torch.cuda.is_available()
+        self.stream: torch.cuda.Stream | None = None
+        if use:
+            self.stream = torch.cuda.Stream(device, priority=PRIORITY)  # type: ignore[no-untyped-call]
+
+    def enter(self) -> AbstractContextManager[None]:
+        """A context that runs the work launched inside it on the lane's stream (a no-op without one)."""
+        return contextlib.nullcontext() if self.stream is None else _on(self.stream)
+
+
+@contextlib.contextmanager
+def _on(stream: torch.cuda.Stream) -> Iterator[None]:
+    with torch.cuda.stream(stream):
+        yield
