@@ -35,8 +35,9 @@ lag with its worst wake-ups). A rate may repeat (`--rate 113,113,113`: three loa
 one code between runs).
 
 Environment, for experiments: `BENCH_E2E_LOG_LEVEL` (default `warning`; `info` keeps the batcher's line per
-batch, where an urgent batch's line says where its time went) and `BENCH_E2E_SWITCH_INTERVAL_MS` (the GIL
-switch interval of the process; Python's 5 ms when unset).
+batch, where an urgent batch's line says where its time went), `BENCH_E2E_SWITCH_INTERVAL_MS` (the GIL
+switch interval of the process; Python's 5 ms when unset) and `BENCH_E2E_LAYERS_AHEAD` (how many layers of an
+eager forward the launch pacer keeps queued on the GPU; the decoder's 3 when unset; the info line says it).
 
 Writes `e2e.jsonl` (every line: info, capacity, lag samples, one `load` line per rate or the `backlog` and
 `mixed` lines, done), `e2e.txt` (the summary table) and `broker.log` (the broker's WARN+ log) to `--out`
@@ -96,6 +97,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--fp8", choices=tuple(FP8_MODES), default="off", help="full: FP8 experts, or experts and attention"
+    )
+    p.add_argument(
+        "--lane-stream",
+        choices=("on", "off"),
+        default="on",
+        help="full: urgent batches on the engine's high-priority CUDA stream (engine.lane_stream) or not",
     )
     p.add_argument("--rate", default="25,50,75,90", help="events/s, one load per value, comma-separated")
     p.add_argument("--seconds", type=float, default=60.0, help="send window per load")
@@ -192,9 +199,15 @@ def run(args: argparse.Namespace) -> int:
             started = pool.submit(broker.start)  # the JVM starts while the model is built
             t0 = time.perf_counter()
             engine, sizing = build_engines(
-                kind, args.layers, batching["max_batch_tokens"], args.routing, args.fp8
+                kind,
+                args.layers,
+                batching["max_batch_tokens"],
+                args.routing,
+                args.fp8,
+                lane_stream=args.lane_stream == "on",
             )
             build_s = time.perf_counter() - t0
+            ahead = _layers_ahead(engine)
             requests = make_pool(sizing, random.Random(0), args.pool)
             lengths = sorted(sizing.prepare(r).num_tokens for r in requests)
             started.result(timeout=180)
@@ -205,6 +218,8 @@ def run(args: argparse.Namespace) -> int:
             "engine": kind if args.layers is None or kind != "full" else f"full ({args.layers} layers)",
             "routing": args.routing if kind == "full" else None,
             "fp8": args.fp8 if kind == "full" else None,
+            "lane_stream": args.lane_stream if kind == "full" else None,
+            "layers_ahead": ahead,
             "device": torch.cuda.get_device_name() if kind == "full" else "cpu",
             "torch": torch.__version__,
             "transformers": _version("transformers"),
@@ -273,6 +288,17 @@ def run(args: argparse.Namespace) -> int:
         broker.stop()
         sink.close()
     return code
+
+
+def _layers_ahead(engine: Any) -> int | None:
+    """The fast decoder's launch pacer depth (`engine.model.decoder.PackedTextDecoder.layers_ahead`), set
+    from `BENCH_E2E_LAYERS_AHEAD` first when that is given (an experiment); None without a fast decoder."""
+    fast = getattr(getattr(engine, "model", None), "_fast", None)
+    if fast is None:
+        return None
+    if os.environ.get("BENCH_E2E_LAYERS_AHEAD"):
+        fast.layers_ahead = int(os.environ["BENCH_E2E_LAYERS_AHEAD"])
+    return int(fast.layers_ahead)
 
 
 def _sizes(args: argparse.Namespace, engine_only: float | None) -> tuple[int, float]:

@@ -38,11 +38,18 @@ service's `engine.fp8_experts` and `engine.fp8_attention`)."""
 
 
 def build_engines(
-    kind: str, layers: int | None, max_tokens: int, routing: Routing = "levelled", fp8: str = "off"
+    kind: str,
+    layers: int | None,
+    max_tokens: int,
+    routing: Routing = "levelled",
+    fp8: str = "off",
+    *,
+    lane_stream: bool = True,
 ) -> tuple[Any, Any]:
     """(engine for the pipeline, engine whose tokenizer sizes the events); blocking. `full`: the full-size
     model on CUDA (`layers` decoder layers, None = 48, FP8 as `FP8_MODES[fp8]`); `tiny`: the tiny release
-    on CPU (both the same); `stub`: `StubEngine`, events sized with the tiny release."""
+    on CPU (both the same); `stub`: `StubEngine`, events sized with the tiny release. `lane_stream`: the
+    full engine's `EngineConfig.lane_stream`."""
     from bench.load import build
     from engine.batching.cut import BatchLimits
 
@@ -57,7 +64,8 @@ def build_engines(
     from engine.model.graphs import default_buckets
     from engine.runner import EngineConfig
 
-    config = EngineConfig(device="cuda", dtype="bfloat16", limits=BatchLimits(max_tokens, 256))
+    limits = BatchLimits(max_tokens, 256)
+    config = EngineConfig(device="cuda", dtype="bfloat16", limits=limits, lane_stream=lane_stream)
     engine = build_engine(config, num_layers=layers, routing=routing)
     engine.model.enable_fast_path(graph_buckets=default_buckets(max_tokens), **FP8_MODES[fp8])
     return engine, engine
