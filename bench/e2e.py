@@ -101,7 +101,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--lane-stream",
         choices=("on", "off"),
-        default="on",
+        default="off",
         help="full: urgent batches on the engine's high-priority CUDA stream (engine.lane_stream) or not",
     )
     p.add_argument("--rate", default="25,50,75,90", help="events/s, one load per value, comma-separated")

@@ -44,7 +44,7 @@ def build_engines(
     routing: Routing = "levelled",
     fp8: str = "off",
     *,
-    lane_stream: bool = True,
+    lane_stream: bool = False,
 ) -> tuple[Any, Any]:
     """(engine for the pipeline, engine whose tokenizer sizes the events); blocking. `full`: the full-size
     model on CUDA (`layers` decoder layers, None = 48, FP8 as `FP8_MODES[fp8]`); `tiny`: the tiny release

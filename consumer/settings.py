@@ -169,10 +169,10 @@ class EngineSettings(_Frozen):
         "(engine.kernels.fp8.linear_fp8; opt-in, apart from the experts). CUDA only",
     )
     lane_stream: bool = Field(
-        default=True,
+        default=False,
         description="urgent batches (HTTP, priority topics) run on a high-priority CUDA stream of their own, "
-        "so their copies and kernels do not queue behind the bulk batch's (off: the bulk batch's stream). "
-        "CUDA only",
+        "so their copies and kernels do not queue behind the bulk batch's (off: the bulk batch's stream; "
+        "opt-in until it is measured on the GPU). CUDA only",
     )
 
 

@@ -39,9 +39,10 @@ class EngineConfig:
     experts freed: about half the GPU memory, and every request with media is refused (a permanent 400,
     `media_undecodable`); `fp8_attention` runs the attention projections of that path in FP8 too
     (opt-in, apart from the experts; media batches keep bf16). `lane_stream` gives `Engine.lane` a
-    high-priority CUDA stream (off: the lane is a no-op context). Off CUDA none of them applies. A record
-    failing alone is tried `single_record_attempts` times (`engine.batching.split`). A server maps its
-    own settings onto this in one place (`consumer.engine_config`).
+    high-priority CUDA stream (opt-in until it is measured on the GPU; off: the lane is a no-op context).
+    Off CUDA none of them applies. A record failing alone is tried `single_record_attempts` times
+    (`engine.batching.split`). A server maps its own settings onto this in one place
+    (`consumer.engine_config`).
     """
 
     device: str = "cuda"
@@ -56,7 +57,7 @@ class EngineConfig:
     fp8_experts: bool = False
     fp8_text_only: bool = False
     fp8_attention: bool = False
-    lane_stream: bool = True
+    lane_stream: bool = False
     graph_buckets: tuple[int, ...] | None = None
     media_limits: MediaLimits = field(default_factory=MediaLimits)
     media_policy: MediaPolicy = field(default_factory=MediaPolicy)

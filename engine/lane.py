@@ -5,8 +5,10 @@ are already queued on the device. On the bulk batch's stream its copies and kern
 layers; on a stream of higher priority they do not: the GPU's scheduler hands freed SMs to the lane's
 kernels first (already running work is not preempted). The lane's tensors are allocated, written and read
 on the lane's stream only, and its result is copied back with a sync of that stream alone, so the bulk
-batch's work goes on meanwhile. Answers do not change: every kernel computes the same bits on any stream
-(tests/gpu/test_engine_gpu.py).
+batch's work goes on meanwhile. Answers must not change: the same kernels on another stream compute the
+same bits, which tests/gpu/test_engine_gpu.py checks (an urgent batch inside a bulk one, both bit-equal to
+their runs alone). Opt-in (`EngineConfig.lane_stream`) until that test and the service bench have run on
+the GPU.
 """
 
 from __future__ import annotations

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import random
 from pathlib import Path
 
@@ -102,41 +101,42 @@ def test_fast_path_batch_invariance_and_accuracy_bf16_cuda(tmp_path: Path, graph
 @pytest.mark.parametrize("lane", [False, True], ids=["same-stream", "lane-stream"])
 def test_an_urgent_batch_between_layers_changes_no_answer_cuda(tmp_path: Path, lane: bool) -> None:
     """`Engine.run(staged, between)`: a large text batch runs eagerly layer by layer, an urgent batch (a
-    CUDA-graph replay) runs inside it at a layer boundary; both give exactly their answers run alone. With
-    `lane`, the urgent batch is staged on another thread inside `Engine.lane()` and run inside it, as the
-    service's urgent lane does: on the engine's high-priority stream, while the big batch's launched layers
-    are still queued on the default one."""
+    CUDA-graph replay) runs inside it at a layer boundary; both give exactly their answers run alone.
+    The urgent batch is staged on another thread inside `Engine.lane()` and run inside it, as the service's
+    urgent lane does; with `lane` (`EngineConfig.lane_stream`) that is the engine's high-priority stream,
+    while the big batch's launched layers are still queued on the default one."""
     from concurrent.futures import ThreadPoolExecutor
 
     from engine import Engine, EngineConfig
     from engine.batching.cut import BatchLimits
 
     release = write_tiny_release(tmp_path / "tiny")
-    config = EngineConfig(device="cuda", limits=BatchLimits(65_536, 256), graph_buckets=(512,))
+    limits = BatchLimits(65_536, 256)
+    config = EngineConfig(device="cuda", limits=limits, graph_buckets=(512,), lane_stream=lane)
     engine = Engine.from_release(release, config=config)
     stream = engine._lane.stream
-    assert stream is not None
-    assert stream.priority < torch.cuda.current_stream().priority
+    if lane:
+        assert stream is not None
+        assert stream.priority < torch.cuda.current_stream().priority
+    else:
+        assert stream is None  # the lane is a no-op context: the urgent batch shares the big one's stream
     rng = random.Random(9)
     big = [engine.prepare(_request(rng, 1200)) for _ in range(6)]  # 7k tokens: beyond the graph bucket
     small = [engine.prepare(_request(rng, 200))]
     big_alone = engine.run(engine.stage(big))
     small_alone = engine.run(engine.stage(small))
     inside: list[RunResult] = []
-    with ThreadPoolExecutor(1) as urgent_thread:
-        if lane:
 
-            def stage_in_lane() -> StagedBatch:
-                with engine.lane():
-                    return engine.stage(small)
+    def stage_in_lane() -> StagedBatch:
+        with engine.lane():
+            return engine.stage(small)
 
-            staged_small = urgent_thread.submit(stage_in_lane).result()
-        else:
-            staged_small = engine.stage(small)
+    with ThreadPoolExecutor(1) as urgent_thread:  # staged on a thread of its own, as the service does
+        staged_small = urgent_thread.submit(stage_in_lane).result()
 
     def between() -> None:
         if not inside:
-            with engine.lane() if lane else contextlib.nullcontext():
+            with engine.lane():
                 inside.append(engine.run(staged_small))
 
     big_interleaved = engine.run(engine.stage(big), between)
