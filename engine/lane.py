@@ -28,7 +28,7 @@ class Lane:
     duration (each thread has its own current stream), or does nothing without a stream (CPU, or the
     lane switched off). Build it once per engine, on the thread that builds the engine."""
 
-    def __init__(self, device: torch.device, enabled: bool = True) -> None:
+    def __init__(self, device: torch.device, enabled: bool) -> None:
         use = enabled and device.type == "cuda" and torch.cuda.is_available()
         self.stream: torch.cuda.Stream | None = None
         if use:
