@@ -37,7 +37,9 @@ one code between runs).
 Environment, for experiments: `BENCH_E2E_LOG_LEVEL` (default `warning`; `info` keeps the batcher's line per
 batch, where an urgent batch's line says where its time went), `BENCH_E2E_SWITCH_INTERVAL_MS` (the GIL
 switch interval of the process; Python's 5 ms when unset) and `BENCH_E2E_LAYERS_AHEAD` (how many layers of an
-eager forward the launch pacer keeps queued on the GPU; the decoder's 3 when unset; the info line says it).
+eager forward the launch pacer keeps queued on the GPU; the decoder's 3 when unset; the info line says it) and
+`BENCH_E2E_GRAPH_TO` (CUDA graphs also for the buckets of `bench.batch_sizes.MID_BUCKETS` up to this many
+tokens, 64 records each; unset: the default buckets up to 4,096).
 
 Writes `e2e.jsonl` (every line: info, capacity, lag samples, one `load` line per rate or the `backlog` and
 `mixed` lines, done), `e2e.txt` (the summary table) and `broker.log` (the broker's WARN+ log) to `--out`
@@ -220,6 +222,7 @@ def run(args: argparse.Namespace) -> int:
             "fp8": args.fp8 if kind == "full" else None,
             "lane_stream": args.lane_stream if kind == "full" else None,
             "layers_ahead": ahead,
+            "graph_to": int(os.environ.get("BENCH_E2E_GRAPH_TO", "0")) or None,  # None: default buckets
             "device": torch.cuda.get_device_name() if kind == "full" else "cpu",
             "torch": torch.__version__,
             "transformers": _version("transformers"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import time
 import uuid
@@ -67,7 +68,14 @@ def build_engines(
     limits = BatchLimits(max_tokens, 256)
     config = EngineConfig(device="cuda", dtype="bfloat16", limits=limits, lane_stream=lane_stream)
     engine = build_engine(config, num_layers=layers, routing=routing)
-    engine.model.enable_fast_path(graph_buckets=default_buckets(max_tokens), **FP8_MODES[fp8])
+    buckets, graph_records = default_buckets(max_tokens), 16
+    graph_to = int(os.environ.get("BENCH_E2E_GRAPH_TO", "0"))  # an experiment: graphs above 4,096 tokens
+    if graph_to:
+        from bench.batch_sizes import MID_BUCKETS
+
+        buckets = tuple(sorted({*buckets, *(b for b in MID_BUCKETS if b <= min(graph_to, max_tokens))}))
+        graph_records = 64
+    engine.model.enable_fast_path(graph_buckets=buckets, max_graph_records=graph_records, **FP8_MODES[fp8])
     return engine, engine
 
 

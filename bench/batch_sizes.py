@@ -1,0 +1,201 @@
+"""`python3 -m bench.batch_sizes`: one batch's `Engine.run` time by size, eager against CUDA graphs.
+
+The service's batches at moderate load hold a handful of records (about 4,000 tokens at 70% of capacity:
+BENCHMARKS.md, "Priority classes"), just above the largest default graph bucket (4,096), so they run the
+decoder eagerly: ~40 launches per layer from Python, while the prepare thread and the event loop want the
+GIL too. This bench measures what that costs, on the full-size engine (random bf16 weights, levelled
+routers, the FP8 mode of `--fp8`):
+
+1. batches of the load mix (`bench.load.make_pool`) cut to about each of `--sizes` tokens (a few distinct
+   batches per size, rotated, so no two timed runs in a row read one set of inputs);
+2. per size, `Engine.run` of a staged batch (decoder, head, copy back; what the GPU thread does per batch),
+   synchronised, `--reps` times after warm-up: p50 and min ms, with no other thread, and with
+   `--hog` threads calling `Engine.prepare` in a loop meanwhile (the prepare pool's GIL pressure);
+3. all of that twice: graphs up to 4,096 tokens (today's default) and graphs up to `--graph-to` tokens
+   (`engine.model.graphs.GRAPH_BUCKETS` extended by `MID_BUCKETS`), plus the capture time and the device
+   memory of each set.
+
+Prints JSON lines and a table; writes `batch_sizes.jsonl` to `--out`. A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.report import emit_line as emit
+
+MID_BUCKETS = (5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384)
+"""Token buckets above the default 4,096 tried here."""
+
+
+def cut_batches(prepared: Sequence[Any], size: int, count: int, rng: random.Random) -> list[list[Any]]:
+    """`count` batches of records from `prepared`, each filled in a shuffled order up to `size` tokens."""
+    batches: list[list[Any]] = []
+    for _ in range(count):
+        order = list(prepared)
+        rng.shuffle(order)
+        batch: list[Any] = []
+        tokens = 0
+        for p in order:
+            if tokens + p.num_tokens <= size:
+                batch.append(p)
+                tokens += p.num_tokens
+            if tokens > 0.95 * size:
+                break
+        batches.append(batch)
+    return batches
+
+
+def timed(fn: Callable[[], object], reps: int) -> dict[str, float]:
+    """p50 / min ms of `fn` over `reps` calls (each ends synchronised), after three warm-up calls."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ms = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        ms.append((time.perf_counter() - t0) * 1000.0)
+    return {"p50": round(statistics.median(ms), 2), "min": round(min(ms), 2)}
+
+
+class Hog:
+    """`threads` threads calling `engine.prepare` over `requests` until stopped (the prepare pool's load)."""
+
+    def __init__(self, engine: Any, requests: Sequence[Any], threads: int) -> None:
+        self._engine = engine
+        self._requests = requests
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
+        self.prepared = 0
+
+    def _loop(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            self._engine.prepare(self._requests[i % len(self._requests)])
+            i += 1
+            self.prepared += 1
+
+    def __enter__(self) -> Hog:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=10)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    p.add_argument("--fp8", choices=("off", "experts", "attention"), default="attention")
+    p.add_argument("--sizes", default="896,2048,4096,5120,6144,8192,12288,16384")
+    p.add_argument("--graph-to", type=int, default=16384, help="largest graph bucket of the second set")
+    p.add_argument("--max-graph-records", type=int, default=64)
+    p.add_argument("--reps", type=int, default=12)
+    p.add_argument(
+        "--hog", type=int, default=1, help="threads calling Engine.prepare during the second timing"
+    )
+    p.add_argument(
+        "--layers", type=int, default=None, help="decoder layers (default 48; fewer: a quick probe)"
+    )
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[str] = []
+
+    from bench.e2e_run import FP8_MODES
+    from bench.load import make_pool
+    from bench.workload import build_engine
+    from engine.batching.cut import BatchLimits
+    from engine.model.graphs import GRAPH_BUCKETS
+    from engine.runner import EngineConfig
+
+    config = EngineConfig(device="cuda", dtype="bfloat16", limits=BatchLimits(32768, 256), graph_buckets=())
+    engine = build_engine(config, num_layers=args.layers, routing="levelled")
+    rng = random.Random(0)
+    pool = make_pool(engine, rng, 512)
+    prepared = [engine.prepare(r) for r in pool]
+    sizes = [int(s) for s in args.sizes.split(",")]
+    batches = {size: cut_batches(prepared, size, 4, rng) for size in sizes}
+    emit(
+        rows,
+        kind="info",
+        gpu=torch.cuda.get_device_name(),
+        fp8=args.fp8,
+        layers=args.layers or 48,
+        torch=torch.__version__,
+    )
+    sets = {
+        "default": tuple(b for b in GRAPH_BUCKETS if b <= 4096),
+        "mid": tuple(b for b in (*GRAPH_BUCKETS, *MID_BUCKETS) if b <= args.graph_to),
+    }
+    table: dict[tuple[str, int], dict[str, Any]] = {}
+    for name, buckets in sets.items():
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        engine.model.enable_fast_path(
+            graph_buckets=buckets, max_graph_records=args.max_graph_records, **FP8_MODES[args.fp8]
+        )
+        torch.cuda.synchronize()
+        emit(
+            rows,
+            kind="graphs",
+            set=name,
+            largest=max(buckets),
+            capture_s=round(time.perf_counter() - t0, 2),
+            allocated_gb=round(torch.cuda.memory_allocated() / 1e9, 2),
+            reserved_gb=round(torch.cuda.memory_reserved() / 1e9, 2),
+        )
+        for size in sizes:
+            staged = [engine.stage(b) for b in batches[size]]
+            turn = iter(range(10**9))
+
+            def run_one(staged: list[Any] = staged, turn: Any = turn) -> None:
+                engine.run(staged[next(turn) % len(staged)])
+
+            alone = timed(run_one, args.reps)
+            with Hog(engine, pool[:64], args.hog) as hog:
+                contended = timed(run_one, args.reps)
+            records = statistics.mean(len(b) for b in batches[size])
+            tokens = statistics.mean(sum(p.num_tokens for p in b) for b in batches[size])
+            row = {
+                "set": name,
+                "size": size,
+                "records": round(records, 1),
+                "tokens": round(tokens),
+                "ms_p50": alone["p50"],
+                "ms_min": alone["min"],
+                "hog_ms_p50": contended["p50"],
+                "hog_prepared": hog.prepared,
+            }
+            emit(rows, kind="size", **row)
+            table[(name, size)] = row
+        emit(rows, kind="memory", set=name, peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2))
+    (out / "batch_sizes.jsonl").write_text("\n".join(rows) + "\n")
+    print(f"| size | records | tokens | graphs to 4096: ms p50 | +hog | to {args.graph_to}: ms p50 | +hog |")
+    print("|---|---|---|---|---|---|---|")
+    for size in sizes:
+        d, m = table[("default", size)], table[("mid", size)]
+        print(
+            f"| {size} | {d['records']} | {d['tokens']} | {d['ms_p50']} | {d['hog_ms_p50']} "
+            f"| {m['ms_p50']} | {m['hog_ms_p50']} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
