@@ -101,7 +101,7 @@ class Hog:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
-    p.add_argument("--fp8", choices=("off", "experts", "attention"), default="attention")
+    p.add_argument("--fp8", choices=("off", "experts", "attention", "text"), default="attention")
     p.add_argument("--sizes", default="896,2048,4096,5120,6144,8192,12288,16384")
     p.add_argument("--graph-to", type=int, default=16384, help="largest graph bucket of the second set")
     p.add_argument("--max-graph-records", type=int, default=64)
