@@ -38,8 +38,8 @@ Environment, for experiments: `BENCH_E2E_LOG_LEVEL` (default `warning`; `info` k
 batch, where an urgent batch's line says where its time went), `BENCH_E2E_SWITCH_INTERVAL_MS` (the GIL
 switch interval of the process; Python's 5 ms when unset) and `BENCH_E2E_LAYERS_AHEAD` (how many layers of an
 eager forward the launch pacer keeps queued on the GPU; the decoder's 3 when unset; the info line says it) and
-`BENCH_E2E_GRAPH_TO` (CUDA graphs also for the buckets of `bench.batch_sizes.MID_BUCKETS` up to this many
-tokens, 64 records each; unset: the default buckets up to 4,096).
+`BENCH_E2E_GRAPH_TO` (CUDA graphs for the buckets up to this many tokens, `bench.batch_sizes.buckets_to`:
+4096 is the default before round five of the priority benches; unset: the product's default buckets).
 
 Writes `e2e.jsonl` (every line: info, capacity, lag samples, one `load` line per rate or the `backlog` and
 `mixed` lines, done), `e2e.txt` (the summary table) and `broker.log` (the broker's WARN+ log) to `--out`

@@ -70,14 +70,13 @@ def build_engines(
     limits = BatchLimits(max_tokens, 256)
     config = EngineConfig(device="cuda", dtype="bfloat16", limits=limits, lane_stream=lane_stream)
     engine = build_engine(config, num_layers=layers, routing=routing)
-    buckets, graph_records = default_buckets(max_tokens), 16
-    graph_to = int(os.environ.get("BENCH_E2E_GRAPH_TO", "0"))  # an experiment: graphs above 4,096 tokens
+    buckets = default_buckets(max_tokens)
+    graph_to = int(os.environ.get("BENCH_E2E_GRAPH_TO", "0"))  # an experiment: graphs up to this many tokens
     if graph_to:
-        from bench.batch_sizes import MID_BUCKETS
+        from bench.batch_sizes import buckets_to
 
-        buckets = tuple(sorted({*buckets, *(b for b in MID_BUCKETS if b <= min(graph_to, max_tokens))}))
-        graph_records = 64
-    engine.model.enable_fast_path(graph_buckets=buckets, max_graph_records=graph_records, **FP8_MODES[fp8])
+        buckets = buckets_to(min(graph_to, max_tokens))
+    engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[fp8])
     return engine, engine
 
 

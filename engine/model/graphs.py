@@ -41,20 +41,38 @@ SEQLEN_CAPS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 """Longest-record caps a graph is captured for: the attention kernel sizes its grid by the longest record."""
 
 
-GRAPH_BUCKETS = (512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096)
+GRAPH_BUCKETS = (
+    *(512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096),
+    *(4608, 5120, 5632, 6144, 7168, 8192),
+)
 """Token counts graphs are captured for. A replay computes the whole bucket, so the steps bound the padding
-(at most 127 tokens below 1,024, 255 below 2,048, 511 above): one 800-token request (807 tokens with its
-prompt) replays 896 tokens, not 1,024. Finer steps do not pay (`bench.moe_kernels --dense-only`;
-BENCHMARKS.md, "Engine, round four", "Measured and dropped")."""
+(at most 127 tokens below 1,024, 255 below 2,048, 511 below 6,144, 1,023 above): one 800-token request
+(807 tokens with its prompt) replays 896 tokens, not 1,024. Finer steps do not pay (`bench.moe_kernels
+--dense-only`; BENCHMARKS.md, "Engine, round four", "Measured and dropped"). The buckets above 4,096 hold
+the service's batches at moderate load (about 5 records at 70% of capacity), which eagerly ran up to 2x
+slower while a prepare thread held the GIL (`bench.batch_sizes`; BENCHMARKS.md, "Priority classes, round
+five")."""
+
+RECORD_TOKENS = 128
+"""A bucket's graphs hold `max(max_records, bucket // RECORD_TOKENS)` record slots (8,192 tokens: 64). Each
+slot is a program of the attention grid even when empty, so small buckets keep few; a batch with more
+records than its bucket holds runs eagerly."""
 
 
 def default_buckets(max_tokens: int) -> tuple[int, ...]:
-    """Token counts graphs are captured for: the small batches where kernel launches dominate.
+    """Token counts graphs are captured for: the small and moderate batches where kernel launches (and the
+    GIL they need) dominate or compete with the GPU time.
 
     Larger batches run eagerly: their GPU time (hundreds of ms) hides the launches, and capturing a
     graph per large size would cost seconds each and memory for every size a token budget produces.
     """
     return tuple(b for b in GRAPH_BUCKETS if b <= max(512, max_tokens))
+
+
+def records_for(bucket: int, max_records: int) -> int:
+    """The most records a batch may hold to replay `bucket`'s graphs: `max_records`, or one per
+    `RECORD_TOKENS` tokens of the bucket where that is more."""
+    return max(max_records, bucket // RECORD_TOKENS)
 
 
 def caps_for(bucket: int) -> tuple[int, ...]:
@@ -126,8 +144,8 @@ class GraphedDecoder:
         return None
 
     def _slots(self, bucket: int, cap: int) -> int:
-        # real boundaries (max_records + 1) + padding records of <= cap tokens each
-        return self.max_records + 1 + -(-bucket // cap)
+        # real boundaries (records + 1) + padding records of <= cap tokens each
+        return records_for(bucket, self.max_records) + 1 + -(-bucket // cap)
 
     def _build(
         self, bucket: int, cap: int, like: PackedInputs, *, warm: bool = True
@@ -175,7 +193,7 @@ class GraphedDecoder:
         n = p.cu_seqlens.shape[0] - 1
         bucket = self.bucket_for(t)
         cap = next((c for c in SEQLEN_CAPS if p.max_seqlen <= c), None)
-        if bucket is None or cap is None or n > self.max_records:
+        if bucket is None or cap is None or n > records_for(bucket, self.max_records):
             return self.decoder(p, between)
         cap = min(cap, bucket)
         key = (bucket, cap)
