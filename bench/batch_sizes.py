@@ -1,7 +1,7 @@
 """`python3 -m bench.batch_sizes`: one batch's `Engine.run` time by size, eager against CUDA graphs.
 
 The service's batches at moderate load hold a handful of records (about 4,000 tokens at 70% of capacity:
-BENCHMARKS.md, "Priority classes"), just above the largest default graph bucket (4,096), so they run the
+BENCHMARKS.md, "Priority classes"), just above what was the largest graph bucket (4,096), so they ran the
 decoder eagerly: ~40 launches per layer from Python, while the prepare thread and the event loop want the
 GIL too. This bench measures what that costs, on the full-size engine (random bf16 weights, levelled
 routers, the FP8 mode of `--fp8`):
