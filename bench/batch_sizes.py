@@ -33,8 +33,9 @@ import torch
 
 from bench.report import emit_line as emit
 
-MID_BUCKETS = (5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384)
-"""Token buckets above 4,096 tried here (the product's `GRAPH_BUCKETS` go to 8,192 since this bench)."""
+MID_BUCKETS = (5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384, 24576, 32768)
+"""Token buckets above 4,096 tried here (the product's `GRAPH_BUCKETS` go to 8,192 since this bench); the
+last two only for full batches at capacity (a batch between them pads up to a third of its bucket)."""
 
 
 def buckets_to(largest: int) -> tuple[int, ...]:
