@@ -53,8 +53,8 @@ the service's batches at moderate load (about 5 records at 70% of capacity), whi
 slower while a prepare thread held the GIL (`bench.batch_sizes`; BENCHMARKS.md, "Priority classes, round
 five")."""
 
-RECORD_TOKENS = 128
-"""A bucket's graphs hold `max(max_records, bucket // RECORD_TOKENS)` record slots (8,192 tokens: 64). Each
+RECORD_TOKENS = 256
+"""A bucket's graphs hold `max(max_records, bucket // RECORD_TOKENS)` record slots (8,192 tokens: 32; 4,096 and less: 16). Each
 slot is a program of the attention grid even when empty, so small buckets keep few; a batch with more
 records than its bucket holds runs eagerly."""
 

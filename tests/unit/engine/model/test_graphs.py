@@ -28,5 +28,6 @@ def test_a_replay_pads_at_most_a_bounded_share_of_its_bucket() -> None:
 def test_large_buckets_hold_one_record_per_record_tokens_small_ones_the_floor() -> None:
     assert records_for(896, 16) == 16
     assert records_for(2048, 16) == 16
-    assert records_for(8192, 16) == 8192 // RECORD_TOKENS == 64
+    assert records_for(4096, 16) == 16
+    assert records_for(8192, 16) == 8192 // RECORD_TOKENS == 32
     assert records_for(512, 40) == 40
