@@ -9,13 +9,14 @@ splitting rule; its `out_of_memory` tells an OOM apart and frees the cache).
 Urgent lane (`run_urgent`): an urgent batch is staged on a thread of its own and queued in the lane, its
 stage and its run inside the engine's `lane()` (on CUDA a high-priority stream, so neither queues behind the
 running batch's launched layers); the GPU thread runs it at the next step boundary of the batch it is
-running (the engine calls the lane's drain as its `between` hook, between decoder layers), or, when no batch
-is running, as its next task. Each lane batch runs exactly once, whichever comes first. Lane work inside a
-running batch is bounded by time, not count: at a step boundary a lane batch goes in while the lane's time
-inside that batch is at most `URGENT_SHARE` of the batch's wall time so far (the first always goes in), so a
-bulk batch is stretched at most 1 / (1 - share) times and an urgent batch waits a few steps, never the rest
-of the batch. The time a lane batch took inside a normal batch is taken out of that batch's GPU time, and
-that batch is not learnt from.
+running (the engine calls the lane's drain as its `between` hook, between decoder layers; a batch that
+replays CUDA graphs, up to 8,192 tokens, has no such boundary, so the lane batch runs right after it), or,
+when no batch is running, as its next task. Each lane batch runs exactly once, whichever comes first. Lane
+work inside a running batch is bounded by time, not count: at a step boundary a lane batch goes in while the
+lane's time inside that batch is at most `URGENT_SHARE` of the batch's wall time so far (the first always
+goes in), so a bulk batch is stretched at most 1 / (1 - share) times and an urgent batch waits a few
+steps, never the rest of the batch. The time a lane batch took inside a normal batch is taken out of that
+batch's GPU time, and that batch is not learnt from.
 """
 
 from __future__ import annotations

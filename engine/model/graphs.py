@@ -48,15 +48,15 @@ GRAPH_BUCKETS = (
 """Token counts graphs are captured for. A replay computes the whole bucket, so the steps bound the padding
 (at most 127 tokens below 1,024, 255 below 2,048, 511 below 6,144, 1,023 above): one 800-token request
 (807 tokens with its prompt) replays 896 tokens, not 1,024. Finer steps do not pay (`bench.moe_kernels
---dense-only`; BENCHMARKS.md, "Engine, round four", "Measured and dropped"). The buckets above 4,096 hold
-the service's batches at moderate load (about 5 records at 70% of capacity), which eagerly ran up to 2x
-slower while a prepare thread held the GIL (`bench.batch_sizes`; BENCHMARKS.md, "Priority classes, round
-five")."""
+--dense-only`; BENCHMARKS.md, "Engine, round four", "Measured and dropped"). The buckets above 4,096
+hold the service's batches at moderate load (4-6 records at 70% of capacity, bursts more), which eagerly
+ran up to 2x slower while a prepare thread held the GIL (`bench.batch_sizes`; BENCHMARKS.md, "Priority
+classes, round five")."""
 
 RECORD_TOKENS = 256
-"""A bucket's graphs hold `max(max_records, bucket // RECORD_TOKENS)` record slots (8,192 tokens: 32; 4,096 and less: 16). Each
-slot is a program of the attention grid even when empty, so small buckets keep few; a batch with more
-records than its bucket holds runs eagerly."""
+"""A bucket's graphs hold `max(max_records, bucket // RECORD_TOKENS)` record slots (8,192 tokens: 32; 4,096
+and less: the default 16). Each slot is a program of the attention grid even when empty, so small buckets
+keep few; a batch with more records than its bucket holds runs eagerly."""
 
 
 def default_buckets(max_tokens: int) -> tuple[int, ...]:
