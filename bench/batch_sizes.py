@@ -93,14 +93,16 @@ class Hog:
         self._requests = requests
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
-        self.prepared = 0
+        self._lock = threading.Lock()
+        self.prepared = 0  # requests prepared by all threads (each adds its count once, when stopped)
 
     def _loop(self) -> None:
-        i = 0
+        done = 0
         while not self._stop.is_set():
-            self._engine.prepare(self._requests[i % len(self._requests)])
-            i += 1
-            self.prepared += 1
+            self._engine.prepare(self._requests[done % len(self._requests)])
+            done += 1
+        with self._lock:
+            self.prepared += done
 
     def __enter__(self) -> Hog:
         for t in self._threads:
