@@ -1,11 +1,14 @@
-"""`bench.batch_sizes`'s pure parts: the graph buckets of each set it compares and the batches it cuts."""
+"""`bench.batch_sizes`'s CPU parts: the graph buckets of each set it compares, the batches it cuts, and the
+threads that keep the GIL busy meanwhile."""
 
 from __future__ import annotations
 
 import random
+import threading
+import time
 from dataclasses import dataclass
 
-from bench.batch_sizes import buckets_to, cut_batches
+from bench.batch_sizes import Hog, buckets_to, cut_batches
 from engine.model.graphs import GRAPH_BUCKETS
 
 
@@ -31,3 +34,25 @@ def test_each_batch_stays_within_its_size_and_comes_close_to_it() -> None:
             tokens = sum(r.num_tokens for r in batch)
             assert size - 1500 < tokens <= size
             assert len({id(r) for r in batch}) == len(batch)  # no record twice in one batch
+
+
+class _CountingEngine:
+    def __init__(self) -> None:
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def prepare(self, request: object) -> None:
+        with self._lock:
+            self.calls += 1
+        time.sleep(0.0005)
+
+
+def test_the_prepare_threads_stop_on_exit_and_count_every_call() -> None:
+    engine = _CountingEngine()
+    with Hog(engine, ["a", "b"], threads=2) as hog:
+        deadline = time.monotonic() + 5.0
+        while engine.calls < 20 and time.monotonic() < deadline:
+            time.sleep(0.005)
+    stopped_at = engine.calls
+    time.sleep(0.02)
+    assert engine.calls == stopped_at == hog.prepared >= 20
