@@ -9,8 +9,9 @@ routers, the FP8 mode of `--fp8`):
 1. batches of the load mix (`bench.load.make_pool`) cut to about each of `--sizes` tokens (a few distinct
    batches per size, rotated, so no two timed runs in a row read one set of inputs);
 2. per size, `Engine.run` of a staged batch (decoder, head, copy back; what the GPU thread does per batch),
-   synchronised, `--reps` times after warm-up: p50 and min ms, with no other thread, and with
-   `--hog` threads calling `Engine.prepare` in a loop meanwhile (the prepare pool's GIL pressure);
+   synchronised, `--reps` times after warm-up (`bench.engine.timings`): p50 and min ms, with no other
+   thread, and with `--hog` threads calling `Engine.prepare` in a loop meanwhile (the prepare pool's GIL
+   pressure);
 3. all of that twice: graphs up to 4,096 tokens (the default before this bench) and graphs up to
    `--graph-to` tokens (`buckets_to`), plus the capture time and the device memory of each set (the first
    set's time includes the experts' FP8 quantisation, which happens once).
@@ -33,7 +34,9 @@ from typing import Any
 
 import torch
 
+from bench.engine import timings
 from bench.report import emit_line as emit
+from engine.model.graphs import GRAPH_BUCKETS
 
 MID_BUCKETS = (5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384, 24576, 32768)
 """Token buckets above 4,096 tried here (the product's `GRAPH_BUCKETS` go to 8,192 since this bench); the
@@ -42,8 +45,6 @@ last two only for full batches at capacity (a batch between them pads up to a th
 
 def buckets_to(largest: int) -> tuple[int, ...]:
     """Graph buckets up to `largest` tokens: the product's `GRAPH_BUCKETS` and `MID_BUCKETS` together."""
-    from engine.model.graphs import GRAPH_BUCKETS
-
     return tuple(b for b in sorted({*GRAPH_BUCKETS, *MID_BUCKETS}) if b <= largest)
 
 
@@ -63,20 +64,6 @@ def cut_batches(prepared: Sequence[Any], size: int, count: int, rng: random.Rand
                 break
         batches.append(batch)
     return batches
-
-
-def timed(fn: Callable[[], object], reps: int) -> dict[str, float]:
-    """p50 / min ms of `fn` over `reps` calls (each ends synchronised), after three warm-up calls."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ms = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        ms.append((time.perf_counter() - t0) * 1000.0)
-    return {"p50": round(statistics.median(ms), 2), "min": round(min(ms), 2)}
 
 
 def _rotating(engine: Any, staged: list[Any]) -> Callable[[], None]:
@@ -121,7 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--fp8", choices=("off", "experts", "attention", "text"), default="attention")
     p.add_argument("--sizes", default="896,2048,4096,5120,6144,8192,12288,16384")
     p.add_argument("--graph-to", type=int, default=16384, help="largest graph bucket of the second set")
-    p.add_argument("--max-graph-records", type=int, default=16, help="below the buckets' own (RECORD_TOKENS)")
+    p.add_argument(
+        "--max-graph-records", type=int, default=16, help="small buckets' record slots (larger: RECORD_TOKENS)"
+    )
     p.add_argument("--reps", type=int, default=12)
     p.add_argument(
         "--hog", type=int, default=1, help="threads calling Engine.prepare during the second timing"
@@ -176,9 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for size in sizes:
             run_one = _rotating(engine, [engine.stage(b) for b in batches[size]])
 
-            alone = timed(run_one, args.reps)
+            alone = timings(run_one, args.reps)
             with Hog(engine, pool[:64], args.hog) as hog:
-                contended = timed(run_one, args.reps)
+                contended = timings(run_one, args.reps)
             records = statistics.mean(len(b) for b in batches[size])
             tokens = statistics.mean(sum(p.num_tokens for p in b) for b in batches[size])
             row = {
@@ -186,9 +175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "size": size,
                 "records": round(records, 1),
                 "tokens": round(tokens),
-                "ms_p50": alone["p50"],
-                "ms_min": alone["min"],
-                "hog_ms_p50": contended["p50"],
+                "ms_p50": round(alone["ms_p50"], 2),
+                "ms_min": round(alone["ms_min"], 2),
+                "hog_ms_p50": round(contended["ms_p50"], 2),
                 "hog_prepared": hog.prepared,
             }
             emit(rows, kind="size", **row)
