@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sizes", default="896,2048,4096,5120,6144,8192,12288,16384")
     p.add_argument("--graph-to", type=int, default=16384, help="largest graph bucket of the second set")
     p.add_argument(
-        "--max-graph-records", type=int, default=16, help="small buckets' record slots (larger: RECORD_TOKENS)"
+        "--max-graph-records", type=int, default=16, help="small buckets' slots (larger: RECORD_TOKENS)"
     )
     p.add_argument("--reps", type=int, default=12)
     p.add_argument(
