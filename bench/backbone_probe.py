@@ -19,7 +19,7 @@ import torch
 
 from bench.fullsize import build_text_model
 from bench.timing import event_ms
-from engine.model.decoder import PackedInputs, PackedTextDecoder
+from engine.model.decoder import PackedIds, PackedInputs, PackedTextDecoder, packed_inputs
 
 RESULTS: list[dict[str, Any]] = []
 
@@ -29,13 +29,14 @@ def emit(**row: Any) -> None:
     print(json.dumps(row), flush=True)
 
 
-def packed(model: Any, ids: torch.Tensor, lengths: list[int]) -> PackedInputs:
+def packed_ids(ids: torch.Tensor, lengths: list[int]) -> PackedIds:
     flat = torch.cat([ids[i, :n] for i, n in enumerate(lengths)])  # (T,)
     pos = torch.cat([torch.arange(n, device="cuda") for n in lengths])  # (T,)
-    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32, device="cuda")
-    cu[1:] = torch.tensor(lengths, device="cuda").cumsum(0)
-    emb = model.embed_tokens(flat)  # (T, hidden)
-    return PackedInputs(emb, pos[None].expand(3, -1), cu, max(lengths))
+    return PackedIds(flat, pos[None].expand(3, -1), tuple(lengths))
+
+
+def packed(model: Any, ids: torch.Tensor, lengths: list[int]) -> PackedInputs:
+    return packed_inputs(model.embed_tokens, packed_ids(ids, lengths))
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -111,11 +112,11 @@ def main() -> int:
             graphed = GraphedDecoder(fast, buckets=(512, 1024, 2048, 4096), max_records=8)
             for lengths in ([800], [300, 200], [512] * 8):
                 ids = torch.randint(0, vocab, (len(lengths), max(lengths)), device="cuda")
-                p = packed(model, ids, lengths)
+                batch = packed_ids(ids, lengths)
                 try:
-                    ms = event_ms(partial(graphed.run, p), warmup=3, reps=20)
-                    out = graphed.run(p)
-                    ref = fast(p)
+                    ms = event_ms(partial(graphed.run, batch), warmup=3, reps=20)
+                    out = graphed.run(batch)
+                    ref = fast(packed_inputs(model.embed_tokens, batch))
                     emit(
                         kind="time",
                         impl="fast_packed_cudagraph",

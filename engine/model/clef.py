@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.batching.collate import Layout, ModelBatch, collate
-from engine.model.decoder import PackedInputs, PackedTextDecoder, varlen_available
+from engine.model.decoder import PackedIds, PackedTextDecoder, packed_inputs, varlen_available
 from engine.model.graphs import GraphedDecoder
 from engine.model.head import JointSchemaHead
 from engine.model.media import media_hidden_states, rope_positions
@@ -92,8 +92,7 @@ class ClefOmniModel(nn.Module):
         )
         graphs = 0
         if self._graphed is not None:
-            weight: torch.Tensor = self.text_model.embed_tokens.weight
-            graphs = self._graphed.capture_all(weight.shape[1], weight.dtype, weight.device)
+            graphs = self._graphed.capture_all(self.device)
         log.info(
             "fast path built in %.2fs (fp8 experts %s, fp8 attention %s); %d CUDA graphs captured and "
             "replayed in %.2fs",
@@ -208,18 +207,11 @@ class ClefOmniModel(nn.Module):
         assert self._fast is not None
         if batch.media is not None:
             raise ValueError("a batch with media cannot take the text-only fast path")
-        ids = batch.input_ids[0]  # (T,)
-        lengths = torch.tensor((0, *batch.lengths), dtype=torch.int32)
-        cu = lengths.cumsum(0, dtype=torch.int32).to(ids.device, non_blocking=True)  # (N+1,)
-        packed = PackedInputs(
-            inputs_embeds=text_model.embed_tokens(ids),  # (T, H)
-            position_ids=batch.position_ids[1:, 0, :],  # (3, T) t/h/w rope positions
-            cu_seqlens=cu,
-            max_seqlen=max(batch.lengths),
-        )
+        # (T,) ids, (3, T) t/h/w rope positions; the record offsets are built from the host's lengths
+        packed = PackedIds(batch.input_ids[0], batch.position_ids[1:, 0, :], batch.lengths)
         if self._graphed is not None:
             return self._graphed.run(packed, between)
-        return self._fast(packed, between)
+        return self._fast(packed_inputs(text_model.embed_tokens, packed), between)
 
     def lexical_table(self) -> torch.Tensor:
         lm_head: Any = self.thinker.lm_head

@@ -9,12 +9,20 @@ one `GraphedDecoder` share a memory pool); batches no graph covers run the decod
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from engine.model.decoder import DecoderState, PackedInputs, PackedTextDecoder
+from engine.model.decoder import (
+    DecoderState,
+    PackedIds,
+    PackedInputs,
+    PackedTextDecoder,
+    host_offsets,
+    packed_inputs,
+)
 from engine.types import Between
 
 FIRST_GRAPH_LAYERS = 2
@@ -75,65 +83,132 @@ def records_for(bucket: int, max_records: int) -> int:
     return max(max_records, bucket // RECORD_TOKENS)
 
 
+def padding_offsets(tokens: int, records: int, bucket: int, cap: int, slots: int) -> list[int]:
+    """What follows a replayed batch's own record offsets (0 and the `records` running sums up to
+    `tokens`) in its bucket's `slots` offsets: the padding up to `bucket` cut into records of at most `cap`
+    tokens (the attention kernel sizes its grid by `cap`), then empty records at `bucket`. Raises
+    ValueError when the slots cannot hold them."""
+    pad = [min(end, bucket) for end in range(tokens + cap, bucket + cap, cap)]
+    empty = slots - records - 1 - len(pad)
+    if empty < 0 or tokens > bucket:
+        raise ValueError(f"{records} records of {tokens} tokens do not fit {slots} slots of bucket {bucket}")
+    return pad + [bucket] * empty
+
+
 def caps_for(bucket: int) -> tuple[int, ...]:
     """The longest-record caps a bucket's graphs are captured for (`SEQLEN_CAPS`, clamped to the bucket)."""
     return tuple(sorted({min(cap, bucket) for cap in SEQLEN_CAPS if cap < 2 * bucket}))
 
 
+class GraphCapture(Protocol):
+    """How `GraphedDecoder` records and replays its pieces. `CudaGraphCapture` is the product's; a CPU test
+    may give one that replays by running the piece again and copying its results into the recorded ones."""
+
+    def warm(self, forward: Callable[[], object]) -> None:
+        """Run `forward` once eagerly before any capture of its shapes (lazy library set-up, compiles)."""
+        ...
+
+    def capture(self, piece: Callable[[], DecoderState]) -> tuple[Callable[[], None], DecoderState]:
+        """Record `piece`; returns its replay and its output state, whose tensors every replay rewrites from
+        the inputs the piece read (their contents at replay time)."""
+        ...
+
+    def synchronize(self, device: torch.device) -> None:
+        """Wait until every replay so far has run."""
+        ...
+
+
+class CudaGraphCapture:
+    """CUDA graphs sharing one memory pool: replays must not overlap, and each result must be consumed
+    before the next replay of any graph of the pool."""
+
+    def __init__(self) -> None:
+        self._pool: Any = None
+
+    def warm(self, forward: Callable[[], object]) -> None:
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            forward()
+        torch.cuda.current_stream().wait_stream(side)
+
+    def capture(self, piece: Callable[[], DecoderState]) -> tuple[Callable[[], None], DecoderState]:
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            state = piece()
+        return graph.replay, state
+
+    def synchronize(self, device: torch.device) -> None:
+        torch.cuda.synchronize(device)
+
+
 @dataclass(frozen=True, slots=True)
 class _Static:
-    """Per-bucket input buffers shared by that bucket's graphs (one graph per longest-record cap)."""
+    """A bucket's input buffers, shared by its graphs (one per longest-record cap): row 0 the token ids,
+    rows 1-3 the t/h/w rope positions; the graphs embed the ids themselves."""
 
-    embeds: torch.Tensor  # (bucket, hidden)
-    positions: torch.Tensor  # (3, bucket)
+    tokens: torch.Tensor  # (4, bucket) int64
+
+
+@dataclass(frozen=True, slots=True)
+class _Graphs:
+    """One (bucket, cap)'s replays (one per piece, in order), its record offsets and its output."""
+
+    replays: tuple[Callable[[], None], ...]
+    cu: torch.Tensor  # (slots,) int32, read by every piece
+    out: torch.Tensor  # (bucket, hidden) final normalised states
 
 
 class GraphedDecoder:
     """CUDA-graph replay of a `PackedTextDecoder`, one set of graphs per (token bucket, longest-record cap):
-    the layer range in pieces (`graph_pieces`), replayed in order.
+    the embedding lookup and the layer range in pieces (`graph_pieces`), replayed in order.
 
-    Records are packed into the first tokens; the tail of the bucket is padding, split into records of
-    at most the cap each (own cu_seqlens segments), so it never touches real records. Graphs are captured
-    lazily, largest first is not required, and share one memory pool: replays must not overlap (call
-    `run` from one thread, under inference mode) and each result must be consumed before the next `run`.
-    Launch overhead vanishes: eager Python launches ~40 kernels per layer, which at large batches
-    competes for the GIL with tokenizer threads and at small batches dominates the latency.
+    Records are packed into the first tokens; the tail of the bucket is padding (pad id 0), split into
+    records of at most the cap each (own cu_seqlens segments), so it never touches real records. A replay's
+    inputs take four operations: the ids and positions copied into the bucket's buffer, the padding tail
+    from a per-cap template, and the record offsets (real and padding) built on the host and copied once.
+    Graphs are captured lazily, largest first is not required, and share one memory pool: replays must not
+    overlap (call `run` from one thread, under inference mode) and each result must be consumed before
+    the next `run`. Launch overhead vanishes: eager Python launches ~40 kernels per layer, which at large
+    batches competes for the GIL with tokenizer threads and at small batches dominates the latency.
     """
 
-    def __init__(self, decoder: PackedTextDecoder, buckets: tuple[int, ...], max_records: int) -> None:
+    def __init__(
+        self,
+        decoder: PackedTextDecoder,
+        buckets: tuple[int, ...],
+        max_records: int,
+        capture: GraphCapture | None = None,
+    ) -> None:
         self.decoder = decoder
         self.buckets = tuple(sorted(buckets))
         self.max_records = max_records
-        self._pool: Any = None
+        self._capture: GraphCapture = capture or CudaGraphCapture()
+        self._embed: Callable[[torch.Tensor], torch.Tensor] = decoder.text_model.embed_tokens
         self._static: dict[int, _Static] = {}
-        self._graphs: dict[
-            tuple[int, int], tuple[tuple[torch.cuda.CUDAGraph, ...], torch.Tensor, torch.Tensor]
-        ] = {}
+        self._tails: dict[int, torch.Tensor] = {}  # per cap: (4, largest bucket) padding ids and positions
+        self._graphs: dict[tuple[int, int], _Graphs] = {}
 
-    def capture_all(self, hidden: int, dtype: torch.dtype, device: torch.device) -> int:
+    def capture_all(self, device: torch.device) -> int:
         """Capture every (bucket, cap) graph now (service start-up), and replay each once, so no request
         pays for a capture or for a graph's slow first replay (`bench.stream_probe`; BENCHMARKS.md, "Engine,
         round five").
 
         Returns the number of graphs captured. Blocking: a few hundred ms per graph at full size.
         """
-        like = PackedInputs(
-            torch.zeros(1, hidden, dtype=dtype, device=device),
-            torch.zeros(3, 1, dtype=torch.long, device=device),
-            torch.zeros(2, dtype=torch.int32, device=device),
-            1,
-        )
         warmed: set[int] = set()  # buckets and caps an eager run has covered
         for bucket in self.buckets:
             for cap in sorted(caps_for(bucket), reverse=True):
                 if (bucket, cap) not in self._graphs:
                     warm = bucket not in warmed or cap not in warmed
-                    graphs, cu, out = self._build(bucket, cap, like, warm=warm)
+                    graphs = self._build(bucket, cap, device, warm=warm)
                     warmed.update((bucket, cap))
-                    for graph in graphs:  # a graph's first replay is slow: pay it here, not in a request
-                        graph.replay()
-                    self._graphs[(bucket, cap)] = (graphs, cu, out)
-        torch.cuda.synchronize(like.inputs_embeds.device)
+                    for replay in graphs.replays:  # a graph's first replay is slow: pay it here
+                        replay()
+                    self._graphs[(bucket, cap)] = graphs
+        self._capture.synchronize(device)
         return len(self._graphs)
 
     def bucket_for(self, tokens: int) -> int | None:
@@ -147,71 +222,74 @@ class GraphedDecoder:
         # real boundaries (records + 1) + padding records of <= cap tokens each
         return records_for(bucket, self.max_records) + 1 + -(-bucket // cap)
 
-    def _build(
-        self, bucket: int, cap: int, like: PackedInputs, *, warm: bool = True
-    ) -> tuple[tuple[torch.cuda.CUDAGraph, ...], torch.Tensor, torch.Tensor]:
+    def _tail(self, cap: int, device: torch.device) -> torch.Tensor:
+        """(4, largest bucket) int64: pad id 0, then positions restarting every `cap` tokens (the padding
+        records' positions); a bucket's padding of `pad` tokens is its first `pad` columns."""
+        tail = self._tails.get(cap)
+        if tail is None:
+            tail = torch.zeros(4, self.buckets[-1], dtype=torch.int64, device=device)
+            tail[1:] = torch.arange(self.buckets[-1], device=device) % cap
+            self._tails[cap] = tail
+        return tail
+
+    def _build(self, bucket: int, cap: int, device: torch.device, *, warm: bool = True) -> _Graphs:
         """Capture the (bucket, cap) graphs. `warm` runs the forward eagerly first (lazy library set-up and
         Triton compiles must not happen inside a capture); `capture_all` skips it once an eager run of the
         same bucket (the dense GEMM shapes and the experts' tile choice) and of the same cap (the attention
         kernel's grid argument) has happened."""
-        dev = like.inputs_embeds.device
         static = self._static.get(bucket)
         if static is None:
-            static = _Static(
-                torch.zeros(bucket, like.inputs_embeds.shape[1], dtype=like.inputs_embeds.dtype, device=dev),
-                torch.zeros(3, bucket, dtype=like.position_ids.dtype, device=dev),
-            )
+            static = _Static(torch.zeros(4, bucket, dtype=torch.int64, device=device))
             self._static[bucket] = static
-        cu = torch.arange(0, bucket + cap, cap, dtype=torch.int32, device=dev).clamp_(max=bucket)
-        cu = torch.cat([cu, cu.new_full((self._slots(bucket, cap) - cu.numel(),), bucket)])  # (slots,)
-        inputs = PackedInputs(static.embeds, static.positions, cu, cap)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
+        tokens = static.tokens
+        self._tail(cap, device)  # made here, at capture time, not by a request
+        slots = self._slots(bucket, cap)
+        cu = host_offsets((), padding_offsets(0, 0, bucket, cap, slots)).to(device)  # (slots,) padding only
+
+        def inputs() -> PackedInputs:
+            return PackedInputs(self._embed(tokens[0]), tokens[1:], cu, cap)
+
         if warm:
-            side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self.decoder(inputs)
-            torch.cuda.current_stream().wait_stream(side)
+            self._capture.warm(lambda: self.decoder(inputs()))
         # One graph per piece of the layer range, captured (and replayed) in order in the shared pool: a
-        # piece's state tensors are the next one's inputs.
-        graphs = []
+        # piece's state tensors are the next one's inputs. Only the first piece embeds; the later pieces
+        # read the offsets and the cap alone from their `PackedInputs`.
+        replays: list[Callable[[], None]] = []
         state: DecoderState | None = None
         for start, end in graph_pieces(self.decoder.num_layers):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                state = self.decoder.layers(state or self.decoder.begin(inputs), inputs, start, end)
-            graphs.append(graph)
-        assert state is not None
-        return tuple(graphs), cu, state.h
 
-    def run(self, p: PackedInputs, between: Between | None = None) -> torch.Tensor:
-        """Hidden states (T, hidden) for the packed records of `p` (T = its real token count). A batch that
+            def piece(prev: DecoderState | None = state, a: int = start, b: int = end) -> DecoderState:
+                p = inputs() if prev is None else PackedInputs(prev.x, tokens[1:], cu, cap)
+                return self.decoder.layers(prev or self.decoder.begin(p), p, a, b)
+
+            replay, state = self._capture.capture(piece)
+            replays.append(replay)
+        assert state is not None
+        return _Graphs(tuple(replays), cu, state.h)
+
+    def run(self, batch: PackedIds, between: Between | None = None) -> torch.Tensor:
+        """Hidden states (T, hidden) for the packed records of `batch` (T = its token count). A batch that
         no graph covers runs eagerly and calls `between` between its layers; a graph replay never does (its
         static buffers are shared by every batch of its bucket)."""
-        t = p.inputs_embeds.shape[0]
-        n = p.cu_seqlens.shape[0] - 1
+        t = sum(batch.lengths)
+        n = len(batch.lengths)
+        longest = max(batch.lengths)
         bucket = self.bucket_for(t)
-        cap = next((c for c in SEQLEN_CAPS if p.max_seqlen <= c), None)
+        cap = next((c for c in SEQLEN_CAPS if longest <= c), None)
         if bucket is None or cap is None or n > records_for(bucket, self.max_records):
-            return self.decoder(p, between)
+            return self.decoder(packed_inputs(self._embed, batch), between)
         cap = min(cap, bucket)
-        key = (bucket, cap)
-        if key not in self._graphs:
-            self._graphs[key] = self._build(bucket, cap, p)
-        graphs, cu, out = self._graphs[key]
-        static = self._static[bucket]
-        static.embeds[:t].copy_(p.inputs_embeds)
-        static.embeds[t:].zero_()
-        static.positions[:, :t].copy_(p.position_ids)
-        pad = bucket - t
-        static.positions[:, t:].copy_((torch.arange(pad, device=cu.device) % cap).expand(3, -1))
-        # Real boundaries, then padding records of <= cap tokens up to the bucket end, then empty records.
-        pad_bounds = torch.arange(t + cap, bucket + cap, cap, dtype=torch.int32, device=cu.device)
-        pad_bounds.clamp_(max=bucket)
-        cu[: n + 1].copy_(p.cu_seqlens)
-        cu[n + 1 : n + 1 + pad_bounds.numel()].copy_(pad_bounds)
-        cu[n + 1 + pad_bounds.numel() :].fill_(bucket)
-        for graph in graphs:  # the GPU starts on the first piece while the host launches the next
-            graph.replay()
-        return out[:t]
+        device = batch.input_ids.device
+        graphs = self._graphs.get((bucket, cap))
+        if graphs is None:
+            graphs = self._graphs[(bucket, cap)] = self._build(bucket, cap, device)
+        tokens = self._static[bucket].tokens
+        tokens[0, :t].copy_(batch.input_ids)
+        tokens[1:, :t].copy_(batch.position_ids)
+        tokens[:, t:].copy_(self._tail(cap, device)[:, : bucket - t])
+        tail = padding_offsets(t, n, bucket, cap, graphs.cu.numel())
+        host = host_offsets(batch.lengths, tail, pinned=device.type == "cuda")
+        graphs.cu.copy_(host, non_blocking=True)
+        for replay in graphs.replays:  # the GPU starts on the first piece while the host launches the next
+            replay()
+        return graphs.out[:t]
