@@ -2,8 +2,9 @@
 batches where kernel launches dominate: which token counts and longest-record caps get graphs, how a
 forward is cut into pieces, and `GraphedDecoder`, which captures and replays them.
 
-Contract: capture and replay run on CUDA under `torch.inference_mode()`, from one thread (the graphs of
-one `GraphedDecoder` share a memory pool); batches no graph covers run the decoder eagerly.
+Contract: with `CudaGraphCapture` (the product's) capture and replay run on CUDA under
+`torch.inference_mode()`, from one thread (the graphs of one `GraphedDecoder` share a memory pool); batches
+no graph covers run the decoder eagerly. Another `GraphCapture` (a CPU test's) may replay by recomputing.
 """
 
 from __future__ import annotations
