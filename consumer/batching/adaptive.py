@@ -88,6 +88,23 @@ class CostModel:
         return max(1, int((seconds - self.overhead) / self.per_token + 1e-6))  # 1e-6: float noise
 
 
+class TimerLateness:
+    """How late a timed wait wakes up (seconds): an exponential average of each wait's lateness, a sample
+    counted up to `cap` (a loop stalled longer is not the timers' doing). The event loop's timers wake up
+    to a millisecond late (epoll's timeout is in whole ms), so a batch cut on a timer just before the GPU
+    frees up would otherwise miss it by that much; the batcher cuts this much earlier."""
+
+    def __init__(self, cap: float = 0.005, weight: float = 0.2) -> None:
+        self.cap = cap
+        self.weight = weight
+        self.value = 0.0
+
+    def observe(self, asked: float, slept: float) -> None:
+        """One timed wait of `asked` seconds that woke after `slept`."""
+        late = min(self.cap, max(0.0, slept - asked))
+        self.value += self.weight * (late - self.value)
+
+
 class GpuQueue:
     """The batcher's view of the GPU (event loop only): the tokens of every batch cut and not yet off the
     GPU (FIFO: one GPU thread), when the GPU started on the first of them, and the cost model it learns."""

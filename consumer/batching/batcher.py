@@ -29,7 +29,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any, Generic, TypeVar
 
-from consumer.batching.adaptive import AdaptiveView, CostLike, CostModel, GpuQueue, plan_adaptive
+from consumer.batching.adaptive import (
+    AdaptiveView,
+    CostLike,
+    CostModel,
+    GpuQueue,
+    TimerLateness,
+    plan_adaptive,
+)
 from consumer.batching.classes import ClassPolicy, ClassQueues
 from consumer.batching.gpu import GpuRunner
 from consumer.batching.submission import Job, Outcome, Submission, prepare_all
@@ -90,6 +97,7 @@ class Batcher(Generic[P, S, R]):
         self._collector: asyncio.Task[None] | None = None
         self._closing = False
         self._queue = GpuQueue(cost if cost is not None else CostModel())  # adaptive mode's view of the GPU
+        self._timer_late = TimerLateness()  # how late the collector's timed waits wake up
 
     async def start(self) -> None:
         """Start the collector task."""
@@ -200,7 +208,8 @@ class Batcher(Generic[P, S, R]):
             count, full = take(tokens, limits, "packed")
             remaining = cfg.max_wait_ms / 1000.0 - head_age
             return count, (0.0 if full else max(0.0, remaining)), limits.max_tokens
-        view = AdaptiveView(head_age=head_age, gpu_free_in=self._queue.free_in(now), lead=self._gpu.lead)
+        lead = self._gpu.lead + self._timer_late.value  # a timed cut wakes this late, then stages
+        view = AdaptiveView(head_age=head_age, gpu_free_in=self._queue.free_in(now), lead=lead)
         decision = plan_adaptive(
             tokens,
             view,
@@ -221,10 +230,11 @@ class Batcher(Generic[P, S, R]):
             self._metrics.batch_budget.set(budget)
         self._track(asyncio.ensure_future(self._dispatch(batch, tokens)))
 
-    def _gpu_done(self, tokens: int, seconds: float, *, learn: bool) -> None:
-        """A batch left the GPU thread after `seconds` there (loop only): count the busy time, update the
-        GPU view (learning the cost of one clean run), replan."""
-        self._queue.done(tokens, seconds, self._clock.now(), learn=learn)
+    def _gpu_done(self, tokens: int, seconds: float, *, learn: bool, ago: float = 0.0) -> None:
+        """A batch left the GPU thread after `seconds` there, `ago` seconds before this call (loop only):
+        count the busy time, update the GPU view (learning the cost of one clean run; the next batch
+        started on the GPU when this one left it, not when the loop heard of it), replan."""
+        self._queue.done(tokens, seconds, self._clock.now() - ago, learn=learn)
         if self._metrics is not None:
             self._metrics.gpu_busy.inc(seconds)
         self._wakeup.set()
@@ -238,8 +248,11 @@ class Batcher(Generic[P, S, R]):
             return
         waiter = asyncio.ensure_future(self._wakeup.wait())
         sleeper = asyncio.ensure_future(self._clock.sleep(seconds))
+        began = self._clock.now()
         try:
             await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+            if sleeper.done() and not waiter.done():  # the timer woke it: learn how late timers are
+                self._timer_late.observe(seconds, self._clock.now() - began)
         finally:
             waiter.cancel()
             sleeper.cancel()
@@ -248,9 +261,9 @@ class Batcher(Generic[P, S, R]):
         started = self._clock.now()
         prepared = [job[0] for job in batch]
 
-        def gpu_done(seconds: float, learn: bool) -> None:  # the GPU slot is free again
+        def gpu_done(seconds: float, learn: bool, ago: float) -> None:  # the GPU slot is free again
             self._gpu_slots.release()
-            self._gpu_done(tokens, seconds, learn=learn)
+            self._gpu_done(tokens, seconds, learn=learn, ago=ago)
 
         lane: dict[str, float | bool] = {}  # an urgent batch's `gpu.LaneTimes`, logged with it
         try:

@@ -73,9 +73,10 @@ URGENT_SHARE = 0.5
 """The most of a running batch's wall time the lane may take inside it (see the module docstring): urgent
 work at most doubles a bulk batch, and a flood of it still leaves bulk half of the GPU."""
 
-GpuDone = Callable[[float, bool], None]
+GpuDone = Callable[[float, bool, float], None]
 """Called once per batch when it left the GPU thread: (seconds it ran there, whether that is one clean run
-the cost model may learn from)."""
+the cost model may learn from, seconds since it left: the hand-back to the event loop took that long, and
+the GPU started on the next queued batch that long ago)."""
 
 
 class GpuRunner(Generic[P, S, R]):
@@ -122,18 +123,21 @@ class GpuRunner(Generic[P, S, R]):
         engine = self._engine
         done = False
 
-        def release(seconds: float = 0.0, learn: bool = False) -> None:
+        def release(seconds: float = 0.0, learn: bool = False, ended: float | None = None) -> None:
             nonlocal done
             if not done:
                 done = True
-                on_done(seconds, learn)
+                on_done(seconds, learn, 0.0 if ended is None else max(0.0, time.perf_counter() - ended))
 
         try:
             try:
-                staged, stage_s = await loop.run_in_executor(self._cpu_pool, _timed, engine.stage, prepared)
-                self.lead += 0.2 * (stage_s - self.lead)
-                raw, elapsed, clean = await loop.run_in_executor(self._gpu_pool, self._run_normal, staged)
-                release(elapsed, clean)
+                cut = time.perf_counter()
+                staged = await loop.run_in_executor(self._cpu_pool, engine.stage, prepared)
+                queued = self._gpu_pool.submit(self._run_normal, staged)
+                # the lead: from the cut until the GPU thread could start it (staging and the hand-offs)
+                self.lead += 0.2 * (time.perf_counter() - cut - self.lead)
+                raw, elapsed, clean, ended = await asyncio.wrap_future(queued)
+                release(elapsed, clean, ended)
                 responses = await loop.run_in_executor(self._cpu_pool, engine.respond, raw)
                 if len(responses) != len(prepared):
                     raise RuntimeError(f"engine returned {len(responses)} results for {len(prepared)}")
@@ -186,9 +190,10 @@ class GpuRunner(Generic[P, S, R]):
         with self._engine.lane():
             return self._engine.stage(prepared)
 
-    def _run_normal(self, staged: S) -> tuple[R, float, bool]:
+    def _run_normal(self, staged: S) -> tuple[R, float, bool, float]:
         """GPU thread: run one batch with the lane as its `between` hook; returns its result, its own GPU
-        seconds (lane time taken out) and whether it ran clean of lane work (the cost model learns it)."""
+        seconds (lane time taken out), whether it ran clean of lane work (the cost model learns it) and
+        when it ended (`time.perf_counter`)."""
         lane0 = self._batch_lane0 = self._lane_seconds
         t0 = self._batch_began = self._now()
         try:
@@ -196,7 +201,7 @@ class GpuRunner(Generic[P, S, R]):
         finally:
             self._batch_began = None
         lane = self._lane_seconds - lane0
-        return raw, self._now() - t0 - lane, lane == 0.0
+        return raw, self._now() - t0 - lane, lane == 0.0, time.perf_counter()
 
     def _between(self) -> None:
         """GPU thread, the running batch's `between` hook: the lane's waiting batches while the lane's

@@ -13,6 +13,7 @@ from consumer.batching.adaptive import (
     AdaptiveView,
     CostLike,
     CostModel,
+    TimerLateness,
     adaptive_budget,
     plan_adaptive,
 )
@@ -266,3 +267,16 @@ def test_a_short_burst_keeps_target_sized_batches_when_asked() -> None:
     assert (
         adaptive_budget(cost, **{**late, "head_age": 0.05}, queued_tokens=9999, backlog_batches=2.0) == 1000
     )
+
+
+def test_timer_lateness_averages_how_late_waits_wake_and_caps_a_stall() -> None:
+    late = TimerLateness(cap=0.005, weight=0.5)
+    assert late.value == 0.0
+    late.observe(0.010, 0.011)  # 1 ms late
+    assert late.value == pytest.approx(0.0005)
+    late.observe(0.010, 0.011)
+    assert late.value == pytest.approx(0.00075)
+    late.observe(0.010, 0.009)  # early (another clock's rounding): counts as on time
+    assert late.value == pytest.approx(0.000375)
+    late.observe(0.010, 1.0)  # a stalled loop: counted as `cap`, not 990 ms
+    assert late.value == pytest.approx(0.0026875)

@@ -66,7 +66,13 @@ async def test_lane_batches_go_in_while_the_lane_keeps_within_its_share() -> Non
     cpu = ThreadPoolExecutor(1)
     runner: GpuRunner[Item, list[Item], list[SystemOneResponse]] = GpuRunner(engine, cpu, now=engine.now)
     done: list[tuple[float, bool]] = []
-    bulk = asyncio.ensure_future(runner.run([Item("bulk")], lambda s, learn: done.append((s, learn))))
+    ago: list[float] = []
+
+    def on_done(seconds: float, learn: bool, since: float) -> None:
+        done.append((seconds, learn))
+        ago.append(since)
+
+    bulk = asyncio.ensure_future(runner.run([Item("bulk")], on_done))
     for _ in range(500):  # the bulk run holds the GPU thread before any lane batch is queued
         if engine.running.is_set():
             break
@@ -88,3 +94,5 @@ async def test_lane_batches_go_in_while_the_lane_keeps_within_its_share() -> Non
     assert said(result.outcomes) == ["answer:bulk"]
     assert bulk_s == LAYERS * LAYER_S  # the lane's time is taken out of the bulk batch's
     assert done == [(LAYERS * LAYER_S, False)]  # a batch the lane ran inside is not learnt from
+    assert len(ago) == 1
+    assert 0.0 <= ago[0] < 5.0  # real seconds from the GPU thread's end to the loop's hearing of it

@@ -1,0 +1,241 @@
+"""`python3 -m bench.batcher_model`: the service's batcher against the ideal one, with the GPU modelled.
+
+`bench.queue_model` gives the latency an ideal greedy batcher reaches with a batch cost `a + b * tokens /
+mean` (it cuts the next batch the instant the GPU frees up, and staging costs nothing). This bench runs the
+service's own `consumer.batching.batcher.Batcher` (default `BatchingSettings`: adaptive, one prepare
+thread, two pending batches) on the same Poisson arrivals (same seed, same token mix) against
+`TimedEngine`, an engine whose `run` sleeps the modelled batch cost on the GPU thread (a sleep releases the
+GIL, as waiting for CUDA does) and whose prepare, stage and respond spin the CPU for given times (holding the
+GIL, as tokenising and collating do). Real event loop, real threads, real timers; no model, no Kafka.
+
+Per share of the modelled capacity it prints, as JSON lines, the batcher's and the ideal model's latency
+(arrival to answer: p50, p99, max ms; and arrival to the end of its batch on the GPU, the model's measure),
+records per batch and GPU busy share, and the GPU's idle time while
+records waited (`idle_waiting_ms`: from a batch's end to the next batch's start, when a record of that next
+batch had already arrived; per batch, mean and p50). What separates the two is the batcher's own cost:
+when it cuts, staging, hand-offs. Not a test: it asserts nothing, and a CPU with other load moves its figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import random
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+
+from bench.queue_model import Cost, mix_mean, mix_tokens, simulate
+from consumer.batching.batcher import Batcher, Outcome
+from consumer.logging import configure_logging
+from consumer.settings import BatchingSettings
+from devtools.stub import StubEngine
+from engine.batching.cut import SERVICE_LIMITS, BatchLimits
+from engine.types import Between
+from schemas.request import SystemOneRequest
+from schemas.response import SystemOneResponse
+from schemas.systemone import parse_request
+
+
+@dataclass(frozen=True, slots=True)
+class TimedRecord:
+    """One prepared event: its token count and its scheduled arrival (perf_counter seconds)."""
+
+    num_tokens: int
+    arrival: float
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One batch on the modelled GPU: when it started and ended (perf_counter), its records' arrivals."""
+
+    start: float
+    end: float
+    arrivals: tuple[float, ...]
+
+
+def spin(seconds: float) -> None:
+    """Hold the CPU (and the GIL) for `seconds`."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@dataclass(slots=True)
+class TimedEngine:
+    """A `ServingEngine` whose GPU is a sleep of `cost.batch_s(tokens)` on the GPU thread; `stage_s` (+
+    `stage_record_s` per record) and `respond_record_s` per record spin the CPU. Logs every run."""
+
+    cost: Cost
+    stage_s: float
+    stage_record_s: float
+    respond_record_s: float
+    answer: SystemOneResponse
+    limits: BatchLimits = SERVICE_LIMITS
+    runs: list[Run] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def prepare(self, request: SystemOneRequest) -> TimedRecord:
+        raise NotImplementedError("the bench submits its own prepare function")
+
+    def stage(self, batch: Sequence[TimedRecord]) -> Sequence[TimedRecord]:
+        spin(self.stage_s + self.stage_record_s * len(batch))
+        return batch
+
+    def run(self, staged: Sequence[TimedRecord], between: Between | None = None) -> Sequence[TimedRecord]:
+        start = time.perf_counter()
+        time.sleep(self.cost.batch_s(sum(r.num_tokens for r in staged)))
+        with self._lock:
+            self.runs.append(Run(start, time.perf_counter(), tuple(r.arrival for r in staged)))
+        return staged
+
+    def respond(self, ran: Sequence[TimedRecord]) -> list[SystemOneResponse]:
+        spin(self.respond_record_s * len(ran))
+        return [self.answer] * len(ran)
+
+    def execute(self, batch: Sequence[TimedRecord]) -> list[SystemOneResponse]:
+        return self.respond(self.run(self.stage(batch)))
+
+    def out_of_memory(self, exc: BaseException) -> bool:
+        return False
+
+    def lane(self) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+def arrivals(rate: float, events: int, seed: int) -> list[tuple[float, int]]:
+    """(offset seconds, tokens) of `events` Poisson arrivals: the draws `bench.queue_model.simulate` makes
+    for the same seed."""
+    rng = random.Random(seed)
+    t = 0.0
+    out: list[tuple[float, int]] = []
+    for _ in range(events):
+        t += rng.expovariate(rate)
+        out.append((t, round(mix_tokens(rng))))
+    return out
+
+
+def _ms(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 2) if ordered else 0.0
+
+
+async def drive(
+    engine: TimedEngine, settings: BatchingSettings, schedule: Sequence[tuple[float, int]], prepare_s: float
+) -> list[float]:
+    """Submit each event at its time (one submission each, as HTTP requests and small fetches arrive) and
+    return every latency, scheduled arrival to answer, in seconds."""
+    batcher: Batcher[TimedRecord, Sequence[TimedRecord], Sequence[TimedRecord]] = Batcher(engine, settings)
+    await batcher.start()
+    latencies: list[float] = []
+    pending: list[asyncio.Future[list[Outcome]]] = []
+    t0 = time.perf_counter() + 0.05
+    for offset, tokens in schedule:
+        at = t0 + offset
+        delay = at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+        def prepare(n: int, at: float = at) -> TimedRecord:
+            spin(prepare_s)
+            return TimedRecord(n, at)
+
+        def answered(_: object, at: float = at) -> None:
+            latencies.append(time.perf_counter() - at)
+
+        future = batcher.submit(prepare, [tokens])
+        future.add_done_callback(answered)
+        pending.append(future)
+    await asyncio.wait(pending, timeout=60.0)
+    await batcher.close()
+    return latencies
+
+
+def idle_waiting(runs: Sequence[Run]) -> list[float]:
+    """Per batch after the first: GPU idle seconds before it while one of its records had arrived."""
+    ordered = sorted(runs, key=lambda r: r.start)
+    gaps: list[float] = []
+    for before, after in itertools.pairwise(ordered):
+        if min(after.arrivals) < before.end:
+            gaps.append(max(0.0, after.start - before.end))
+    return gaps
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python3 -m bench.batcher_model", description=(__doc__ or "").split("\n")[0]
+    )
+    p.add_argument("--fixed-ms", type=float, default=6.3, help="a: the modelled GPU's cost per batch")
+    p.add_argument("--per-record-ms", type=float, default=6.17, help="b: its cost per mean-sized record")
+    p.add_argument("--shares", default="0.25,0.7")
+    p.add_argument("--events", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--prepare-ms", type=float, default=0.25, help="CPU per record, prepare thread")
+    p.add_argument("--stage-ms", type=float, default=0.15, help="CPU per batch, staging")
+    p.add_argument("--stage-record-ms", type=float, default=0.05, help="CPU per record, staging")
+    p.add_argument("--respond-record-ms", type=float, default=0.05, help="CPU per record, responding")
+    p.add_argument("--set", action="append", default=[], help="a BatchingSettings field, name=value (JSON)")
+    args = p.parse_args(argv)
+    configure_logging("warning")
+    cost = Cost(args.fixed_ms / 1000, args.per_record_ms / 1000, mix_mean())
+    capacity = 1000.0 / args.per_record_ms
+    overrides = {k: json.loads(v) for k, v in (s.split("=", 1) for s in args.set)}
+    settings = BatchingSettings(**overrides)
+    request = parse_request(
+        {"state": "disk full", "questions": {"outage": {"type": "noul", "instructions": "?"}}}
+    )
+    answer = StubEngine().execute([StubEngine().prepare(request)])[0]
+    print(
+        json.dumps(
+            {
+                "kind": "cost",
+                "fixed_ms": args.fixed_ms,
+                "per_record_ms": args.per_record_ms,
+                "capacity": round(capacity, 1),
+                "settings": overrides,
+            }
+        ),
+        flush=True,
+    )
+    for share in (float(s) for s in args.shares.split(",")):
+        rate = share * capacity
+        schedule = arrivals(rate, args.events, args.seed)
+        engine = TimedEngine(
+            cost, args.stage_ms / 1000, args.stage_record_ms / 1000, args.respond_record_ms / 1000, answer
+        )
+        latencies = asyncio.run(drive(engine, settings, schedule, args.prepare_ms / 1000))
+        gaps = idle_waiting(engine.runs)
+        span = max(r.end for r in engine.runs) - min(r.start for r in engine.runs)
+        busy = sum(r.end - r.start for r in engine.runs)
+        to_end = [r.end - at for r in engine.runs for at in r.arrivals]  # the model's latency
+        model = simulate(cost, rate, args.events, seed=args.seed)
+        row = {
+            "kind": "share",
+            "share": share,
+            "rate": round(rate, 1),
+            "answered": len(latencies),
+            "p50_ms": _ms(latencies, 0.5),
+            "p99_ms": _ms(latencies, 0.99),
+            "max_ms": _ms(latencies, 1.0),
+            "to_gpu_end_p50_ms": _ms(to_end, 0.5),
+            "to_gpu_end_p99_ms": _ms(to_end, 0.99),
+            "records_per_batch": round(sum(len(r.arrivals) for r in engine.runs) / len(engine.runs), 2),
+            "gpu_busy": round(busy / span, 3),
+            "idle_waiting_ms_mean": round(statistics.fmean(gaps) * 1000, 2) if gaps else 0.0,
+            "idle_waiting_ms_p50": _ms(gaps, 0.5),
+            "batches_after_a_wait": len(gaps),
+            "batches": len(engine.runs),
+            "model": model,
+        }
+        print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
