@@ -1,8 +1,10 @@
 """The engine end of the batcher: runs one cut batch, with only GPU work on the one GPU thread.
 
 The engine is an `engine.types.ServingEngine`: a batch is staged (collated, copied to the device) in the
-prepare pool while the previous batch is still on the GPU, run on the GPU thread, and answered in the
-prepare pool while the next batch runs. A batch whose staged run fails in any way goes through the
+prepare pool while the previous batch is still on the GPU and queued on the GPU thread from there (no hop
+through the event loop between), run on the GPU thread, and answered in the prepare pool while the next
+batch runs. The batcher cuts a batch `lead` before the GPU frees up: the measured time from a cut until its
+run is queued (`bench.batcher_model`; BENCHMARKS.md, "Priority classes, round six"). A batch whose staged run fails in any way goes through the
 engine's `execute` with splitting on the GPU thread (`engine.batching.split.run_split`: the engine's one
 splitting rule; its `out_of_memory` tells an OOM apart and frees the cache).
 
@@ -40,8 +42,6 @@ log = get_logger("consumer.batching.batcher")
 P = TypeVar("P", bound=PreparedLike)
 S = TypeVar("S")
 R = TypeVar("R")
-_In = TypeVar("_In")
-_Out = TypeVar("_Out")
 
 
 @dataclass(eq=False, slots=True)
@@ -102,7 +102,7 @@ class GpuRunner(Generic[P, S, R]):
         self._lane_seconds = 0.0  # GPU thread only: lane time spent so far
         self._batch_began: float | None = None  # GPU thread only: when the running batch began (None: none)
         self._batch_lane0 = 0.0  # GPU thread only: `_lane_seconds` when the running batch began
-        self.lead = 0.0  # seconds staging takes (exponential average)
+        self.lead = 0.0  # seconds from a cut until its run is queued on the GPU thread (exponential average)
 
     @property
     def lane_waiting(self) -> int:
@@ -132,10 +132,8 @@ class GpuRunner(Generic[P, S, R]):
         try:
             try:
                 cut = time.perf_counter()
-                staged = await loop.run_in_executor(self._cpu_pool, engine.stage, prepared)
-                queued = self._gpu_pool.submit(self._run_normal, staged)
-                # the lead: from the cut until the GPU thread could start it (staging and the hand-offs)
-                self.lead += 0.2 * (time.perf_counter() - cut - self.lead)
+                queued, at = await loop.run_in_executor(self._cpu_pool, self._stage_and_queue, prepared)
+                self.lead += 0.2 * (at - cut - self.lead)  # from the cut until the GPU thread could start it
                 raw, elapsed, clean, ended = await asyncio.wrap_future(queued)
                 release(elapsed, clean, ended)
                 responses = await loop.run_in_executor(self._cpu_pool, engine.respond, raw)
@@ -189,6 +187,12 @@ class GpuRunner(Generic[P, S, R]):
         """Urgent thread: stage an urgent batch inside the engine's lane (its copies on the lane's stream)."""
         with self._engine.lane():
             return self._engine.stage(prepared)
+
+    def _stage_and_queue(self, prepared: list[P]) -> tuple[Future[tuple[R, float, bool, float]], float]:
+        """CPU pool: stage a batch and queue its run on the GPU thread straight from here (no hop through
+        the event loop in between); returns the run's future and when it was queued (`perf_counter`)."""
+        staged = self._engine.stage(prepared)
+        return self._gpu_pool.submit(self._run_normal, staged), time.perf_counter()
 
     def _run_normal(self, staged: S) -> tuple[R, float, bool, float]:
         """GPU thread: run one batch with the lane as its `between` hook; returns its result, its own GPU
@@ -261,9 +265,3 @@ class GpuRunner(Generic[P, S, R]):
 
 def _ms(seconds: float) -> float:
     return round(seconds * 1000.0, 2)
-
-
-def _timed(fn: Callable[[_In], _Out], arg: _In) -> tuple[_Out, float]:
-    t0 = time.perf_counter()
-    out = fn(arg)
-    return out, time.perf_counter() - t0
