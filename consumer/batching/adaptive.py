@@ -150,8 +150,9 @@ class AdaptiveView:
     """What the batcher knows when it plans: all durations in seconds.
 
     `head_age`: how long the oldest ready record has waited. `gpu_free_in`: predicted time until the GPU
-    has run every batch already cut (0 when idle). `lead`: how long staging a batch takes, so a batch cut
-    `lead` before the GPU frees up is on the device in time.
+    has run every batch already cut (0 when idle). `lead`: how long from a decision to cut until the batch
+    is queued on the GPU thread (a timed wait's lateness, staging, the hand-offs), so a batch cut `lead`
+    before the GPU frees up is there in time.
     """
 
     head_age: float

@@ -4,9 +4,10 @@ The engine is an `engine.types.ServingEngine`: a batch is staged (collated, copi
 prepare pool while the previous batch is still on the GPU and queued on the GPU thread from there (no hop
 through the event loop between), run on the GPU thread, and answered in the prepare pool while the next
 batch runs. The batcher cuts a batch `lead` before the GPU frees up: the measured time from a cut until its
-run is queued (`bench.batcher_model`; BENCHMARKS.md, "Priority classes, round six"). A batch whose staged run fails in any way goes through the
-engine's `execute` with splitting on the GPU thread (`engine.batching.split.run_split`: the engine's one
-splitting rule; its `out_of_memory` tells an OOM apart and frees the cache).
+run is queued (`bench.batcher_model`; BENCHMARKS.md, "Priority classes, round six"). A batch whose staged
+run fails in any way goes through the engine's `execute` with splitting on the GPU thread
+(`engine.batching.split.run_split`: the engine's one splitting rule; its `out_of_memory` tells an OOM apart
+and frees the cache).
 
 Urgent lane (`run_urgent`): an urgent batch is staged on a thread of its own and queued in the lane, its
 stage and its run inside the engine's `lane()` (on CUDA a high-priority stream, so neither queues behind the
