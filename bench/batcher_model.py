@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import random
 import statistics
 import threading
 import time
@@ -31,7 +30,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
-from bench.queue_model import Cost, mix_mean, mix_tokens, simulate
+from bench.queue_model import Cost, mix_mean, poisson_arrivals, simulate
 from consumer.batching.batcher import Batcher, Outcome
 from consumer.logging import configure_logging
 from consumer.settings import BatchingSettings
@@ -107,18 +106,6 @@ class TimedEngine:
 
     def lane(self) -> AbstractContextManager[None]:
         return contextlib.nullcontext()
-
-
-def arrivals(rate: float, events: int, seed: int) -> list[tuple[float, int]]:
-    """(offset seconds, tokens) of `events` Poisson arrivals: the draws `bench.queue_model.simulate` makes
-    for the same seed."""
-    rng = random.Random(seed)
-    t = 0.0
-    out: list[tuple[float, int]] = []
-    for _ in range(events):
-        t += rng.expovariate(rate)
-        out.append((t, round(mix_tokens(rng))))
-    return out
 
 
 def _ms(values: Sequence[float], q: float) -> float:
@@ -205,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for share in (float(s) for s in args.shares.split(",")):
         rate = share * capacity
-        schedule = arrivals(rate, args.events, args.seed)
+        schedule = [(at, round(tokens)) for at, tokens in poisson_arrivals(rate, args.events, args.seed)]
         engine = TimedEngine(
             cost, args.stage_ms / 1000, args.stage_record_ms / 1000, args.respond_record_ms / 1000, answer
         )

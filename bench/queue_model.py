@@ -61,18 +61,26 @@ def mix_mean() -> float:
     return sum(share * (lo + hi) / 2 for share, lo, hi in MIX)
 
 
+def poisson_arrivals(rate: float, events: int, seed: int = 1) -> list[tuple[float, float]]:
+    """(seconds from the start, tokens) of `events` Poisson arrivals at `rate`/s with `MIX`'s token counts,
+    drawn from `random.Random(seed)`: the same list for the same arguments (`bench.batcher_model` replays
+    it through the service's batcher)."""
+    rng = random.Random(seed)
+    t = 0.0
+    out: list[tuple[float, float]] = []
+    for _ in range(events):
+        t += rng.expovariate(rate)
+        out.append((t, mix_tokens(rng)))
+    return out
+
+
 def simulate(
     cost: Cost, rate: float, events: int, seed: int = 1, max_tokens: float | None = None
 ) -> dict[str, float]:
     """Latency (arrival to batch end) of `events` Poisson arrivals at `rate`/s through the greedy batcher:
     p50, p99 and max ms, mean records per batch, and the GPU busy share (busy time over the span from the
     first arrival to the last batch end)."""
-    rng = random.Random(seed)
-    t = 0.0
-    arrivals: list[tuple[float, float]] = []
-    for _ in range(events):
-        t += rng.expovariate(rate)
-        arrivals.append((t, mix_tokens(rng)))
+    arrivals = poisson_arrivals(rate, events, seed)
     free = 0.0
     busy = 0.0
     batches = 0

@@ -1,0 +1,34 @@
+"""`bench.batcher_model`: the GPU idle it counts, and one short run through the service's batcher."""
+
+from __future__ import annotations
+
+import asyncio
+
+from bench.batcher_model import Run, TimedEngine, drive, idle_waiting
+from bench.queue_model import Cost, poisson_arrivals
+from consumer.settings import BatchingSettings
+from devtools.stub import StubEngine
+from schemas.systemone import parse_request
+
+
+def test_idle_counts_only_gaps_before_a_batch_whose_record_had_arrived() -> None:
+    runs = [
+        Run(1.0, 2.0, (0.5,)),
+        Run(2.5, 3.0, (1.5,)),  # its record arrived while the first ran: 0.5 s idle with work waiting
+        Run(4.0, 5.0, (3.5,)),  # its record arrived after the GPU went idle: not counted
+        Run(5.0, 6.0, (4.5,)),  # no gap
+    ]
+    assert idle_waiting(list(reversed(runs))) == [0.5, 0.0]
+
+
+def test_every_event_is_answered_once_through_the_batcher() -> None:
+    request = parse_request({"state": "s", "questions": {"o": {"type": "noul", "instructions": "?"}}})
+    answer = StubEngine().execute([StubEngine().prepare(request)])[0]
+    engine = TimedEngine(Cost(0.001, 0.001, 690.0), 0.0001, 0.0, 0.0, answer)
+    schedule = [(at, round(tokens)) for at, tokens in poisson_arrivals(200.0, 40, seed=3)]
+    latencies = asyncio.run(drive(engine, BatchingSettings(), schedule, 0.0001))
+    assert len(latencies) == 40
+    assert all(0.0 < s < 5.0 for s in latencies)
+    arrivals = sorted(at for run in engine.runs for at in run.arrivals)
+    assert len(arrivals) == len(set(arrivals)) == 40  # each record ran in exactly one batch
+    assert all(run.end > run.start for run in engine.runs)
