@@ -19,7 +19,8 @@ import torch
 
 from bench.fullsize import build_text_model
 from bench.timing import event_ms
-from engine.model.decoder import PackedIds, PackedInputs, PackedTextDecoder, packed_inputs
+from engine.model.decoder import PackedInputs, PackedTextDecoder
+from engine.model.packed_ids import PackedIds, packed_inputs
 
 RESULTS: list[dict[str, Any]] = []
 

@@ -11,6 +11,7 @@
 # arguments given (defaults: full-size model, 10 s warm-up, then 25, 50, 75 and 90 events/s, 60 s each;
 # about 5 minutes in all, bounded by bench.e2e's --deadline-s 400 and `timeout` below).
 # DEVICE_E2E_LOCAL=1 skips the wheels (this machine's venv has the packages, for another Python).
+# BENCH_TREE=.carry/base runs an earlier commit's packages (scripts/base-tree.sh) with the same set-up.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,7 +35,12 @@ echo "device-e2e: unpacked in $((SECONDS - began)) s; java: $(command -v java), 
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,clocks.sm,power.draw --format=csv,noheader >&2 || true
 
 rc=0
+# BENCH_TREE: run the bench (and the service it starts) from that folder's packages instead, e.g. an earlier
+# commit's put in .carry/base by scripts/base-tree.sh, for a same-machine baseline
+cd "${BENCH_TREE:-$repo}"
+[[ -z "${BENCH_TREE:-}" ]] || echo "device-e2e: packages from $BENCH_TREE ($(cat COMMIT 2>/dev/null || echo '?'))" >&2
 timeout -k 20 450 python3 -m bench.e2e --out "$out" "$@" 2>"$tmp/stderr.log" || rc=$?
+cd "$repo"
 tail -c 2000000 "$tmp/stderr.log" >"$out/stderr.log"  # the device returns files of 16 MiB at most
 tail -n 20 "$tmp/stderr.log" >&2
 echo "device-e2e: bench.e2e exit $rc after $((SECONDS - began)) s; files in $out: $(ls "$out" | tr '\n' ' ')" >&2

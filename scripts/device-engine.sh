@@ -8,7 +8,8 @@
 # sizes (bench.batch_sizes, $SIZES_ARGS appended). Installs .carry's wheels into a site
 # folder under /tmp (no index, no dependencies; built by scripts/device-carry.sh), runs each step under its own
 # `timeout` with its stderr kept, and packs every result into $OUT/results.tar.gz beside the small ones (the
-# device returns a handful of files).
+# device returns a handful of files). BENCH_TREE=.carry/base runs the bench steps on an earlier commit's
+# packages (scripts/base-tree.sh; its tree has no tests/, so not the tests step).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -41,6 +42,10 @@ install_av_placeholder()
 sys.argv = sys.argv[1:]
 runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)')
 
+# BENCH_TREE: run every step from that folder's packages instead (an earlier commit's, put in .carry/base by
+# scripts/base-tree.sh), for a same-machine baseline; the results are packed the same way
+cd "${BENCH_TREE:-$repo}"
+[[ -z "${BENCH_TREE:-}" ]] || echo "device-engine: packages from $BENCH_TREE ($(cat COMMIT 2>/dev/null || echo '?'))" >&2
 for step in "$@"; do
     case $step in
         tests)
@@ -54,5 +59,6 @@ install_av_placeholder(); sys.exit(pytest.main(sys.argv[1:]))' -q -s -m gpu -p n
         *) echo "device-engine: unknown step $step" >&2; exit 2 ;;
     esac
 done
+cd "$repo"
 cp "$tmp"/res/*.jsonl "$tmp"/res/*.json "$out"/ 2>/dev/null || true
 echo "device-engine: done after $((SECONDS - began)) s; files in $out: $(ls "$out" | tr '\n' ' ')" >&2

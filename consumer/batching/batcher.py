@@ -37,6 +37,7 @@ from consumer.batching.adaptive import (
     TimerLateness,
     plan_adaptive,
 )
+from consumer.batching.batch_metrics import observe_batch
 from consumer.batching.classes import ClassPolicy, ClassQueues
 from consumer.batching.gpu import GpuRunner
 from consumer.batching.submission import Job, Outcome, Submission, prepare_all
@@ -45,10 +46,9 @@ from consumer.logging import get_logger
 from consumer.metrics import Metrics
 from consumer.settings import BatchingSettings
 from engine.batching.cut import take
-from engine.batching.split import BatchResult, EngineError
+from engine.batching.split import EngineError
 from engine.types import PreparedLike, ServingEngine
 from schemas.errors import DlqReason
-from schemas.response import SystemOneResponse
 
 __all__ = ["Batcher", "Outcome"]
 
@@ -294,7 +294,7 @@ class Batcher(Generic[P, S, R]):
             sub.settle(index, outcome)
             counts[sub] = counts.get(sub, 0) + 1
         if self._metrics is not None:
-            self._observe(self._metrics, counts, result, tokens, elapsed, started)
+            observe_batch(self._metrics, counts, result.stats, tokens, elapsed, started, self._clock.now())
         log.info(
             "batch",
             urgent=urgent,
@@ -307,30 +307,6 @@ class Batcher(Generic[P, S, R]):
             failed=failures,
             **lane,
         )
-
-    def _observe(
-        self,
-        m: Metrics,
-        counts: dict[Submission, int],
-        result: BatchResult[SystemOneResponse],
-        tokens: int,
-        elapsed: float,
-        started: float,
-    ) -> None:
-        """Batch and per-class metrics of one finished batch (`counts`: its records per submission)."""
-        m.batch_records.observe(sum(counts.values()))
-        m.batch_tokens.observe(tokens)
-        m.engine_seconds.observe(elapsed)
-        now = self._clock.now()
-        for sub, count in counts.items():  # records of one submission became ready together
-            wait = max(0.0, started - sub.ready_at)
-            m.queue_wait.observe(wait, count)
-            m.class_queue_wait.labels(str(sub.priority)).observe(wait, count)
-            if sub.left == 0:
-                m.class_latency.labels(str(sub.priority)).observe(max(0.0, now - sub.submitted_at))
-        if result.stats.splits:
-            m.batch_splits.inc(result.stats.splits)
-            m.retries.labels(kind="engine_split").inc(result.stats.splits)
 
     def _track(self, task: asyncio.Future[Any]) -> None:
         self._tasks.add(task)

@@ -18,10 +18,11 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.batching.collate import Layout, ModelBatch, collate
-from engine.model.decoder import PackedIds, PackedTextDecoder, packed_inputs, varlen_available
+from engine.model.decoder import PackedTextDecoder, varlen_available
 from engine.model.graphs import GraphedDecoder
 from engine.model.head import JointSchemaHead
 from engine.model.media import media_hidden_states, rope_positions
+from engine.model.packed_ids import PackedIds, packed_inputs
 from engine.model.thinker import part_paths
 from engine.types import Between, EncodedRequest
 

@@ -16,14 +16,8 @@ from typing import Any, Protocol
 
 import torch
 
-from engine.model.decoder import (
-    DecoderState,
-    PackedIds,
-    PackedInputs,
-    PackedTextDecoder,
-    host_offsets,
-    packed_inputs,
-)
+from engine.model.decoder import DecoderState, PackedInputs, PackedTextDecoder
+from engine.model.packed_ids import PackedIds, host_offsets, packed_inputs
 from engine.types import Between
 
 FIRST_GRAPH_LAYERS = 2

@@ -219,8 +219,9 @@ def test_graph_replays_match_the_eager_decoder_and_share_their_buffers_safely_cu
     after a longer one of its bucket gives its first result bit for bit (the bucket's buffers, offsets and
     output are shared). The same checks run on CPU through a recomputing capture
     (tests/unit/engine/model/test_graphed_decoder.py)."""
-    from engine.model.decoder import PackedIds, PackedTextDecoder, packed_inputs
+    from engine.model.decoder import PackedTextDecoder
     from engine.model.graphs import GraphedDecoder
+    from engine.model.packed_ids import PackedIds, packed_inputs
 
     loaded = load_release_model(write_tiny_release(tmp_path / "tiny"), device="cuda", dtype=torch.bfloat16)
     decoder = PackedTextDecoder(loaded.model.text_model)

@@ -12,8 +12,9 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from engine.model.decoder import DecoderState, PackedIds, PackedTextDecoder, host_offsets, packed_inputs
+from engine.model.decoder import DecoderState, PackedTextDecoder
 from engine.model.graphs import GraphedDecoder, caps_for, graph_pieces, padding_offsets
+from engine.model.packed_ids import PackedIds, host_offsets, packed_inputs
 from engine.model.release import LoadedModel
 
 
