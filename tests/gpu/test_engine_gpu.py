@@ -241,7 +241,10 @@ def test_graph_replays_match_the_eager_decoder_and_share_their_buffers_safely_cu
             b = batch(lengths)
             replayed = graphed.run(b).float()
             eager = decoder(packed_inputs(decoder.text_model.embed_tokens, b)).float()
-            err = float((replayed - eager).norm() / eager.norm())
-            print(f"graphs vs eager {lengths}: relative error {err:.2e}")
-            assert err <= 3e-2, lengths  # bf16 GEMMs of T against bucket rows; a layout slip is O(1)
+            err = (replayed - eager).norm(dim=-1) / eager.norm(dim=-1)  # (T,) per token
+            off = float((err > 2e-2).float().mean())
+            print(f"graphs vs eager {lengths}: worst token {float(err.max()):.2e}, share over 2e-2 {off:.4f}")
+            # bf16 GEMMs of T rows against bucket rows may differ in a last bit, and a rare router tie may
+            # then flip for a token; a layout slip (offsets, positions, ids) spoils whole records
+            assert off <= 0.01, lengths
         assert torch.equal(graphed.run(short), first)
