@@ -140,14 +140,6 @@ class CudaGraphCapture:
 
 
 @dataclass(frozen=True, slots=True)
-class _Static:
-    """A bucket's input buffers, shared by its graphs (one per longest-record cap): row 0 the token ids,
-    rows 1-3 the t/h/w rope positions; the graphs embed the ids themselves."""
-
-    tokens: torch.Tensor  # (4, bucket) int64
-
-
-@dataclass(frozen=True, slots=True)
 class _Graphs:
     """One (bucket, cap)'s replays (one per piece, in order), its record offsets and its output."""
 
@@ -182,7 +174,9 @@ class GraphedDecoder:
         self.max_records = max_records
         self._capture: GraphCapture = capture or CudaGraphCapture()
         self._embed: Callable[[torch.Tensor], torch.Tensor] = decoder.text_model.embed_tokens
-        self._static: dict[int, _Static] = {}
+        # per bucket, shared by its graphs (one per cap): (4, bucket) int64, row 0 the token ids, rows 1-3
+        # the t/h/w rope positions; the graphs embed the ids themselves
+        self._tokens: dict[int, torch.Tensor] = {}
         self._tails: dict[int, torch.Tensor] = {}  # per cap: (4, largest bucket) padding ids and positions
         self._graphs: dict[tuple[int, int], _Graphs] = {}
 
@@ -232,11 +226,9 @@ class GraphedDecoder:
         Triton compiles must not happen inside a capture); `capture_all` skips it once an eager run of the
         same bucket (the dense GEMM shapes and the experts' tile choice) and of the same cap (the attention
         kernel's grid argument) has happened."""
-        static = self._static.get(bucket)
-        if static is None:
-            static = _Static(torch.zeros(4, bucket, dtype=torch.int64, device=device))
-            self._static[bucket] = static
-        tokens = static.tokens
+        tokens = self._tokens.get(bucket)
+        if tokens is None:
+            tokens = self._tokens[bucket] = torch.zeros(4, bucket, dtype=torch.int64, device=device)
         self._tail(cap, device)  # made here, at capture time, not by a request
         slots = self._slots(bucket, cap)
         cu = host_offsets((), padding_offsets(0, 0, bucket, cap, slots)).to(device)  # (slots,) padding only
@@ -278,7 +270,7 @@ class GraphedDecoder:
         graphs = self._graphs.get((bucket, cap))
         if graphs is None:
             graphs = self._graphs[(bucket, cap)] = self._build(bucket, cap, device)
-        tokens = self._static[bucket].tokens
+        tokens = self._tokens[bucket]
         tokens[0, :t].copy_(batch.input_ids)
         tokens[1:, :t].copy_(batch.position_ids)
         tokens[:, t:].copy_(self._tail(cap, device)[:, : bucket - t])
