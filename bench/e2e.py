@@ -15,9 +15,10 @@ One process, one run (a benchmark program, not a test; nothing here asserts a sp
 4. the service's topics (`consumer.settings` defaults: `alerts.in`, `decisions`, `route.*`, `alerts.dlq`)
    created with `--partitions`; the real `consumer.pipeline.pipeline.Pipeline` (at-least-once, the default
    settings except the broker address, a fresh group and the HTTP API off) runs in this process's event loop;
-5. a producer (acks=all, idempotent) sends events at a fixed rate (`--arrivals uniform`, or Poisson) for a
-   warm-up (`--warmup-s`) and then for `--seconds` at each of `--rate`, one after another, each followed by a
-   drain until every event of the load is decided (at most `--drain-s`);
+5. a producer (acks=all, idempotent, `linger.ms` 5 or `--producer-linger-ms`: an event waits in it up to
+   that long, and the wait is part of every latency below) sends events at a fixed rate (`--arrivals
+   uniform`, or Poisson) for a warm-up (`--warmup-s`) and then for `--seconds` at each of `--rate`, one
+   after another, each followed by a drain until every event of the load is decided (at most `--drain-s`);
 6. a tail consumer reads `decisions` and `alerts.dlq`: latency counts from each event's scheduled send time
    (so a producer that falls behind shows up as latency) to the moment the tail consumer holds its decision
    (`ce_id` header, kept by the router); the record-timestamp latency (decision CreateTime minus the input's
@@ -79,7 +80,7 @@ from bench.cli import parse_sets
 from bench.e2e_mixed import MixedPlan, mixed_batching, mixed_run, mixed_sizes
 from bench.e2e_report import Emit, broker_log_errors, mixed_text, summary_text
 from bench.e2e_run import FP8_MODES, Plan, build_engines, kafka_run
-from bench.e2e_traffic import event_values
+from bench.e2e_traffic import LINGER_MS, event_values
 from bench.routing import ROUTINGS
 
 if TYPE_CHECKING:
@@ -126,6 +127,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--max-batch-tokens", type=int, default=None, help="batch token budget (default: the service's)"
     )
     p.add_argument("--pool", type=int, default=256, help="distinct events")
+    p.add_argument(
+        "--producer-linger-ms", type=int, default=LINGER_MS,
+        help="the load producer's linger.ms (part of every latency; the loads, not --mixed)",
+    )  # fmt: skip
     p.add_argument(
         "--capacity-events", type=int, default=1024, help="backlog of the engine-only figure (0: skip)"
     )
@@ -222,6 +227,7 @@ def run(args: argparse.Namespace) -> int:
             "fp8": args.fp8 if kind == "full" else None,
             "lane_stream": args.lane_stream if kind == "full" else None,
             "layers_ahead": ahead,
+            "producer_linger_ms": args.producer_linger_ms,
             "graph_to": int(os.environ.get("BENCH_E2E_GRAPH_TO", "0")) or None,  # None: default buckets
             "device": torch.cuda.get_device_name() if kind == "full" else "cpu",
             "torch": torch.__version__,
@@ -275,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
                 batching=batching,
                 deadline=t_start + args.deadline_s,
                 kafka=sets.get("kafka", {}),
+                linger_ms=args.producer_linger_ms,
             )
             loads = asyncio.run(kafka_run(broker, engine, values, plan, t_start, emit))
             text = summary_text(info, cap, loads)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bench.e2e_report import Emit, load_figures, service_counters, service_window
-from bench.e2e_traffic import Ledger, Producer, Tail
+from bench.e2e_traffic import LINGER_MS, Ledger, Producer, Tail
 
 if TYPE_CHECKING:
     from bench.routing import Routing
@@ -177,6 +177,7 @@ class Plan:
     batching: dict[str, Any]
     deadline: float  # perf_counter time after which no load starts and drains stop
     kafka: dict[str, Any] = field(default_factory=dict)  # service Kafka settings of the run (`--set kafka.*`)
+    linger_ms: int = LINGER_MS  # the load producer's (`bench.e2e_traffic.LINGER_MS`)
 
 
 async def drain(ledger: Ledger, load: int, limit: float, stop: asyncio.Event) -> float:
@@ -286,7 +287,12 @@ async def kafka_run(
     results: list[dict[str, Any]] = []
     async with service_session(broker, engine, plan.partitions, fields, t0, emit) as run:
         producer = Producer(
-            broker.bootstrap_servers, run.settings.topics.input[0], values, run.ledger, seed=2
+            broker.bootstrap_servers,
+            run.settings.topics.input[0],
+            values,
+            run.ledger,
+            seed=2,
+            linger_ms=plan.linger_ms,
         )
         try:
             await producer.start()
