@@ -72,11 +72,17 @@ def _metric(pipeline: Pipeline[Any, Any, Any], name: str) -> float:
 def service_counters(pipeline: Pipeline[Any, Any, Any]) -> dict[str, float]:
     """Cumulative service figures read from its metrics (differences of two reads give a window's)."""
     m = pipeline.metrics
+    batcher_count, batcher_sum = m.class_latency.totals()
     return {
         "gpu_busy_s": _metric(pipeline, "clef_router_gpu_busy_seconds_total"),
         "batches": float(m.batch_records.count),
         "batch_records_sum": m.batch_records.sum,
         "batch_tokens_sum": m.batch_tokens.sum,
+        "engine_sum": m.engine_seconds.sum,
+        "wait_count": float(m.queue_wait.count),
+        "wait_sum": m.queue_wait.sum,
+        "batcher_count": float(batcher_count),
+        "batcher_sum": batcher_sum,
         "e2e_count": float(m.end_to_end.count),
         "e2e_sum": m.end_to_end.sum,
         "commits": _metric(pipeline, "clef_router_commits_total"),
@@ -84,15 +90,26 @@ def service_counters(pipeline: Pipeline[Any, Any, Any]) -> dict[str, float]:
 
 
 def service_window(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
-    """A window's service figures from two `service_counters` reads `seconds` apart."""
+    """A window's service figures from two `service_counters` reads `seconds` apart. The means (ms) split
+    a record's time in the service: `service_e2e_mean_ms` its record timestamp to its outputs acknowledged
+    (per record), `service_batcher_mean_ms` a submission's time in the batcher (submit to answered: prepare,
+    queue, engine; per submission), `service_queue_wait_mean_ms` a prepared record's wait for its batch to
+    start (per record), `service_batch_mean_ms` a batch's engine time."""
     d = {k: after[k] - before[k] for k in after}
     batches = d["batches"]
+
+    def mean_ms(total: str, count: str) -> float:
+        return round(d[total] / d[count] * 1000, 2) if d[count] else 0.0
+
     return {
         "gpu_busy": round(d["gpu_busy_s"] / max(1e-9, seconds), 3),
         "batches": int(batches),
         "records_per_batch_mean": round(d["batch_records_sum"] / batches, 2) if batches else 0.0,
         "tokens_per_batch_mean": round(d["batch_tokens_sum"] / batches) if batches else 0,
-        "service_e2e_mean_ms": round(d["e2e_sum"] / d["e2e_count"] * 1000, 2) if d["e2e_count"] else 0.0,
+        "service_e2e_mean_ms": mean_ms("e2e_sum", "e2e_count"),
+        "service_batcher_mean_ms": mean_ms("batcher_sum", "batcher_count"),
+        "service_queue_wait_mean_ms": mean_ms("wait_sum", "wait_count"),
+        "service_batch_mean_ms": mean_ms("engine_sum", "batches"),
         "commits": int(d["commits"]),
     }
 
@@ -129,6 +146,14 @@ def summary_text(
             f"{r['records_per_batch_mean']} | {r['gpu_busy']} | {r['undecided']} | {r['dead_lettered']} | "
             f"{ratio} |"
         )
+    means = [
+        f"{r['rate']:g}/s, service means: record timestamp to outputs acknowledged "
+        f"{r['service_e2e_mean_ms']} ms, in the batcher {r['service_batcher_mean_ms']} ms "
+        f"(queue wait {r['service_queue_wait_mean_ms']} ms, batch {r['service_batch_mean_ms']} ms)"
+        for r in loads
+        if "service_batcher_mean_ms" in r  # load lines read back from older runs lack the split
+    ]
+    lines += ["", *means] if means else []
     return "\n".join(lines) + "\n"
 
 

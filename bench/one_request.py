@@ -53,15 +53,17 @@ def main() -> int:
     )
     p.add_argument(
         "--fp8",
-        choices=("off", "experts", "attention"),
+        choices=("off", "experts", "attention", "text"),
         default="off",
-        help="run the experts (and with `attention` the attention projections too) in FP8 (default bf16)",
+        help="run the experts (and with `attention` the attention projections too) in FP8 (default bf16);"
+        " `text`: experts and attention in FP8 with the bf16 experts freed (fits an 80 GB card)",
     )
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[str] = []
 
+    from bench.e2e_run import FP8_MODES
     from bench.experts import biased_engine
     from bench.routing import level
     from bench.workload import make_request
@@ -73,9 +75,7 @@ def main() -> int:
         with torch.inference_mode():
             level(engine, biases, engine.model.collate(probe))
     if args.fp8 != "off":  # after levelling: the FP8 copies are made from the same weights, graphs recaptured
-        engine.model.enable_fast_path(
-            graph_buckets=buckets, fp8_experts=True, fp8_attention=args.fp8 == "attention"
-        )
+        engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])
     one = make_request(random.Random(1), engine, 800)
     prepared = engine.prepare(one)
     staged = engine.stage([prepared])

@@ -75,6 +75,12 @@ class BulkHistogram(Collector):
     def count(self) -> int:
         return self._plain.count
 
+    def totals(self) -> tuple[int, float]:
+        """(count, sum) over every series: the unlabelled one and each label values' (benchmarks read a
+        window's mean from two reads)."""
+        series = list(self._series.values()) if self._labelnames else [self._plain]
+        return sum(s.count for s in series), sum(s.sum for s in series)
+
     def observe(self, value: float, count: int = 1) -> None:
         """Record `count` observations of `value` in the unlabelled series (event loop only)."""
         self._plain.observe(value, count)

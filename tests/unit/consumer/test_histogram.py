@@ -38,3 +38,15 @@ def test_empty_histogram_exposes_zero_buckets() -> None:
         "e_count 0.0",
         "e_sum 0.0",
     ]
+
+
+def test_totals_sum_every_series_of_a_family() -> None:
+    registry = CollectorRegistry()
+    family = BulkHistogram("f_seconds", "help", buckets=BUCKETS, registry=registry, labelnames=("class",))
+    family.labels("0").observe(0.5, 3)
+    family.labels("1").observe(2.0)
+    assert family.totals() == (4, 3.5)
+    assert (family.count, family.sum) == (0, 0.0)  # the unlabelled series holds nothing in a family
+    plain = BulkHistogram("p_seconds", "help", buckets=BUCKETS, registry=registry)
+    plain.observe(0.25, 2)
+    assert plain.totals() == (2, 0.5)
