@@ -83,6 +83,8 @@ def service_counters(pipeline: Pipeline[Any, Any, Any]) -> dict[str, float]:
         "wait_sum": m.queue_wait.sum,
         "batcher_count": float(batcher_count),
         "batcher_sum": batcher_sum,
+        "fetch_count": float(m.fetch_age.count),
+        "fetch_sum": m.fetch_age.sum,
         "e2e_count": float(m.end_to_end.count),
         "e2e_sum": m.end_to_end.sum,
         "commits": _metric(pipeline, "clef_router_commits_total"),
@@ -92,9 +94,10 @@ def service_counters(pipeline: Pipeline[Any, Any, Any]) -> dict[str, float]:
 def service_window(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
     """A window's service figures from two `service_counters` reads `seconds` apart. The means (ms) split
     a record's time in the service: `service_e2e_mean_ms` its record timestamp to its outputs acknowledged
-    (per record), `service_batcher_mean_ms` a submission's time in the batcher (submit to answered: prepare,
-    queue, engine; per submission), `service_queue_wait_mean_ms` a prepared record's wait for its batch to
-    start (per record), `service_batch_mean_ms` a batch's engine time."""
+    (per record), `service_fetch_age_mean_ms` its timestamp to fetched (per record),
+    `service_batcher_mean_ms` a submission's time in the batcher (submit to answered: prepare, queue,
+    engine; per submission), `service_queue_wait_mean_ms` a prepared record's wait for its batch to start
+    (per record), `service_batch_mean_ms` a batch's engine time."""
     d = {k: after[k] - before[k] for k in after}
     batches = d["batches"]
 
@@ -107,6 +110,7 @@ def service_window(before: dict[str, float], after: dict[str, float], seconds: f
         "records_per_batch_mean": round(d["batch_records_sum"] / batches, 2) if batches else 0.0,
         "tokens_per_batch_mean": round(d["batch_tokens_sum"] / batches) if batches else 0,
         "service_e2e_mean_ms": mean_ms("e2e_sum", "e2e_count"),
+        "service_fetch_age_mean_ms": mean_ms("fetch_sum", "fetch_count"),
         "service_batcher_mean_ms": mean_ms("batcher_sum", "batcher_count"),
         "service_queue_wait_mean_ms": mean_ms("wait_sum", "wait_count"),
         "service_batch_mean_ms": mean_ms("engine_sum", "batches"),
@@ -148,7 +152,8 @@ def summary_text(
         )
     means = [
         f"{r['rate']:g}/s, service means: record timestamp to outputs acknowledged "
-        f"{r['service_e2e_mean_ms']} ms, in the batcher {r['service_batcher_mean_ms']} ms "
+        f"{r['service_e2e_mean_ms']} ms, to fetched {r.get('service_fetch_age_mean_ms', '-')} ms, "
+        f"in the batcher {r['service_batcher_mean_ms']} ms "
         f"(queue wait {r['service_queue_wait_mean_ms']} ms, batch {r['service_batch_mean_ms']} ms)"
         for r in loads
         if "service_batcher_mean_ms" in r  # load lines read back from older runs lack the split

@@ -105,6 +105,12 @@ class Metrics:
 
     def _add_outcome_metrics(self, registry: CollectorRegistry) -> None:
         """What became of records: latency, DLQ, routes, retries, splits, commits, rebalances."""
+        self.fetch_age = BulkHistogram(
+            f"{PREFIX}_fetch_age_seconds",
+            "Record timestamp to fetched by the service (the producer's batching, the broker, the fetch)",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
         self.end_to_end = BulkHistogram(
             f"{PREFIX}_end_to_end_seconds",
             "Record timestamp to outputs acknowledged",

@@ -205,6 +205,10 @@ class Pipeline(Generic[P, S, R]):
             return
         if state is None or tp in self._closing or not records:
             return  # revoked or revoking: the next owner fetches these again from the committed offset
+        now, age = time.time(), self.metrics.fetch_age.observe
+        for r in records:  # a timestamp of -1: the producer set none
+            if r.timestamp > 0:
+                age(max(0.0, now - r.timestamp / 1000.0))
         step = self.settings.batching.prepare_chunk
         priority = self.classes.of(tp.topic)
         for start in range(0, len(records), step):

@@ -65,6 +65,8 @@ def test_service_window_differences() -> None:
         "wait_sum": 0.8,
         "batcher_count": 20.0,
         "batcher_sum": 1.0,
+        "fetch_count": 40.0,
+        "fetch_sum": 0.2,
         "e2e_count": 40.0,
         "e2e_sum": 4.0,
         "commits": 3.0,
@@ -72,7 +74,7 @@ def test_service_window_differences() -> None:
     after = {**before, "gpu_busy_s": 3.0, "batches": 14.0, "batch_records_sum": 60.0}
     after |= {"batch_tokens_sum": 6000.0, "e2e_count": 60.0, "e2e_sum": 10.0, "commits": 5.0}
     after |= {"engine_sum": 0.7, "wait_count": 60.0, "wait_sum": 1.2}
-    after |= {"batcher_count": 25.0, "batcher_sum": 1.5}
+    after |= {"batcher_count": 25.0, "batcher_sum": 1.5, "fetch_count": 60.0, "fetch_sum": 0.4}
     w = service_window(before, after, 4.0)
     assert w == {
         "gpu_busy": 0.5,
@@ -80,6 +82,7 @@ def test_service_window_differences() -> None:
         "records_per_batch_mean": 5.0,
         "tokens_per_batch_mean": 500,
         "service_e2e_mean_ms": 300.0,
+        "service_fetch_age_mean_ms": 10.0,
         "service_batcher_mean_ms": 100.0,
         "service_queue_wait_mean_ms": 20.0,
         "service_batch_mean_ms": 50.0,
@@ -111,10 +114,11 @@ def test_summary_text_has_one_row_per_load_and_the_ratio() -> None:
     assert rows[0].endswith("| 0.25 |")  # 2.0 events/s out over 8.0 engine-only
     assert "engine only (same process" in text
     assert summary_text(info, None, [load]).splitlines()[-1].endswith("| - |")
-    split = {"service_e2e_mean_ms": 90.5, "service_batcher_mean_ms": 80.0}
+    split = {"service_e2e_mean_ms": 90.5, "service_fetch_age_mean_ms": 4.5, "service_batcher_mean_ms": 80.0}
     split |= {"service_queue_wait_mean_ms": 30.25, "service_batch_mean_ms": 40.0}
     assert summary_text(info, None, [load | split]).splitlines()[-1] == (
-        "4/s, service means: record timestamp to outputs acknowledged 90.5 ms, in the batcher 80.0 ms "
+        "4/s, service means: record timestamp to outputs acknowledged 90.5 ms, to fetched 4.5 ms, "
+        "in the batcher 80.0 ms "
         "(queue wait 30.25 ms, batch 40.0 ms)"
     )
 

@@ -4,6 +4,7 @@ last records of the in-flight bound for urgent topics (`consumer.pipeline.admiss
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Collection, Sequence
 from types import SimpleNamespace
 from typing import Any, cast
@@ -171,3 +172,29 @@ async def test_admit_submits_each_unit_in_its_topics_class() -> None:
     pipeline._admit(critical, records(critical, 1))
     assert batcher.submitted == [(2, 2), (1, 2), (1, 1)]  # units of prepare_chunk records
     assert pipeline.in_flight == 4
+
+
+async def test_admit_observes_each_records_fetch_age() -> None:
+    settings = load_settings(http={"enabled": False}, topics={"input": [BULK]})
+    tp = TopicPartition(BULK, 0)
+    pipeline = _pipeline(settings, _FakeSource({tp}))
+    pipeline.batcher = _FakeBatcher()  # type: ignore[assignment]
+    pipeline._states[tp] = PartitionState(tp)
+    sent_ms = int(time.time() * 1000) - 250  # produced 250 ms ago
+    stamps = [sent_ms, -1, sent_ms]  # -1: the producer set no timestamp, so no age
+    pipeline._admit(tp, [_record(tp, i, ts) for i, ts in enumerate(stamps)])
+    count, total = pipeline.metrics.fetch_age.totals()
+    assert count == 2
+    assert 0.25 <= total / count < 5.0
+
+
+def _record(tp: TopicPartition, offset: int, timestamp: int) -> Any:
+    return SimpleNamespace(
+        topic=tp.topic,
+        partition=tp.partition,
+        offset=offset,
+        key=None,
+        value=b"{}",
+        headers=(),
+        timestamp=timestamp,
+    )
