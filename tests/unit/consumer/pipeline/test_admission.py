@@ -154,22 +154,8 @@ async def test_admit_submits_each_unit_in_its_topics_class() -> None:
     for tp in (bulk, critical):
         pipeline._states[tp] = PartitionState(tp)
 
-    def records(tp: TopicPartition, n: int) -> list[Any]:
-        return [
-            SimpleNamespace(
-                topic=tp.topic,
-                partition=tp.partition,
-                offset=i,
-                key=None,
-                value=b"{}",
-                headers=(),
-                timestamp=1,
-            )
-            for i in range(n)
-        ]
-
-    pipeline._admit(bulk, records(bulk, 3))
-    pipeline._admit(critical, records(critical, 1))
+    pipeline._admit(bulk, [_record(bulk, i, 1) for i in range(3)])
+    pipeline._admit(critical, [_record(critical, 0, 1)])
     assert batcher.submitted == [(2, 2), (1, 2), (1, 1)]  # units of prepare_chunk records
     assert pipeline.in_flight == 4
 
@@ -189,6 +175,7 @@ async def test_admit_observes_each_records_fetch_age() -> None:
 
 
 def _record(tp: TopicPartition, offset: int, timestamp: int) -> Any:
+    """A fetched record of `tp` as `_admit` reads it (an empty JSON value)."""
     return SimpleNamespace(
         topic=tp.topic,
         partition=tp.partition,
