@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bench.e2e_traffic import HttpCall, Ledger
+from consumer.batching.gpu import BATCH_STEPS
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -73,7 +74,12 @@ def service_counters(pipeline: Pipeline[Any, Any, Any]) -> dict[str, float]:
     """Cumulative service figures read from its metrics (differences of two reads give a window's)."""
     m = pipeline.metrics
     batcher_count, batcher_sum = m.class_latency.totals()
+    steps = {name: m.batch_path.labels(name) for name in BATCH_STEPS}
     return {
+        **{f"{name}_count": float(series.count) for name, series in steps.items()},
+        **{f"{name}_sum": series.sum for name, series in steps.items()},
+        "prepare_count": float(m.prepare_seconds.count),
+        "prepare_sum": m.prepare_seconds.sum,
         "gpu_busy_s": _metric(pipeline, "clef_router_gpu_busy_seconds_total"),
         "batches": float(m.batch_records.count),
         "batch_records_sum": m.batch_records.sum,
@@ -97,7 +103,9 @@ def service_window(before: dict[str, float], after: dict[str, float], seconds: f
     (per record), `service_fetch_age_mean_ms` its timestamp to fetched (per record),
     `service_batcher_mean_ms` a submission's time in the batcher (submit to answered: prepare, queue,
     engine; per submission), `service_queue_wait_mean_ms` a prepared record's wait for its batch to start
-    (per record), `service_batch_mean_ms` a batch's engine time."""
+    (per record), `service_batch_mean_ms` a batch's engine time (per batch), `service_prepare_mean_ms`
+    submitted to prepared, and `service_<step>_mean_ms` for each step of `consumer.batching.gpu.BATCH_STEPS`
+    after the cut (per record: stage, gpu_wait, run, back, respond)."""
     d = {k: after[k] - before[k] for k in after}
     batches = d["batches"]
 
@@ -114,6 +122,8 @@ def service_window(before: dict[str, float], after: dict[str, float], seconds: f
         "service_batcher_mean_ms": mean_ms("batcher_sum", "batcher_count"),
         "service_queue_wait_mean_ms": mean_ms("wait_sum", "wait_count"),
         "service_batch_mean_ms": mean_ms("engine_sum", "batches"),
+        "service_prepare_mean_ms": mean_ms("prepare_sum", "prepare_count"),
+        **{f"service_{name}_mean_ms": mean_ms(f"{name}_sum", f"{name}_count") for name in BATCH_STEPS},
         "commits": int(d["commits"]),
     }
 
@@ -155,11 +165,21 @@ def summary_text(
         f"{r['service_e2e_mean_ms']} ms, to fetched {r.get('service_fetch_age_mean_ms', '-')} ms, "
         f"in the batcher {r['service_batcher_mean_ms']} ms "
         f"(queue wait {r['service_queue_wait_mean_ms']} ms, batch {r['service_batch_mean_ms']} ms)"
+        + _path_text(r)
         for r in loads
         if "service_batcher_mean_ms" in r  # load lines read back from older runs lack the split
     ]
     lines += ["", *means] if means else []
     return "\n".join(lines) + "\n"
+
+
+def _path_text(r: dict[str, Any]) -> str:
+    """A load's per-record path through the batcher (prepare, then each step after the cut), or "" for a
+    load line from before the steps were counted."""
+    if "service_prepare_mean_ms" not in r:
+        return ""
+    steps = ", ".join(f"{name} {r[f'service_{name}_mean_ms']}" for name in BATCH_STEPS)
+    return f"; per record: prepare {r['service_prepare_mean_ms']}, queue wait, then {steps} ms"
 
 
 def broker_log_errors(broker: LocalKafka) -> list[str]:

@@ -66,6 +66,20 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        self.prepare_seconds = BulkHistogram(
+            f"{PREFIX}_prepare_seconds",
+            "Submitted record until prepared (decode and encode, the wait for the prepare pool included)",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.batch_path = BulkHistogram(
+            f"{PREFIX}_batch_path_seconds",
+            "A record's batch after its cut, by step: stage, gpu_wait (behind the batch before it), run, "
+            "back (to the event loop), respond; one observation per record",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+            labelnames=("step",),
+        )
         self.class_queue_wait = BulkHistogram(
             f"{PREFIX}_class_queue_wait_seconds",
             "Prepared record waiting for its batch to start, by priority class",

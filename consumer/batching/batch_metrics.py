@@ -3,6 +3,7 @@ end-to-end latency of its submissions (`consumer.metrics.Metrics`). Event loop o
 
 from __future__ import annotations
 
+from consumer.batching.gpu import BatchTimes
 from consumer.batching.submission import Submission
 from consumer.metrics import Metrics
 from engine.batching.split import SplitStats
@@ -16,11 +17,17 @@ def observe_batch(
     elapsed: float,
     started: float,
     now: float,
+    times: BatchTimes | None = None,
 ) -> None:
     """Record one batch: `counts` its records per submission, `stats` how its run went, `tokens` its size,
     `elapsed` its engine seconds, `started` and `now` (the batcher's clock) when it was dispatched and
-    finished. A submission's latency is observed when its last record is settled."""
-    m.batch_records.observe(sum(counts.values()))
+    finished, `times` where its time went after the cut (once per record; None: not known, e.g. split).
+    A submission's latency is observed when its last record is settled."""
+    records = sum(counts.values())
+    m.batch_records.observe(records)
+    if times is not None:
+        for step, ms in times.steps():
+            m.batch_path.labels(step).observe(ms / 1000.0, records)
     m.batch_tokens.observe(tokens)
     m.engine_seconds.observe(elapsed)
     for sub, count in counts.items():  # records of one submission became ready together

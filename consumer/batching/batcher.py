@@ -39,7 +39,7 @@ from consumer.batching.adaptive import (
 )
 from consumer.batching.batch_metrics import observe_batch
 from consumer.batching.classes import ClassPolicy, ClassQueues
-from consumer.batching.gpu import GpuRunner
+from consumer.batching.gpu import BatchTimes, GpuRunner
 from consumer.batching.submission import Job, Outcome, Submission, prepare_all
 from consumer.clock import Clock, SystemClock
 from consumer.logging import get_logger
@@ -141,6 +141,8 @@ class Batcher(Generic[P, S, R]):
             sub.future.cancel()  # the pool was shut down under it: nobody waits forever
             raise
         sub.ready_at = self._clock.now()
+        if self._metrics is not None:
+            self._metrics.prepare_seconds.observe(sub.ready_at - sub.submitted_at, len(results))
         for index, result in enumerate(results):
             if isinstance(result, BaseException):
                 sub.settle(index, result)
@@ -265,19 +267,21 @@ class Batcher(Generic[P, S, R]):
             self._gpu_slots.release()
             self._gpu_done(tokens, seconds, learn=learn, ago=ago)
 
-        lane: dict[str, float | bool] = {}  # an urgent batch's `gpu.LaneTimes`, logged with it
+        times: BatchTimes | None = None  # a normal batch's steps, recorded with it
+        steps: dict[str, float | bool] = {}  # its `gpu.BatchTimes` or an urgent one's `gpu.LaneTimes`, logged
         try:
             if urgent:
                 try:
-                    result, elapsed, times = await self._gpu.run_urgent(prepared)
-                    lane = asdict(times) if times is not None else {}
+                    result, elapsed, lane = await self._gpu.run_urgent(prepared)
+                    steps = asdict(lane) if lane is not None else {}
                 finally:
                     self._urgent_busy = False
                     self._wakeup.set()
                 if self._metrics is not None:
                     self._metrics.gpu_busy.inc(elapsed)
             else:
-                result, elapsed = await self._gpu.run(prepared, gpu_done)
+                result, elapsed, times = await self._gpu.run(prepared, gpu_done)
+                steps = asdict(times) if times is not None else {}
         except asyncio.CancelledError:  # `close` gave up on it: its records are unfinished, not failed
             for _, sub, _ in batch:
                 sub.future.cancel()
@@ -294,7 +298,9 @@ class Batcher(Generic[P, S, R]):
             sub.settle(index, outcome)
             counts[sub] = counts.get(sub, 0) + 1
         if self._metrics is not None:
-            observe_batch(self._metrics, counts, result.stats, tokens, elapsed, started, self._clock.now())
+            observe_batch(
+                self._metrics, counts, result.stats, tokens, elapsed, started, self._clock.now(), times
+            )
         log.info(
             "batch",
             urgent=urgent,
@@ -305,7 +311,7 @@ class Batcher(Generic[P, S, R]):
             splits=result.stats.splits,
             ooms=result.stats.ooms,
             failed=failures,
-            **lane,
+            **steps,
         )
 
     def _track(self, task: asyncio.Future[Any]) -> None:

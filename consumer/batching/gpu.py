@@ -70,6 +70,30 @@ class LaneTimes:
     inside: bool
 
 
+@dataclass(frozen=True, slots=True)
+class BatchTimes:
+    """Where one normal batch's time went after its cut, in ms: staging (from the cut until its run was
+    queued on the GPU thread), waiting there for the batch before it, its run on the GPU thread (wall time,
+    lane batches run inside it included), from the run's end until the loop took the result, answering
+    (`respond` in the prepare pool, back on the loop). The batcher logs them with the batch and records
+    them per record (`Metrics.batch_path`)."""
+
+    stage_ms: float
+    gpu_wait_ms: float
+    run_ms: float
+    back_ms: float
+    respond_ms: float
+
+    def steps(self) -> tuple[tuple[str, float], ...]:
+        """(step, ms) in the batch's order; the steps are `BATCH_STEPS`."""
+        ms = (self.stage_ms, self.gpu_wait_ms, self.run_ms, self.back_ms, self.respond_ms)
+        return tuple(zip(BATCH_STEPS, ms, strict=True))
+
+
+BATCH_STEPS = ("stage", "gpu_wait", "run", "back", "respond")
+"""The steps of `BatchTimes`, the `step` labels of `consumer.metrics.Metrics.batch_path`."""
+
+
 URGENT_SHARE = 0.5
 """The most of a running batch's wall time the lane may take inside it (see the module docstring): urgent
 work at most doubles a bulk batch, and a flood of it still leaves bulk half of the GPU."""
@@ -116,10 +140,13 @@ class GpuRunner(Generic[P, S, R]):
         """The urgent lane's CPU thread: urgent prepare, stage and respond never queue behind bulk work."""
         return self._urgent_pool
 
-    async def run(self, prepared: list[P], on_done: GpuDone) -> tuple[BatchResult[SystemOneResponse], float]:
-        """Run `prepared` as one batch; returns its outcomes and its GPU seconds. `on_done` is called once,
-        as soon as the batch left the GPU thread (before `respond`), or at the end if it never got there.
-        Never raises for an engine error (a record failing alone is an `EngineError` outcome)."""
+    async def run(
+        self, prepared: list[P], on_done: GpuDone
+    ) -> tuple[BatchResult[SystemOneResponse], float, BatchTimes | None]:
+        """Run `prepared` as one batch; returns its outcomes, its GPU seconds and where its time went (None
+        when it failed and was split). `on_done` is called once, as soon as the batch left the GPU thread
+        (before `respond`), or at the end if it never got there. Never raises for an engine error (a record
+        failing alone is an `EngineError` outcome)."""
         loop = asyncio.get_running_loop()
         engine = self._engine
         done = False
@@ -135,18 +162,26 @@ class GpuRunner(Generic[P, S, R]):
                 cut = time.perf_counter()
                 queued, at = await loop.run_in_executor(self._cpu_pool, self._stage_and_queue, prepared)
                 self.lead += 0.2 * (at - cut - self.lead)  # from the cut until the GPU thread could start it
-                raw, elapsed, clean, ended = await asyncio.wrap_future(queued)
+                raw, elapsed, clean, began, ended = await asyncio.wrap_future(queued)
+                back = time.perf_counter()
                 release(elapsed, clean, ended)
                 responses = await loop.run_in_executor(self._cpu_pool, engine.respond, raw)
                 if len(responses) != len(prepared):
                     raise RuntimeError(f"engine returned {len(responses)} results for {len(prepared)}")
-                return BatchResult(list(responses), SplitStats(calls=1)), elapsed
+                times = BatchTimes(
+                    stage_ms=_ms(at - cut),
+                    gpu_wait_ms=_ms(max(0.0, began - at)),
+                    run_ms=_ms(ended - began),
+                    back_ms=_ms(max(0.0, back - ended)),
+                    respond_ms=_ms(time.perf_counter() - back),
+                )
+                return BatchResult(list(responses), SplitStats(calls=1)), elapsed, times
             except Exception as exc:  # split from here on: the whole batch is not run again
                 log.warning("staged_batch_failed", records=len(prepared), error=type(exc).__name__)
                 failed = exc
             result, elapsed = await loop.run_in_executor(self._gpu_pool, self._split, prepared, failed)
             release(elapsed, False)  # a split run's time is not one batch's cost: keep it out of the model
-            return result, elapsed
+            return result, elapsed, None
         finally:
             release()
 
@@ -189,16 +224,19 @@ class GpuRunner(Generic[P, S, R]):
         with self._engine.lane():
             return self._engine.stage(prepared)
 
-    def _stage_and_queue(self, prepared: list[P]) -> tuple[Future[tuple[R, float, bool, float]], float]:
+    def _stage_and_queue(
+        self, prepared: list[P]
+    ) -> tuple[Future[tuple[R, float, bool, float, float]], float]:
         """CPU pool: stage a batch and queue its run on the GPU thread straight from here (no hop through
         the event loop in between); returns the run's future and when it was queued (`perf_counter`)."""
         staged = self._engine.stage(prepared)
         return self._gpu_pool.submit(self._run_normal, staged), time.perf_counter()
 
-    def _run_normal(self, staged: S) -> tuple[R, float, bool, float]:
+    def _run_normal(self, staged: S) -> tuple[R, float, bool, float, float]:
         """GPU thread: run one batch with the lane as its `between` hook; returns its result, its own GPU
         seconds (lane time taken out), whether it ran clean of lane work (the cost model learns it) and
-        when it ended (`time.perf_counter`)."""
+        when it began and ended (`time.perf_counter`)."""
+        began = time.perf_counter()
         lane0 = self._batch_lane0 = self._lane_seconds
         t0 = self._batch_began = self._now()
         try:
@@ -206,7 +244,7 @@ class GpuRunner(Generic[P, S, R]):
         finally:
             self._batch_began = None
         lane = self._lane_seconds - lane0
-        return raw, self._now() - t0 - lane, lane == 0.0, time.perf_counter()
+        return raw, self._now() - t0 - lane, lane == 0.0, began, time.perf_counter()
 
     def _between(self) -> None:
         """GPU thread, the running batch's `between` hook: the lane's waiting batches while the lane's

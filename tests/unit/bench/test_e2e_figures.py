@@ -13,6 +13,7 @@ import pytest
 from bench.av_placeholder import install_av_placeholder
 from bench.e2e_report import load_figures, service_window, summary_text
 from bench.e2e_traffic import Ledger, Sent, event_values
+from consumer.batching.gpu import BATCH_STEPS
 
 
 def _ledger() -> Ledger:
@@ -75,7 +76,20 @@ def test_service_window_differences() -> None:
     after |= {"batch_tokens_sum": 6000.0, "e2e_count": 60.0, "e2e_sum": 10.0, "commits": 5.0}
     after |= {"engine_sum": 0.7, "wait_count": 60.0, "wait_sum": 1.2}
     after |= {"batcher_count": 25.0, "batcher_sum": 1.5, "fetch_count": 60.0, "fetch_sum": 0.4}
+    before |= {"prepare_count": 40.0, "prepare_sum": 0.04}
+    after |= {"prepare_count": 60.0, "prepare_sum": 0.08}  # 2 ms a record
+    for i, step in enumerate(BATCH_STEPS):  # step i: (i + 1) ms a record over 20 records
+        before |= {f"{step}_count": 40.0, f"{step}_sum": 1.0}
+        after |= {f"{step}_count": 60.0, f"{step}_sum": 1.0 + 0.02 * (i + 1)}
     w = service_window(before, after, 4.0)
+    assert {k: w.pop(f"service_{k}_mean_ms") for k in BATCH_STEPS} == {
+        "stage": 1.0,
+        "gpu_wait": 2.0,
+        "run": 3.0,
+        "back": 4.0,
+        "respond": 5.0,
+    }
+    assert w.pop("service_prepare_mean_ms") == 2.0
     assert w == {
         "gpu_busy": 0.5,
         "batches": 4,
@@ -120,6 +134,15 @@ def test_summary_text_has_one_row_per_load_and_the_ratio() -> None:
         "4/s, service means: record timestamp to outputs acknowledged 90.5 ms, to fetched 4.5 ms, "
         "in the batcher 80.0 ms "
         "(queue wait 30.25 ms, batch 40.0 ms)"
+    )
+    split |= {"service_prepare_mean_ms": 0.5} | {f"service_{k}_mean_ms": 1.0 for k in BATCH_STEPS}
+    assert (
+        summary_text(info, None, [load | split])
+        .splitlines()[-1]
+        .endswith(
+            "; per record: prepare 0.5, queue wait, then stage 1.0, gpu_wait 1.0, run 1.0, back 1.0, "
+            "respond 1.0 ms"
+        )
     )
 
 

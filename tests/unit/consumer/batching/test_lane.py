@@ -83,7 +83,7 @@ async def test_lane_batches_go_in_while_the_lane_keeps_within_its_share() -> Non
         await until_lane(runner, len(urgent))  # queued in this order
     engine.go.set()
     answers = await asyncio.wait_for(asyncio.gather(*urgent), 5)
-    result, bulk_s = await asyncio.wait_for(bulk, 5)
+    result, bulk_s, bulk_times = await asyncio.wait_for(bulk, 5)
     runner.shutdown()
     cpu.shutdown()
     assert engine.lane_at == [1, 3, 6]
@@ -92,6 +92,8 @@ async def test_lane_batches_go_in_while_the_lane_keeps_within_its_share() -> Non
     times = [t for _, _, t in answers]
     assert all(t is not None and t.inside and t.run_ms == LANE_S * 1000 for t in times)  # logged per batch
     assert said(result.outcomes) == ["answer:bulk"]
+    assert bulk_times is not None
+    assert all(ms >= 0.0 for _, ms in bulk_times.steps())
     assert bulk_s == LAYERS * LAYER_S  # the lane's time is taken out of the bulk batch's
     assert done == [(LAYERS * LAYER_S, False)]  # a batch the lane ran inside is not learnt from
     assert len(ago) == 1
