@@ -12,7 +12,8 @@ Per share of the modelled capacity it prints, as JSON lines, the batcher's and t
 (arrival to answer: p50, p99, max ms; and arrival to the end of its batch on the GPU, the model's measure),
 records per batch and GPU busy share, and the GPU's idle time while
 records waited (`idle_waiting_ms`: from a batch's end to the next batch's start, when a record of that next
-batch had already arrived; per batch, mean and p50). What separates the two is the batcher's own cost:
+batch had already arrived; per batch, mean and p50), and each record's mean path through the batcher from its metrics (`path_ms_mean`:
+prepare, queue wait, stage, gpu_wait, run, back, respond). What separates the two is the batcher's own cost:
 when it cuts, staging, hand-offs. Not a test: it asserts nothing, and a CPU with other load moves its figures.
 """
 
@@ -32,7 +33,9 @@ from dataclasses import dataclass, field
 
 from bench.queue_model import Cost, mix_mean, poisson_arrivals, simulate
 from consumer.batching.batcher import Batcher, Outcome
+from consumer.batching.gpu import BATCH_STEPS
 from consumer.logging import configure_logging
+from consumer.metrics import Metrics
 from consumer.settings import BatchingSettings
 from devtools.stub import StubEngine
 from engine.batching.cut import SERVICE_LIMITS, BatchLimits
@@ -114,11 +117,17 @@ def _ms(values: Sequence[float], q: float) -> float:
 
 
 async def drive(
-    engine: TimedEngine, settings: BatchingSettings, schedule: Sequence[tuple[float, int]], prepare_s: float
+    engine: TimedEngine,
+    settings: BatchingSettings,
+    schedule: Sequence[tuple[float, int]],
+    prepare_s: float,
+    metrics: Metrics | None = None,
 ) -> list[float]:
     """Submit each event at its time (one submission each, as HTTP requests and small fetches arrive) and
-    return every latency, scheduled arrival to answer, in seconds."""
-    batcher: Batcher[TimedRecord, Sequence[TimedRecord], Sequence[TimedRecord]] = Batcher(engine, settings)
+    return every latency, scheduled arrival to answer, in seconds. `metrics` gets the batcher's."""
+    batcher: Batcher[TimedRecord, Sequence[TimedRecord], Sequence[TimedRecord]] = Batcher(
+        engine, settings, metrics=metrics
+    )
     await batcher.start()
     latencies: list[float] = []
     pending: list[asyncio.Future[list[Outcome]]] = []
@@ -142,6 +151,17 @@ async def drive(
     await asyncio.wait(pending, timeout=60.0)
     await batcher.close()
     return latencies
+
+
+def path_means(m: Metrics) -> dict[str, float]:
+    """Per record, mean ms of each step through the batcher: prepare, queue wait, then the batch's steps
+    after the cut (`consumer.batching.gpu.BATCH_STEPS`), from the batcher's metrics."""
+    series = {"prepare": m.prepare_seconds, "queue_wait": m.queue_wait}
+    out = {name: h.sum / h.count * 1000 if h.count else 0.0 for name, h in series.items()}
+    for step in BATCH_STEPS:
+        h = m.batch_path.labels(step)
+        out[step] = h.sum / h.count * 1000 if h.count else 0.0
+    return {k: round(v, 2) for k, v in out.items()}
 
 
 def idle_waiting(runs: Sequence[Run]) -> list[float]:
@@ -196,7 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         engine = TimedEngine(
             cost, args.stage_ms / 1000, args.stage_record_ms / 1000, args.respond_record_ms / 1000, answer
         )
-        latencies = asyncio.run(drive(engine, settings, schedule, args.prepare_ms / 1000))
+        metrics = Metrics()
+        latencies = asyncio.run(drive(engine, settings, schedule, args.prepare_ms / 1000, metrics))
         gaps = idle_waiting(engine.runs)
         span = max(r.end for r in engine.runs) - min(r.start for r in engine.runs)
         busy = sum(r.end - r.start for r in engine.runs)
@@ -218,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "idle_waiting_ms_p50": _ms(gaps, 0.5),
             "batches_after_a_wait": len(gaps),
             "batches": len(engine.runs),
+            "path_ms_mean": path_means(metrics),
             "model": model,
         }
         print(json.dumps(row), flush=True)
