@@ -10,11 +10,11 @@ GIL, as tokenising and collating do). Real event loop, real threads, real timers
 
 Per share of the modelled capacity it prints, as JSON lines, the batcher's and the ideal model's latency
 (arrival to answer: p50, p99, max ms; and arrival to the end of its batch on the GPU, the model's measure),
-records per batch and GPU busy share, and the GPU's idle time while
-records waited (`idle_waiting_ms`: from a batch's end to the next batch's start, when a record of that next
-batch had already arrived; per batch, mean and p50), and each record's mean path through the batcher from its metrics (`path_ms_mean`:
-prepare, queue wait, stage, gpu_wait, run, back, respond). What separates the two is the batcher's own cost:
-when it cuts, staging, hand-offs. Not a test: it asserts nothing, and a CPU with other load moves its figures.
+records per batch and GPU busy share, the GPU's idle time while records waited (`idle_waiting_ms`: from a
+batch's end to the next batch's start, when a record of that next batch had already arrived; per batch,
+mean and p50), and each record's mean path through the batcher from its metrics (`path_ms_mean`: prepare,
+queue wait, stage, gpu_wait, run, back, respond). What separates the two is the batcher's own cost: when
+it cuts, staging, hand-offs. Not a test: it asserts nothing, and a CPU with other load moves its figures.
 """
 
 from __future__ import annotations
