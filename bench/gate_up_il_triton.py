@@ -1,0 +1,124 @@
+"""Bench-only Triton kernels (not imported by the product): the gate/up expert GEMMs of
+`engine.kernels.moe_triton` and `engine.kernels.moe_fp8_triton` on an interleaved weight layout, for
+`bench.gate_up_il`.
+
+Interleaved layout: W_il (E, 2 I, H) with W_il[e, 2 n] = W_gate[e, n] and W_il[e, 2 n + 1] = W_up[e, n].
+A program's `block_n` output columns then need one contiguous (2 block_n, block_k) weight tile per k step
+and one tensor-core product of width 2 block_n, instead of two products of width block_n that each read
+the same activation tile; the accumulator's column pairs (gate, up) sit in the same thread, so splitting
+them for SwiGLU moves no data. Everything else (prologue, gather, epilogue) is the shipped kernels'.
+
+Triton's JIT reads kernel arguments without Python annotations; this module is bench code only.
+"""
+
+import triton
+import triton.language as tl
+
+from engine.kernels.moe_triton import _store_swiglu, _tile_of_program, _tile_pairs
+
+
+@triton.jit
+def _split_pairs(acc, block_m: tl.constexpr, block_n: tl.constexpr):
+    # (BM, 2 BN) accumulator with gate/up column pairs -> gate (BM, BN), up (BM, BN).
+    return tl.split(tl.reshape(acc, (block_m, block_n, 2)))
+
+
+@triton.jit
+def _gate_up_il_kernel(
+    x_ptr,
+    w,
+    order_ptr,
+    counts_ptr,
+    topw_ptr,
+    out_ptr,
+    hidden: tl.constexpr,
+    inter: tl.constexpr,
+    e: tl.constexpr,
+    e_pad: tl.constexpr,
+    top_k: tl.constexpr,
+    block_m: tl.constexpr,
+    block_n: tl.constexpr,
+    block_k: tl.constexpr,
+    stages: tl.constexpr,
+    tma: tl.constexpr,
+):
+    # `_moe_gate_up_kernel` / `_moe_gate_up_tma_kernel` on W_il: `w` a descriptor in (1, 2 block_n,
+    # block_k) boxes with `tma`, else the tensor.
+    expert, pid_n, row0, row_end = _tile_of_program(counts_ptr, inter // block_n, block_m, e, e_pad)
+    if expert >= e:
+        return
+    rows, rmask, pair = _tile_pairs(order_ptr, row0, row_end, block_m)
+    tok = pair // top_k
+    ks = tl.arange(0, block_k)
+    n0 = pid_n * block_n
+    cols = 2 * n0 + tl.arange(0, 2 * block_n)
+    w_offs = expert.to(tl.int64) * (2 * inter * hidden) + cols[:, None] * hidden + ks[None, :]  # (2BN, BK)
+    acc = tl.zeros([block_m, 2 * block_n], dtype=tl.float32)
+    for kk in tl.range(0, hidden, block_k, num_stages=stages):
+        a = tl.load(x_ptr + tok[:, None] * hidden + kk + ks[None, :], mask=rmask[:, None], other=0.0)
+        if tma:  # noqa: SIM108 - a constexpr branch, resolved when Triton compiles
+            wt = w.load([expert, 2 * n0, kk]).reshape(2 * block_n, block_k)
+        else:
+            wt = tl.load(w + w_offs + kk)
+        acc = tl.dot(a, wt.T, acc)
+    acc_g, acc_u = _split_pairs(acc, block_m, block_n)
+    _store_swiglu(acc_g, acc_u, topw_ptr, out_ptr, rows, rmask, pair, n0 + tl.arange(0, block_n), inter)
+
+
+@triton.jit
+def _gate_up_il_fp8_kernel(
+    x_ptr,
+    xs_ptr,
+    w,
+    ws_ptr,
+    order_ptr,
+    counts_ptr,
+    topw_ptr,
+    q_ptr,
+    qs_ptr,
+    hidden: tl.constexpr,
+    inter: tl.constexpr,
+    e: tl.constexpr,
+    e_pad: tl.constexpr,
+    top_k: tl.constexpr,
+    group: tl.constexpr,
+    fp8_max: tl.constexpr,
+    block_m: tl.constexpr,
+    block_n: tl.constexpr,
+    block_k: tl.constexpr,
+    stages: tl.constexpr,
+    tma: tl.constexpr,
+):
+    # `_moe_gate_up_fp8_kernel` on W_il (e4m3) with its channel scales interleaved the same way
+    # (ws (E, 2 inter), ws[e, 2 n] gate, ws[e, 2 n + 1] up).
+    expert, pid_n, row0, row_end = _tile_of_program(counts_ptr, inter // block_n, block_m, e, e_pad)
+    if expert >= e:
+        return
+    rows, rmask, pair = _tile_pairs(order_ptr, row0, row_end, block_m)
+    tok = pair // top_k
+    ks = tl.arange(0, block_k)
+    n0 = pid_n * block_n
+    cols = 2 * n0 + tl.arange(0, 2 * block_n)
+    w_offs = expert.to(tl.int64) * (2 * inter * hidden) + cols[:, None] * hidden + ks[None, :]  # (2BN, BK)
+    acc = tl.zeros([block_m, 2 * block_n], dtype=tl.float32)
+    for kk in tl.range(0, hidden, block_k, num_stages=stages):
+        a = tl.load(x_ptr + tok[:, None] * hidden + kk + ks[None, :], mask=rmask[:, None], other=0.0)
+        if tma:  # noqa: SIM108 - a constexpr branch, resolved when Triton compiles
+            wt = w.load([expert, 2 * n0, kk]).reshape(2 * block_n, block_k)
+        else:
+            wt = tl.load(w + w_offs + kk)
+        acc = tl.dot(a, wt.T, acc)
+    x_scale = tl.load(xs_ptr + tok, mask=rmask, other=0.0)  # (BM,)
+    w_scale = tl.load(ws_ptr + expert.to(tl.int64) * (2 * inter) + cols)  # (2BN,)
+    gf, uf = _split_pairs(acc * x_scale[:, None] * w_scale[None, :], block_m, block_n)
+    rw = tl.load(topw_ptr + pair, mask=rmask, other=0.0).to(tl.float32)
+    act = gf / (1.0 + tl.exp(-gf)) * uf * rw[:, None]  # (BM, BN)
+    blocks: tl.constexpr = block_n // group
+    act3 = tl.reshape(act, (block_m, blocks, group))
+    scale = tl.maximum(tl.max(tl.abs(act3), axis=2), 1e-12) / fp8_max  # (BM, blocks)
+    q = tl.reshape((act3 / scale[:, :, None]).to(q_ptr.dtype.element_ty), (block_m, block_n))
+    r64 = rows.to(tl.int64)
+    ns = n0 + tl.arange(0, block_n)
+    tl.store(q_ptr + r64[:, None] * inter + ns[None, :], q, mask=rmask[:, None])
+    gs = pid_n * blocks + tl.arange(0, blocks)
+    tl.store(qs_ptr + r64[:, None] * (inter // group) + gs[None, :], scale, mask=rmask[:, None])
