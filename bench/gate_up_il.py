@@ -39,11 +39,15 @@ _BF16 = (
 _FP8 = (
     (64, 128, 128, 8, 3, True),
     (64, 128, 128, 4, 3, True),
-    (64, 64, 128, 4, 4, False),
+    (64, 256, 128, 8, 3, False),
+    (64, 256, 128, 8, 2, False),
+    (64, 256, 64, 8, 4, False),
+    (64, 128, 128, 4, 4, False),
+    (32, 256, 128, 8, 3, False),
     (128, 128, 128, 8, 3, False),
     (128, 128, 128, 8, 3, True),
     (128, 128, 128, 8, 4, True),
-    (128, 64, 128, 8, 4, True),
+    (128, 256, 128, 8, 3, False),
 )
 
 
@@ -177,7 +181,7 @@ def run(tokens: list[int], out: Path) -> None:
         emit_line(rows, **_row("shipped", "fp8", t, _shape(shipped8), us, w.numel(), None))
         ref8 = act.float() * act_s.repeat_interleave(moe_fp8.GROUP, dim=1)
         for shape in _FP8:
-            if (shape[0] >= 128 and t < 4096) or (shape[0] <= 64 and t > 16384):
+            if (shape[0] >= 128 and t < 4096) or (shape[0] <= 64 and t > 4096):
                 continue
             act2.zero_()
             us = _time(partial(fp8_il, xq, xs, w8_il, ws8_il, order, counts, top_w, act2, act_s2, shape))
