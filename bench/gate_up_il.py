@@ -1,12 +1,18 @@
-"""The gate/up expert GEMM on the shipped weight layout against an interleaved one
-(`bench.gate_up_il_triton`): one full-size MoE layer's gate/up weights (128 x 1,536 x 2,048: 805 MB in bf16,
-so every call reads them from HBM), T tokens routed uniformly at random (the levelled load), bf16 and e4m3.
+"""The gate/up expert GEMM on the weight layout gate rows first, then up rows, against the interleaved one
+(row 2 n gate n, row 2 n + 1 up n; `engine.kernels.fp8.Fp8Experts`): one full-size MoE layer's gate/up
+weights (128 x 1,536 x 2,048: 805 MB in bf16, so every call reads them from HBM), T tokens routed uniformly
+at random (the levelled load).
 
-`python3 -m bench.gate_up_il --out DIR [--tokens 800,4096,16384,65536]` prints, per T and dtype, the shipped
-kernel at its shipped shape and the interleaved kernel over a few shapes, microseconds per call (CUDA graph
-replays, `bench.timing.graph_us`), TFLOP/s and the weight-read rate, and max |diff| of the interleaved output
-against the shipped one (the same k steps, so it should be 0 or a rounding step). Writes `gate_up_il.jsonl`.
-Not a test: it asserts nothing.
+- bf16: the shipped kernel (`engine.kernels.moe_triton`, halves layout) at its shipped shape against the
+  interleaved bench kernel (`bench.gate_up_il_triton`) over a few shapes;
+- e4m3: the kernel before the interleaved layout (`bench.gate_up_il_triton._gate_up_halves_fp8_kernel`) at
+  the shapes it shipped with, against the shipped interleaved kernel (`engine.kernels.moe_fp8_triton`) at
+  its shipped shape and over a few shapes.
+
+`python3 -m bench.gate_up_il --out DIR [--tokens 800,4096,16384,65536]` prints, per T and dtype,
+microseconds per call (CUDA graph replays, `bench.timing.graph_us`), TFLOP/s and the weight-read rate, and
+max |diff| of each interleaved output against the halves one (the same k steps, so 0 or a rounding step).
+Writes `gate_up_il.jsonl`. Not a test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from bench.moe_kernels import EXPERTS, HIDDEN, INTER, TOP_K, kernel_info, routed
 from bench.report import emit_line
 from bench.timing import graph_us
 from engine.kernels import moe, moe_fp8
-from engine.kernels.fp8 import FP8, FP8_MAX, quantize_experts, quantize_rows
+from engine.kernels.fp8 import FP8, FP8_MAX, interleave_gate_up, quantize_experts, quantize_rows
 from engine.kernels.tiles import Tiles
 
 # (block_m, block_n per half, block_k, warps, stages, tma)
@@ -36,6 +42,9 @@ _BF16 = (
     (128, 128, 64, 8, 3, True),
     (128, 128, 64, 8, 4, True),
 )
+# the e4m3 kernel's shapes before the interleaved layout (tiles.json then): small TMA, large pointer loads
+_HALVES_SMALL = (64, 256, 128, 8, 3, True)
+_HALVES_LARGE = (128, 128, 128, 8, 3, False)
 _FP8 = (
     (64, 128, 128, 8, 3, True),
     (64, 128, 128, 4, 3, True),
@@ -51,10 +60,10 @@ _FP8 = (
 )
 
 
-def interleave(w: torch.Tensor) -> torch.Tensor:
-    """(E, 2I, H) gate rows then up rows -> (E, 2I, H) with row 2n gate n and row 2n + 1 up n."""
+def halves_of(w: torch.Tensor) -> torch.Tensor:
+    """`engine.kernels.fp8.interleave_gate_up` undone: (E, 2I, H) interleaved -> gate rows, then up rows."""
     e, two_i, h = w.shape
-    return w.view(e, 2, two_i // 2, h).transpose(1, 2).reshape(e, two_i, h).contiguous()
+    return w.view(e, two_i // 2, 2, h).transpose(1, 2).reshape(e, two_i, h).contiguous()
 
 
 def _grid(pairs: int, block_m: int, block_n: int) -> tuple[int]:
@@ -91,29 +100,20 @@ def bf16_il(x, w_il, order, counts, top_w, out, t: tuple[int, ...]) -> None:  # 
     )  # fmt: skip
 
 
-def fp8_shipped(xq, xs, q8, order, counts, top_w, act, act_s, t: Tiles) -> None:  # type: ignore[no-untyped-def]
+def fp8_gate_up(xq, xs, w, ws, order, counts, top_w, act, act_s, t: tuple[int, ...], halves: bool) -> None:  # type: ignore[no-untyped-def]
+    """The e4m3 gate/up kernel at shape `t`: the engine's (interleaved `w`, `ws`) or, with `halves`, the
+    one before it (gate rows first)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    from bench.gate_up_il_triton import _gate_up_halves_fp8_kernel
     from engine.kernels.moe_fp8_triton import _moe_gate_up_fp8_kernel
 
-    bn = max(moe.fit_block(t.block_n, INTER), moe_fp8.GROUP)
-    w = TensorDescriptor.from_tensor(q8.gate_up, [1, bn, t.block_k]) if t.tma else q8.gate_up
-    _moe_gate_up_fp8_kernel[_grid(act.shape[0], t.block_m, bn)](
-        xq, xs, w, q8.gate_up_scale, order, counts, top_w, act, act_s, hidden=HIDDEN, inter=INTER,
-        e=EXPERTS, e_pad=EXPERTS, top_k=TOP_K, group=moe_fp8.GROUP, fp8_max=FP8_MAX, block_m=t.block_m,
-        block_n=bn, block_k=t.block_k, stages=t.stages, tma=t.tma, num_warps=t.warps,
-    )  # fmt: skip
-
-
-def fp8_il(xq, xs, w_il, ws_il, order, counts, top_w, act, act_s, t: tuple[int, ...]) -> None:  # type: ignore[no-untyped-def]
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    from bench.gate_up_il_triton import _gate_up_il_fp8_kernel
-
     bm, bn, bk, warps, stages, tma = t
-    w = TensorDescriptor.from_tensor(w_il, [1, 2 * bn, bk]) if tma else w_il
-    _gate_up_il_fp8_kernel[_grid(act.shape[0], bm, bn)](
-        xq, xs, w, ws_il, order, counts, top_w, act, act_s, hidden=HIDDEN, inter=INTER, e=EXPERTS,
+    kernel = _gate_up_halves_fp8_kernel if halves else _moe_gate_up_fp8_kernel
+    box = [1, bn if halves else 2 * bn, bk]
+    wd = TensorDescriptor.from_tensor(w, box) if tma else w
+    kernel[_grid(act.shape[0], bm, bn)](
+        xq, xs, wd, ws, order, counts, top_w, act, act_s, hidden=HIDDEN, inter=INTER, e=EXPERTS,
         e_pad=EXPERTS, top_k=TOP_K, group=moe_fp8.GROUP, fp8_max=FP8_MAX, block_m=bm, block_n=bn,
         block_k=bk, stages=stages, tma=tma, num_warps=warps,
     )  # fmt: skip
@@ -148,10 +148,10 @@ def run(tokens: list[int], out: Path) -> None:
     rows: list[str] = []
     emit_line(rows, **kernel_info())
     w = (torch.randn(EXPERTS, 2 * INTER, HIDDEN, generator=gen, device="cuda") * 0.02).bfloat16()
-    w_il = interleave(w)
+    w_il = interleave_gate_up(w)
     down = torch.zeros(EXPERTS, HIDDEN, INTER, dtype=torch.bfloat16, device="cuda")
-    q8 = quantize_experts(w, down)
-    w8_il, ws8_il = interleave(q8.gate_up), interleave(q8.gate_up_scale[..., None])[..., 0].contiguous()
+    q8 = quantize_experts(w, down)  # gate/up interleaved
+    w8_h, ws8_h = halves_of(q8.gate_up), halves_of(q8.gate_up_scale[..., None])[..., 0].contiguous()
     del down
     for t in tokens:
         top_w, order, counts, _ = routed(t, gen)
@@ -175,21 +175,24 @@ def run(tokens: list[int], out: Path) -> None:
         act = torch.empty(pairs, INTER, dtype=FP8, device="cuda")
         act_s = torch.empty(pairs, INTER // moe_fp8.GROUP, dtype=torch.float32, device="cuda")
         act2, act_s2 = torch.empty_like(act), torch.empty_like(act_s)
-        shipped8 = moe_fp8.tiles_for(pairs, EXPERTS).gate_up
-        fp8_shipped(xq, xs, q8, order, counts, top_w, act, act_s, shipped8)
-        us = _time(partial(fp8_shipped, xq, xs, q8, order, counts, top_w, act, act_s, shipped8))
-        emit_line(rows, **_row("shipped", "fp8", t, _shape(shipped8), us, w.numel(), None))
+        halves = _HALVES_LARGE if pairs >= moe_fp8.LARGE_FROM_ROWS_PER_EXPERT * EXPERTS else _HALVES_SMALL
+        run_h = partial(fp8_gate_up, xq, xs, w8_h, ws8_h, order, counts, top_w, act, act_s, halves, True)
+        run_h()
+        emit_line(rows, **_row("halves", "fp8", t, list(halves), _time(run_h), w.numel(), None))
         ref8 = act.float() * act_s.repeat_interleave(moe_fp8.GROUP, dim=1)
-        for shape in _FP8:
-            if (shape[0] >= 128 and t < 4096) or (shape[0] <= 64 and t > 4096):
+        g = moe_fp8.tiles_for(pairs, EXPERTS).gate_up
+        shipped8 = (g.block_m, max(g.block_n, moe_fp8.GROUP), g.block_k, g.warps, g.stages, g.tma)
+        for kind, shape in [("shipped", shipped8)] + [("interleaved", s) for s in _FP8]:
+            if kind != "shipped" and ((shape[0] >= 128 and t < 4096) or (shape[0] <= 64 and t > 4096)):
                 continue
             act2.zero_()
-            us = _time(partial(fp8_il, xq, xs, w8_il, ws8_il, order, counts, top_w, act2, act_s2, shape))
+            us = _time(partial(fp8_gate_up, xq, xs, q8.gate_up, q8.gate_up_scale, order, counts, top_w,
+                               act2, act_s2, shape, False))  # fmt: skip
             diff = None
             if isinstance(us, float):
                 got8 = act2.float() * act_s2.repeat_interleave(moe_fp8.GROUP, dim=1)
                 diff = float((got8 - ref8).abs().max())
-            emit_line(rows, **_row("interleaved", "fp8", t, list(shape), us, w.numel(), diff))
+            emit_line(rows, **_row(kind, "fp8", t, list(shape), us, w.numel(), diff))
     (out / "gate_up_il.jsonl").write_text("".join(r + "\n" for r in rows))
 
 

@@ -1,6 +1,6 @@
-"""Bench-only Triton kernels (not imported by the product): the gate/up expert GEMMs of
-`engine.kernels.moe_triton` and `engine.kernels.moe_fp8_triton` on an interleaved weight layout, for
-`bench.gate_up_il`.
+"""Bench-only Triton kernels (not imported by the product) for `bench.gate_up_il`: the bf16 gate/up expert
+GEMM of `engine.kernels.moe_triton` on an interleaved weight layout, and the e4m3 gate/up GEMM as
+`engine.kernels.moe_fp8_triton` ran it before it moved to that layout.
 
 Interleaved layout: W_il (E, 2 I, H) with W_il[e, 2 n] = W_gate[e, n] and W_il[e, 2 n + 1] = W_up[e, n].
 A program's `block_n` output columns then need one contiguous (2 block_n, block_k) weight tile per k step
@@ -66,7 +66,7 @@ def _gate_up_il_kernel(
 
 
 @triton.jit
-def _gate_up_il_fp8_kernel(
+def _gate_up_halves_fp8_kernel(
     x_ptr,
     xs_ptr,
     w,
@@ -89,8 +89,12 @@ def _gate_up_il_fp8_kernel(
     stages: tl.constexpr,
     tma: tl.constexpr,
 ):
-    # `_moe_gate_up_fp8_kernel` on W_il (e4m3) with its channel scales interleaved the same way
-    # (ws (E, 2 inter), ws[e, 2 n] gate, ws[e, 2 n + 1] up).
+    # The e4m3 gate/up kernel before the interleaved layout (gate rows first, then up rows; two products
+    # of width block_n per k step), kept for `bench.gate_up_il`'s comparison.
+    # q[r, n] = e4m3(silu(g) * u * routing weight / s[r, n // group]) for the sorted pair r of expert e,
+    # g = x[tok(r)] . W[e, n], u = x[tok(r)] . W[e, inter + n] (dequantised, in float32);
+    # s = amax over the group's columns / fp8_max. `w` is W (E, 2 inter, hidden) e4m3: a descriptor in
+    # (1, block_n, block_k) boxes with `tma`, else the tensor.
     expert, pid_n, row0, row_end = _tile_of_program(counts_ptr, inter // block_n, block_m, e, e_pad)
     if expert >= e:
         return
@@ -98,19 +102,27 @@ def _gate_up_il_fp8_kernel(
     tok = pair // top_k
     ks = tl.arange(0, block_k)
     n0 = pid_n * block_n
-    cols = 2 * n0 + tl.arange(0, 2 * block_n)
-    w_offs = expert.to(tl.int64) * (2 * inter * hidden) + cols[:, None] * hidden + ks[None, :]  # (2BN, BK)
-    acc = tl.zeros([block_m, 2 * block_n], dtype=tl.float32)
+    ns = n0 + tl.arange(0, block_n)
+    a_ptrs = x_ptr + tok[:, None] * hidden + ks[None, :]  # (BM, BK)
+    g_offs = expert.to(tl.int64) * (2 * inter * hidden) + ns[:, None] * hidden + ks[None, :]  # (BN, BK)
+    acc_g = tl.zeros([block_m, block_n], dtype=tl.float32)
+    acc_u = tl.zeros([block_m, block_n], dtype=tl.float32)
     for kk in tl.range(0, hidden, block_k, num_stages=stages):
-        a = tl.load(x_ptr + tok[:, None] * hidden + kk + ks[None, :], mask=rmask[:, None], other=0.0)
-        if tma:  # noqa: SIM108 - a constexpr branch, resolved when Triton compiles
-            wt = w.load([expert, 2 * n0, kk]).reshape(2 * block_n, block_k)
+        a = tl.load(a_ptrs + kk, mask=rmask[:, None], other=0.0)
+        if tma:
+            g = w.load([expert, n0, kk]).reshape(block_n, block_k)
+            u = w.load([expert, inter + n0, kk]).reshape(block_n, block_k)
         else:
-            wt = tl.load(w + w_offs + kk)
-        acc = tl.dot(a, wt.T, acc)
+            g = tl.load(w + g_offs + kk)
+            u = tl.load(w + g_offs + inter * hidden + kk)
+        acc_g = tl.dot(a, g.T, acc_g)
+        acc_u = tl.dot(a, u.T, acc_u)
     x_scale = tl.load(xs_ptr + tok, mask=rmask, other=0.0)  # (BM,)
-    w_scale = tl.load(ws_ptr + expert.to(tl.int64) * (2 * inter) + cols)  # (2BN,)
-    gf, uf = _split_pairs(acc * x_scale[:, None] * w_scale[None, :], block_m, block_n)
+    w_scale = ws_ptr + expert.to(tl.int64) * (2 * inter)
+    g_s = tl.load(w_scale + ns)  # (BN,)
+    u_s = tl.load(w_scale + inter + ns)
+    gf = acc_g * x_scale[:, None] * g_s[None, :]  # float32 through SwiGLU: nothing is rounded before
+    uf = acc_u * x_scale[:, None] * u_s[None, :]  # the e4m3 quantisation
     rw = tl.load(topw_ptr + pair, mask=rmask, other=0.0).to(tl.float32)
     act = gf / (1.0 + tl.exp(-gf)) * uf * rw[:, None]  # (BM, BN)
     blocks: tl.constexpr = block_n // group
@@ -118,7 +130,6 @@ def _gate_up_il_fp8_kernel(
     scale = tl.maximum(tl.max(tl.abs(act3), axis=2), 1e-12) / fp8_max  # (BM, blocks)
     q = tl.reshape((act3 / scale[:, :, None]).to(q_ptr.dtype.element_ty), (block_m, block_n))
     r64 = rows.to(tl.int64)
-    ns = n0 + tl.arange(0, block_n)
     tl.store(q_ptr + r64[:, None] * inter + ns[None, :], q, mask=rmask[:, None])
     gs = pid_n * blocks + tl.arange(0, blocks)
     tl.store(qs_ptr + r64[:, None] * (inter // group) + gs[None, :], scale, mask=rmask[:, None])

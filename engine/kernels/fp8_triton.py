@@ -44,8 +44,9 @@ def _swiglu_fp8_kernel(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, block)
     mask = cols < inter
-    g = tl.load(h_ptr + row * (2 * inter) + cols, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(h_ptr + row * (2 * inter) + inter + cols, mask=mask, other=0.0).to(tl.float32)
+    # h's columns interleave gate and up (2 n gate n, 2 n + 1 up n), as `Fp8Experts.gate_up`'s rows do
+    g = tl.load(h_ptr + row * (2 * inter) + 2 * cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(h_ptr + row * (2 * inter) + 2 * cols + 1, mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + row).to(tl.float32)
     a = g / (1.0 + tl.exp(-g)) * u * w
     scale = tl.maximum(tl.max(tl.abs(a), axis=0), 1e-12) / fp8_max

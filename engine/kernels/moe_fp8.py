@@ -114,9 +114,9 @@ def experts_pairs_fp8_reference(
             continue
         pairs = order[start : start + n].long()
         start += n
-        w_gu = q8.gate_up[expert].float() * q8.gate_up_scale[expert][:, None]  # (2I, H)
+        w_gu = q8.gate_up[expert].float() * q8.gate_up_scale[expert][:, None]  # (2I, H) interleaved
         h = F.linear(xf.index_select(0, pairs // k), w_gu)  # (n, 2I) float32, as the kernel keeps it
-        g, u = h[:, :inter], h[:, inter:]
+        g, u = h[:, 0::2], h[:, 1::2]
         act = F.silu(g) * u * flat_w.index_select(0, pairs).float()[:, None]  # (n, I)
         blocks = act.reshape(n, inter // group, group)
         scale = blocks.abs().amax(dim=-1).clamp_min(1e-12) / FP8_MAX  # (n, I / group)
@@ -172,7 +172,8 @@ def experts_pairs_fp8(
     gu = tl_.gate_up
     gu_n = max(fit_block(gu.block_n, inter), group)
     gu_k = fit_block(gu.block_k, hidden)
-    w_gu: object = TensorDescriptor.from_tensor(q8.gate_up, [1, gu_n, gu_k]) if gu.tma else q8.gate_up
+    # one (2 gu_n, gu_k) box of interleaved gate/up rows per k step
+    w_gu: object = TensorDescriptor.from_tensor(q8.gate_up, [1, 2 * gu_n, gu_k]) if gu.tma else q8.gate_up
     _moe_gate_up_fp8_kernel[(row_tiles(pairs, experts, gu.block_m) * (inter // gu_n),)](
         xq_, xs, w_gu, q8.gate_up_scale, order, counts, top_w, act, act_s,
         **shapes, top_k=k, group=group, fp8_max=FP8_MAX,

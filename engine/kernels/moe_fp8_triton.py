@@ -5,9 +5,10 @@ They read the grouping as the bf16 kernels do (`engine.kernels.moe_triton`: `ord
 expert, `counts` (E,), a static grid over an upper bound of the row tiles) and share their prologue.
 Scales, all float32:
 
-    gate/up: x (T, H) e4m3 with one scale per token, W (E, 2I, H) e4m3 with one scale per expert and
-             output channel; acc * x_scale[tok] * w_scale[e, n], SwiGLU and routing weight in float32,
-             then quantised again per row and per `group` columns: (S, I) e4m3 + (S, I / group) scales.
+    gate/up: x (T, H) e4m3 with one scale per token, W (E, 2I, H) e4m3 (gate and up rows interleaved,
+             `engine.kernels.fp8.Fp8Experts`) with one scale per expert and output channel;
+             acc * x_scale[tok] * w_scale[e, n], SwiGLU and routing weight in float32, then quantised
+             again per row and per `group` columns: (S, I) e4m3 + (S, I / group) scales.
     down:    per `group`-wide k step one tensor-core product, scaled by its rows' group scales and summed
              in float32; the sum times w_scale[e, n] is stored in bf16 at the pair's place (token * k + j).
 
@@ -48,9 +49,11 @@ def _moe_gate_up_fp8_kernel(
     tma: tl.constexpr,
 ):
     # q[r, n] = e4m3(silu(g) * u * routing weight / s[r, n // group]) for the sorted pair r of expert e,
-    # g = x[tok(r)] . W[e, n], u = x[tok(r)] . W[e, inter + n] (dequantised, in float32);
-    # s = amax over the group's columns / fp8_max. `w` is W (E, 2 inter, hidden) e4m3: a descriptor in
-    # (1, block_n, block_k) boxes with `tma`, else the tensor.
+    # g = x[tok(r)] . W[e, 2 n], u = x[tok(r)] . W[e, 2 n + 1] (dequantised, in float32);
+    # s = amax over the group's columns / fp8_max. `w` is W (E, 2 inter, hidden) e4m3 with gate and up
+    # rows interleaved (`Fp8Experts`): a descriptor in (1, 2 block_n, block_k) boxes with `tma`, else the
+    # tensor. A k step is one product of width 2 block_n (the activation tile read once); the
+    # accumulator's (gate, up) column pairs sit in one thread, so splitting them moves no data.
     expert, pid_n, row0, row_end = _tile_of_program(counts_ptr, inter // block_n, block_m, e, e_pad)
     if expert >= e:
         return
@@ -58,27 +61,21 @@ def _moe_gate_up_fp8_kernel(
     tok = pair // top_k
     ks = tl.arange(0, block_k)
     n0 = pid_n * block_n
-    ns = n0 + tl.arange(0, block_n)
+    cols = 2 * n0 + tl.arange(0, 2 * block_n)  # (2BN,) interleaved weight rows
     a_ptrs = x_ptr + tok[:, None] * hidden + ks[None, :]  # (BM, BK)
-    g_offs = expert.to(tl.int64) * (2 * inter * hidden) + ns[:, None] * hidden + ks[None, :]  # (BN, BK)
-    acc_g = tl.zeros([block_m, block_n], dtype=tl.float32)
-    acc_u = tl.zeros([block_m, block_n], dtype=tl.float32)
+    w_offs = expert.to(tl.int64) * (2 * inter * hidden) + cols[:, None] * hidden + ks[None, :]  # (2BN, BK)
+    acc = tl.zeros([block_m, 2 * block_n], dtype=tl.float32)
     for kk in tl.range(0, hidden, block_k, num_stages=stages):
         a = tl.load(a_ptrs + kk, mask=rmask[:, None], other=0.0)
-        if tma:
-            g = w.load([expert, n0, kk]).reshape(block_n, block_k)
-            u = w.load([expert, inter + n0, kk]).reshape(block_n, block_k)
+        if tma:  # noqa: SIM108 - a constexpr branch, resolved when Triton compiles
+            wt = w.load([expert, 2 * n0, kk]).reshape(2 * block_n, block_k)
         else:
-            g = tl.load(w + g_offs + kk)
-            u = tl.load(w + g_offs + inter * hidden + kk)
-        acc_g = tl.dot(a, g.T, acc_g)
-        acc_u = tl.dot(a, u.T, acc_u)
+            wt = tl.load(w + w_offs + kk)
+        acc = tl.dot(a, wt.T, acc)
     x_scale = tl.load(xs_ptr + tok, mask=rmask, other=0.0)  # (BM,)
-    w_scale = ws_ptr + expert.to(tl.int64) * (2 * inter)
-    g_s = tl.load(w_scale + ns)  # (BN,)
-    u_s = tl.load(w_scale + inter + ns)
-    gf = acc_g * x_scale[:, None] * g_s[None, :]  # float32 through SwiGLU: nothing is rounded before
-    uf = acc_u * x_scale[:, None] * u_s[None, :]  # the e4m3 quantisation
+    w_scale = tl.load(ws_ptr + expert.to(tl.int64) * (2 * inter) + cols)  # (2BN,)
+    # float32 through SwiGLU: nothing is rounded before the e4m3 quantisation
+    gf, uf = tl.split(tl.reshape(acc * x_scale[:, None] * w_scale[None, :], (block_m, block_n, 2)))
     rw = tl.load(topw_ptr + pair, mask=rmask, other=0.0).to(tl.float32)
     act = gf / (1.0 + tl.exp(-gf)) * uf * rw[:, None]  # (BM, BN)
     blocks: tl.constexpr = block_n // group
@@ -86,6 +83,7 @@ def _moe_gate_up_fp8_kernel(
     scale = tl.maximum(tl.max(tl.abs(act3), axis=2), 1e-12) / fp8_max  # (BM, blocks)
     q = tl.reshape((act3 / scale[:, :, None]).to(q_ptr.dtype.element_ty), (block_m, block_n))
     r64 = rows.to(tl.int64)
+    ns = n0 + tl.arange(0, block_n)
     tl.store(q_ptr + r64[:, None] * inter + ns[None, :], q, mask=rmask[:, None])
     gs = pid_n * blocks + tl.arange(0, blocks)
     tl.store(qs_ptr + r64[:, None] * (inter // group) + gs[None, :], scale, mask=rmask[:, None])

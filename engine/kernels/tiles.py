@@ -7,7 +7,8 @@
     moe_fp8.small, moe_fp8.large     the same for the FP8 expert kernels (`engine.kernels.moe_fp8`)
     moe_fp8.large_from_rows_per_expert, moe_fp8.group
                                      its regime switch, and the columns per activation scale (the down
-                                     kernels' k step: their `block_k` must equal it)
+                                     kernels' k step: their `block_k` must equal it); the FP8 gate/up
+                                     kernel loads 2 x block_n weight rows a step (gate and up interleaved)
     attention                        `AttentionTiles` of the packed attention kernel
 
 The MoE shapes are chosen by `bench.moe_kernels` (BENCHMARKS.md, "Engine, round three"; FP8:
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from importlib import resources
 
 DATA_FILE = "tiles.json"
+TMA_BOX_MAX = 256
+"""The largest extent of a TMA box along one dimension (Hopper's tensor-memory accelerator)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +139,11 @@ def parse(raw: object) -> ShippedTiles:
             raise ValueError(
                 f"{DATA_FILE}: moe_fp8.{name}: down.block_k must equal moe_fp8.group and gate_up.block_n "
                 "be a multiple of it"
+            )
+        if regime.gate_up.tma and 2 * regime.gate_up.block_n > TMA_BOX_MAX:
+            raise ValueError(
+                f"{DATA_FILE}: moe_fp8.{name}.gate_up: with tma, 2 x block_n (its interleaved gate and up "
+                f"rows) must be at most {TMA_BOX_MAX}"
             )
     return ShippedTiles(
         moe_small=_moe_tiles(moe["small"], "moe.small"),

@@ -41,6 +41,25 @@ def test_grouped_mm_twin_matches_float_matmul_per_group() -> None:
     assert ((out - exact).norm() / exact.norm()).item() < 0.08
 
 
+def test_experts_interleave_gate_and_up_rows_and_swiglu_reads_them_so() -> None:
+    """`quantize_experts` stores gate channel n at row 2 n and up channel n at row 2 n + 1 (scales alike),
+    and `swiglu_quantized` takes a GEMM's (S, 2I) output in that order."""
+    gen = torch.Generator().manual_seed(2)
+    e, inter, hidden = 3, 8, 32
+    gate_up = torch.randn(e, 2 * inter, hidden, generator=gen)
+    q8 = fp8.quantize_experts(gate_up, torch.randn(e, hidden, inter, generator=gen))
+    halves_q, halves_s = fp8.quantize_weight(gate_up)
+    assert torch.equal(q8.gate_up[:, 0::2].view(torch.uint8), halves_q[:, :inter].view(torch.uint8))
+    assert torch.equal(q8.gate_up[:, 1::2].view(torch.uint8), halves_q[:, inter:].view(torch.uint8))
+    assert torch.equal(q8.gate_up_scale[:, 0::2], halves_s[:, :inter])
+    assert torch.equal(q8.gate_up_scale[:, 1::2], halves_s[:, inter:])
+    g, u = torch.randn(5, inter, generator=gen), torch.randn(5, inter, generator=gen)
+    w = torch.rand(5, generator=gen)
+    q, s = fp8.swiglu_quantized(torch.stack((g, u), dim=-1).reshape(5, 2 * inter), w)
+    want = torch.nn.functional.silu(g) * u * w[:, None]
+    assert ((q.float() * s[:, None] - want).abs() <= want.abs().amax(dim=1, keepdim=True) / 16).all()
+
+
 def test_fast_path_decoder_in_fp8_stays_near_full_precision_and_switches_back(tmp_path: Path) -> None:
     model = load_release_model(write_tiny_release(tmp_path / "tiny"), device="cpu", dtype=torch.float32).model
     text_model = model.text_model
