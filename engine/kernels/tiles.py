@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from importlib import resources
 
 DATA_FILE = "tiles.json"
-TMA_BOX_MAX = 256
-"""The largest extent of a TMA box along one dimension (Hopper's tensor-memory accelerator)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,11 +137,6 @@ def parse(raw: object) -> ShippedTiles:
             raise ValueError(
                 f"{DATA_FILE}: moe_fp8.{name}: down.block_k must equal moe_fp8.group and gate_up.block_n "
                 "be a multiple of it"
-            )
-        if regime.gate_up.tma and 2 * regime.gate_up.block_n > TMA_BOX_MAX:
-            raise ValueError(
-                f"{DATA_FILE}: moe_fp8.{name}.gate_up: with tma, 2 x block_n (its interleaved gate and up "
-                f"rows) must be at most {TMA_BOX_MAX}"
             )
     return ShippedTiles(
         moe_small=_moe_tiles(moe["small"], "moe.small"),
