@@ -33,7 +33,7 @@ from engine.kernels.fp8 import FP8, FP8_MAX, interleave_gate_up, quantize_expert
 from engine.kernels.tiles import Tiles
 
 # (block_m, block_n per half, block_k, warps, stages, tma)
-_BF16 = (
+_BF16: tuple[Shape, ...] = (
     (64, 32, 64, 4, 4, False),
     (64, 64, 64, 4, 4, False),
     (64, 64, 64, 4, 4, True),
@@ -43,9 +43,9 @@ _BF16 = (
     (128, 128, 64, 8, 4, True),
 )
 # the e4m3 kernel's shapes before the interleaved layout (tiles.json then): small TMA, large pointer loads
-_HALVES_SMALL = (64, 256, 128, 8, 3, True)
-_HALVES_LARGE = (128, 128, 128, 8, 3, False)
-_FP8 = (
+_HALVES_SMALL: Shape = (64, 256, 128, 8, 3, True)
+_HALVES_LARGE: Shape = (128, 128, 128, 8, 3, False)
+_FP8: tuple[Shape, ...] = (
     (64, 128, 128, 8, 3, True),
     (64, 128, 128, 4, 3, True),
     (64, 256, 128, 8, 3, False),
@@ -70,7 +70,12 @@ def _grid(pairs: int, block_m: int, block_n: int) -> tuple[int]:
     return (moe.row_tiles(pairs, EXPERTS, block_m) * (INTER // block_n),)
 
 
-def bf16_shipped(x, w, order, counts, top_w, out, t: Tiles) -> None:  # type: ignore[no-untyped-def]
+T = torch.Tensor
+Shape = tuple[int, int, int, int, int, bool]  # block_m, block_n (per half), block_k, warps, stages, tma
+
+
+def bf16_shipped(x: T, w: T, order: T, counts: T, top_w: T, out: T, t: Tiles) -> None:
+    """The shipped bf16 gate/up kernel (gate rows first, then up rows) at shape `t`."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from engine.kernels.moe_triton import _moe_gate_up_kernel, _moe_gate_up_tma_kernel
@@ -87,7 +92,8 @@ def bf16_shipped(x, w, order, counts, top_w, out, t: Tiles) -> None:  # type: ig
         _moe_gate_up_kernel[grid](x, w, order, counts, top_w, out, **shapes, **tiles, num_stages=t.stages)
 
 
-def bf16_il(x, w_il, order, counts, top_w, out, t: tuple[int, ...]) -> None:  # type: ignore[no-untyped-def]
+def bf16_il(x: T, w_il: T, order: T, counts: T, top_w: T, out: T, t: Shape) -> None:
+    """The bench's interleaved bf16 gate/up kernel at shape `t`."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from bench.gate_up_il_triton import _gate_up_il_kernel
@@ -100,7 +106,9 @@ def bf16_il(x, w_il, order, counts, top_w, out, t: tuple[int, ...]) -> None:  # 
     )  # fmt: skip
 
 
-def fp8_gate_up(xq, xs, w, ws, order, counts, top_w, act, act_s, t: tuple[int, ...], halves: bool) -> None:  # type: ignore[no-untyped-def]
+def fp8_gate_up(
+    xq: T, xs: T, w: T, ws: T, order: T, counts: T, top_w: T, act: T, act_s: T, t: Shape, halves: bool
+) -> None:
     """The e4m3 gate/up kernel at shape `t`: the engine's (interleaved `w`, `ws`) or, with `halves`, the
     one before it (gate rows first)."""
     from triton.tools.tensor_descriptor import TensorDescriptor

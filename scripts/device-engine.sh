@@ -5,8 +5,8 @@
 #
 # STEP is one of: tests (pytest -m gpu over tests/gpu, or $GPU_TESTS), kernels (bench.moe_fp8), modes
 # (bench.fp8_modes, with $TILES_FROM when set and $MODES_ARGS appended), one (bench.one_request, $ONE_ARGS appended),
-# sizes (bench.batch_sizes, $SIZES_ARGS appended), il (bench.gate_up_il, $IL_ARGS appended). Installs .carry's wheels into a site
-# folder under /tmp (no index, no dependencies; built by scripts/device-carry.sh), runs each step under its own
+# sizes (bench.batch_sizes, $SIZES_ARGS appended), il (bench.gate_up_il, $IL_ARGS appended). Installs .carry's
+# wheels into a site folder under /tmp (no index, no dependencies; built by scripts/device-carry.sh), runs each step under its own
 # `timeout` with its stderr kept, and packs every result into $OUT/results.tar.gz beside the small ones (the
 # device returns a handful of files). BENCH_TREE=.carry/base runs the bench steps on an earlier commit's
 # packages (scripts/base-tree.sh; its tree has no tests/, so not the tests step).
