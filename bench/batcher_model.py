@@ -13,8 +13,9 @@ Per share of the modelled capacity it prints, as JSON lines, the batcher's and t
 records per batch and GPU busy share, the GPU's idle time while records waited (`idle_waiting_ms`: from a
 batch's end to the next batch's start, when a record of that next batch had already arrived; per batch,
 mean and p50), and each record's mean path through the batcher from its metrics (`path_ms_mean`: prepare,
-queue wait, stage, gpu_wait, run, back, respond). What separates the two is the batcher's own cost: when
-it cuts, staging, hand-offs. Not a test: it asserts nothing, and a CPU with other load moves its figures.
+queue wait, stage_wait, stage, gpu_wait, run, back, respond_wait, respond). What separates the two is the
+batcher's own cost: when it cuts, staging, hand-offs. Not a test: it asserts nothing, and a CPU with other
+load moves its figures.
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ def service_window(before: dict[str, float], after: dict[str, float], seconds: f
     engine; per submission), `service_queue_wait_mean_ms` a prepared record's wait for its batch to start
     (per record), `service_batch_mean_ms` a batch's engine time (per batch), `service_prepare_mean_ms`
     submitted to prepared, and `service_<step>_mean_ms` for each step of `consumer.batching.gpu.BATCH_STEPS`
-    after the cut (per record: stage, gpu_wait, run, back, respond)."""
+    after the cut (per record: stage_wait, stage, gpu_wait, run, back, respond_wait, respond)."""
     d = {k: after[k] - before[k] for k in after}
     batches = d["batches"]
 

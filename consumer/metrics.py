@@ -74,8 +74,9 @@ class Metrics:
         )
         self.batch_path = BulkHistogram(
             f"{PREFIX}_batch_path_seconds",
-            "A record's batch after its cut, by step: stage, gpu_wait (behind the batch before it), run, "
-            "back (to the event loop), respond; one observation per record",
+            "A record's batch after its cut, by step: stage_wait (for the prepare thread), stage, gpu_wait "
+            "(behind the batch before it), run, back (to the event loop), respond_wait (for the prepare "
+            "thread), respond; one observation per record",
             buckets=LATENCY_BUCKETS,
             registry=registry,
             labelnames=("step",),

@@ -72,25 +72,36 @@ class LaneTimes:
 
 @dataclass(frozen=True, slots=True)
 class BatchTimes:
-    """Where one normal batch's time went after its cut, in ms: staging (from the cut until its run was
-    queued on the GPU thread), waiting there for the batch before it, its run on the GPU thread (wall time,
-    lane batches run inside it included), from the run's end until the loop took the result, answering
-    (`respond` in the prepare pool, back on the loop). The batcher logs them with the batch and records
-    them per record (`Metrics.batch_path`)."""
+    """Where one normal batch's time went after its cut, in ms: waiting for the prepare thread (from the
+    cut until staging began there: the tasks queued or running on it, or the GIL), staging (until its run
+    was queued on the GPU thread), waiting there for the batch before it, its run on the GPU thread (wall
+    time, lane batches run inside it included), from the run's end until the loop took the result, waiting
+    for the prepare thread again, answering (`respond` there, back on the loop). The batcher logs them with
+    the batch and records them per record (`Metrics.batch_path`)."""
 
+    stage_wait_ms: float
     stage_ms: float
     gpu_wait_ms: float
     run_ms: float
     back_ms: float
+    respond_wait_ms: float
     respond_ms: float
 
     def steps(self) -> tuple[tuple[str, float], ...]:
         """(step, ms) in the batch's order; the steps are `BATCH_STEPS`."""
-        ms = (self.stage_ms, self.gpu_wait_ms, self.run_ms, self.back_ms, self.respond_ms)
+        ms = (
+            self.stage_wait_ms,
+            self.stage_ms,
+            self.gpu_wait_ms,
+            self.run_ms,
+            self.back_ms,
+            self.respond_wait_ms,
+            self.respond_ms,
+        )
         return tuple(zip(BATCH_STEPS, ms, strict=True))
 
 
-BATCH_STEPS = ("stage", "gpu_wait", "run", "back", "respond")
+BATCH_STEPS = ("stage_wait", "stage", "gpu_wait", "run", "back", "respond_wait", "respond")
 """The steps of `BatchTimes`, the `step` labels of `consumer.metrics.Metrics.batch_path`."""
 
 
@@ -160,20 +171,24 @@ class GpuRunner(Generic[P, S, R]):
         try:
             try:
                 cut = time.perf_counter()
-                queued, at = await loop.run_in_executor(self._cpu_pool, self._stage_and_queue, prepared)
+                queued, staging, at = await loop.run_in_executor(
+                    self._cpu_pool, self._stage_and_queue, prepared
+                )
                 self.lead += 0.2 * (at - cut - self.lead)  # from the cut until the GPU thread could start it
                 raw, elapsed, clean, began, ended = await asyncio.wrap_future(queued)
                 back = time.perf_counter()
                 release(elapsed, clean, ended)
-                responses = await loop.run_in_executor(self._cpu_pool, engine.respond, raw)
+                responses, answering = await loop.run_in_executor(self._cpu_pool, _respond, engine, raw)
                 if len(responses) != len(prepared):
                     raise RuntimeError(f"engine returned {len(responses)} results for {len(prepared)}")
                 times = BatchTimes(
-                    stage_ms=_ms(at - cut),
+                    stage_wait_ms=_ms(max(0.0, staging - cut)),
+                    stage_ms=_ms(at - max(cut, staging)),
                     gpu_wait_ms=_ms(max(0.0, began - at)),
                     run_ms=_ms(ended - began),
                     back_ms=_ms(max(0.0, back - ended)),
-                    respond_ms=_ms(time.perf_counter() - back),
+                    respond_wait_ms=_ms(max(0.0, answering - back)),
+                    respond_ms=_ms(time.perf_counter() - max(back, answering)),
                 )
                 return BatchResult(list(responses), SplitStats(calls=1)), elapsed, times
             except Exception as exc:  # split from here on: the whole batch is not run again
@@ -226,11 +241,13 @@ class GpuRunner(Generic[P, S, R]):
 
     def _stage_and_queue(
         self, prepared: list[P]
-    ) -> tuple[Future[tuple[R, float, bool, float, float]], float]:
+    ) -> tuple[Future[tuple[R, float, bool, float, float]], float, float]:
         """CPU pool: stage a batch and queue its run on the GPU thread straight from here (no hop through
-        the event loop in between); returns the run's future and when it was queued (`perf_counter`)."""
+        the event loop in between); returns the run's future, when staging began and when the run was
+        queued (`perf_counter`)."""
+        staging = time.perf_counter()
         staged = self._engine.stage(prepared)
-        return self._gpu_pool.submit(self._run_normal, staged), time.perf_counter()
+        return self._gpu_pool.submit(self._run_normal, staged), staging, time.perf_counter()
 
     def _run_normal(self, staged: S) -> tuple[R, float, bool, float, float]:
         """GPU thread: run one batch with the lane as its `between` hook; returns its result, its own GPU
@@ -304,3 +321,9 @@ class GpuRunner(Generic[P, S, R]):
 
 def _ms(seconds: float) -> float:
     return round(seconds * 1000.0, 2)
+
+
+def _respond(engine: ServingEngine[P, S, R], raw: R) -> tuple[list[SystemOneResponse], float]:
+    """CPU pool: `engine.respond(raw)` and when it began (`perf_counter`)."""
+    began = time.perf_counter()
+    return engine.respond(raw), began

@@ -83,11 +83,13 @@ def test_service_window_differences() -> None:
         after |= {f"{step}_count": 60.0, f"{step}_sum": 1.0 + 0.02 * (i + 1)}
     w = service_window(before, after, 4.0)
     assert {k: w.pop(f"service_{k}_mean_ms") for k in BATCH_STEPS} == {
-        "stage": 1.0,
-        "gpu_wait": 2.0,
-        "run": 3.0,
-        "back": 4.0,
-        "respond": 5.0,
+        "stage_wait": 1.0,
+        "stage": 2.0,
+        "gpu_wait": 3.0,
+        "run": 4.0,
+        "back": 5.0,
+        "respond_wait": 6.0,
+        "respond": 7.0,
     }
     assert w.pop("service_prepare_mean_ms") == 2.0
     assert w == {
@@ -140,8 +142,8 @@ def test_summary_text_has_one_row_per_load_and_the_ratio() -> None:
         summary_text(info, None, [load | split])
         .splitlines()[-1]
         .endswith(
-            "; per record: prepare 0.5, queue wait, then stage 1.0, gpu_wait 1.0, run 1.0, back 1.0, "
-            "respond 1.0 ms"
+            "; per record: prepare 0.5, queue wait, then stage_wait 1.0, stage 1.0, gpu_wait 1.0, run 1.0, "
+            "back 1.0, respond_wait 1.0, respond 1.0 ms"
         )
     )
 

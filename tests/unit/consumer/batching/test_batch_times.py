@@ -1,5 +1,6 @@
 """Where a normal batch's time goes after its cut (`consumer.batching.gpu.BatchTimes`): a batch queued on
-the GPU thread behind a running one counts that wait as `gpu_wait`, not as its run, and the batcher records
+the GPU thread behind a running one counts that wait as `gpu_wait`, not as its run; waits for the busy
+prepare thread count as `stage_wait` and `respond_wait`, not as staging or answering; and the batcher records
 every step once per record (`Metrics.batch_path`) and each submission's prepare time. The waits are made
 with events, so the bounds hold however slow the machine is."""
 
@@ -66,6 +67,39 @@ async def test_a_batch_behind_a_running_one_counts_the_wait_as_gpu_wait() -> Non
     assert t2.gpu_wait_ms >= HELD_S * 1000 * 0.9  # queued behind it: waiting, not running
     assert [name for name, _ in t2.steps()] == list(BATCH_STEPS)
     assert all(ms >= 0.0 for _, ms in t1.steps() + t2.steps())
+
+
+async def test_waits_for_the_prepare_thread_count_as_stage_wait_and_respond_wait() -> None:
+    """A batch whose stage, and later its respond, queue behind other work on the one prepare thread counts
+    those waits apart from the staging and answering themselves."""
+    engine = HeldEngine()
+    cpu = ThreadPoolExecutor(1)
+    runner: GpuRunner[Item, list[Item], list[SystemOneResponse]] = GpuRunner(engine, cpu)
+    busy, busy_again = threading.Event(), threading.Event()
+    cpu.submit(busy.wait, 5)  # the prepare thread is taken before the cut
+
+    def on_done(seconds: float, learn: bool, ago: float) -> None:
+        cpu.submit(busy_again.wait, 5)  # taken again before the respond is queued
+
+    batch = asyncio.ensure_future(runner.run([Item("first")], on_done))
+    await asyncio.sleep(HELD_S)
+    busy.set()
+    for _ in range(1000):
+        if engine.staged == 1:
+            break
+        await asyncio.sleep(0.002)
+    engine.go.set()
+    await asyncio.sleep(HELD_S)
+    busy_again.set()
+    result, _, times = await asyncio.wait_for(batch, 5)
+    runner.shutdown()
+    cpu.shutdown()
+    assert said(result.outcomes) == ["answer:first"]
+    assert times is not None
+    assert times.stage_wait_ms >= HELD_S * 1000 * 0.9  # the cut waited for the busy thread ...
+    assert times.stage_ms < times.stage_wait_ms  # ... not for staging itself
+    assert times.respond_wait_ms >= HELD_S * 1000 * 0.9
+    assert times.respond_ms < times.respond_wait_ms
 
 
 async def test_the_batcher_records_each_step_once_per_record_and_the_prepare_time() -> None:
