@@ -14,6 +14,7 @@ Triton's JIT reads kernel arguments without Python annotations; this module is b
 import triton
 import triton.language as tl
 
+from engine.kernels.moe_fp8_triton import _store_swiglu_fp8
 from engine.kernels.moe_triton import _store_swiglu, _tile_of_program, _tile_pairs
 
 
@@ -123,13 +124,4 @@ def _gate_up_halves_fp8_kernel(
     u_s = tl.load(w_scale + inter + ns)
     gf = acc_g * x_scale[:, None] * g_s[None, :]  # float32 through SwiGLU: nothing is rounded before
     uf = acc_u * x_scale[:, None] * u_s[None, :]  # the e4m3 quantisation
-    rw = tl.load(topw_ptr + pair, mask=rmask, other=0.0).to(tl.float32)
-    act = gf / (1.0 + tl.exp(-gf)) * uf * rw[:, None]  # (BM, BN)
-    blocks: tl.constexpr = block_n // group
-    act3 = tl.reshape(act, (block_m, blocks, group))
-    scale = tl.maximum(tl.max(tl.abs(act3), axis=2), 1e-12) / fp8_max  # (BM, blocks)
-    q = tl.reshape((act3 / scale[:, :, None]).to(q_ptr.dtype.element_ty), (block_m, block_n))
-    r64 = rows.to(tl.int64)
-    tl.store(q_ptr + r64[:, None] * inter + ns[None, :], q, mask=rmask[:, None])
-    gs = pid_n * blocks + tl.arange(0, blocks)
-    tl.store(qs_ptr + r64[:, None] * (inter // group) + gs[None, :], scale, mask=rmask[:, None])
+    _store_swiglu_fp8(gf, uf, topw_ptr, q_ptr, qs_ptr, rows, rmask, pair, pid_n, inter, group, fp8_max)

@@ -76,6 +76,19 @@ def _moe_gate_up_fp8_kernel(
     w_scale = tl.load(ws_ptr + expert.to(tl.int64) * (2 * inter) + cols)  # (2BN,)
     # float32 through SwiGLU: nothing is rounded before the e4m3 quantisation
     gf, uf = tl.split(tl.reshape(acc * x_scale[:, None] * w_scale[None, :], (block_m, block_n, 2)))
+    _store_swiglu_fp8(gf, uf, topw_ptr, q_ptr, qs_ptr, rows, rmask, pair, pid_n, inter, group, fp8_max)
+
+
+@triton.jit
+def _store_swiglu_fp8(
+    gf, uf, topw_ptr, q_ptr, qs_ptr, rows, rmask, pair, pid_n, inter: tl.constexpr, group: tl.constexpr,
+    fp8_max: tl.constexpr,
+):  # fmt: skip
+    # Gate/up epilogue from the dequantised float32 (BM, BN) gate and up of column tile `pid_n`:
+    # silu(g) * u * routing weight, quantised per row and per `group` columns into q (S, inter) e4m3 and
+    # qs (S, inter / group) float32, rows in expert order.
+    block_m: tl.constexpr = gf.shape[0]
+    block_n: tl.constexpr = gf.shape[1]
     rw = tl.load(topw_ptr + pair, mask=rmask, other=0.0).to(tl.float32)
     act = gf / (1.0 + tl.exp(-gf)) * uf * rw[:, None]  # (BM, BN)
     blocks: tl.constexpr = block_n // group
@@ -83,7 +96,7 @@ def _moe_gate_up_fp8_kernel(
     scale = tl.maximum(tl.max(tl.abs(act3), axis=2), 1e-12) / fp8_max  # (BM, blocks)
     q = tl.reshape((act3 / scale[:, :, None]).to(q_ptr.dtype.element_ty), (block_m, block_n))
     r64 = rows.to(tl.int64)
-    ns = n0 + tl.arange(0, block_n)
+    ns = pid_n * block_n + tl.arange(0, block_n)
     tl.store(q_ptr + r64[:, None] * inter + ns[None, :], q, mask=rmask[:, None])
     gs = pid_n * blocks + tl.arange(0, blocks)
     tl.store(qs_ptr + r64[:, None] * (inter // group) + gs[None, :], scale, mask=rmask[:, None])
