@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Generic, TypeVar
 
 from consumer.logging import get_logger
@@ -89,20 +89,12 @@ class BatchTimes:
 
     def steps(self) -> tuple[tuple[str, float], ...]:
         """(step, ms) in the batch's order; the steps are `BATCH_STEPS`."""
-        ms = (
-            self.stage_wait_ms,
-            self.stage_ms,
-            self.gpu_wait_ms,
-            self.run_ms,
-            self.back_ms,
-            self.respond_wait_ms,
-            self.respond_ms,
-        )
-        return tuple(zip(BATCH_STEPS, ms, strict=True))
+        return tuple((step, getattr(self, f"{step}_ms")) for step in BATCH_STEPS)
 
 
-BATCH_STEPS = ("stage_wait", "stage", "gpu_wait", "run", "back", "respond_wait", "respond")
-"""The steps of `BatchTimes`, the `step` labels of `consumer.metrics.Metrics.batch_path`."""
+BATCH_STEPS = tuple(f.name.removesuffix("_ms") for f in fields(BatchTimes))
+"""The steps of `BatchTimes` (its fields in order, without `_ms`), the `step` labels of
+`consumer.metrics.Metrics.batch_path`."""
 
 
 URGENT_SHARE = 0.5
