@@ -17,15 +17,15 @@ batch of at most `priority.urgent_max_tokens` that runs between two decoder laye
 that budget.
 
 Each submission gets one future, resolving to one outcome per item in order (`submission.Outcome`). A cut
-batch runs through `consumer.batching.gpu.GpuRunner`: `stage`/`respond` in the prepare pool, `run` on the
-GPU thread; a failed batch is split by the engine's one rule (`engine.batching.split`).
+batch runs through `consumer.batching.gpu.GpuRunner`: `stage`/`respond` on the prepare threads
+(`consumer.batching.cpu_pool`: staging first, then answering, then preparing), `run` on the GPU thread;
+a failed batch is split by the engine's one rule (`engine.batching.split`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any, Generic, TypeVar
 
@@ -39,6 +39,7 @@ from consumer.batching.adaptive import (
 )
 from consumer.batching.batch_metrics import observe_batch
 from consumer.batching.classes import ClassPolicy, ClassQueues
+from consumer.batching.cpu_pool import CpuPool, Work
 from consumer.batching.gpu import BatchTimes, GpuRunner
 from consumer.batching.submission import Job, Outcome, Submission, prepare_all
 from consumer.clock import Clock, SystemClock
@@ -91,8 +92,14 @@ class Batcher(Generic[P, S, R]):
         self._urgent_busy = False  # an urgent batch is in the lane (one at a time)
         self._wakeup = asyncio.Event()
         self._gpu_slots = asyncio.Semaphore(settings.max_pending_batches)
-        self._prepare_pool = ThreadPoolExecutor(settings.prepare_workers, thread_name_prefix="clef-prepare")
-        self._gpu = GpuRunner(engine, self._prepare_pool, single_attempts=single_attempts)
+        self._cpu = CpuPool(settings.prepare_workers, "clef-prepare")  # stage, respond, then prepare
+        self._prepare_pool = self._cpu.at(Work.PREPARE)
+        self._gpu = GpuRunner(
+            engine,
+            self._cpu.at(Work.STAGE),
+            respond_pool=self._cpu.at(Work.RESPOND),
+            single_attempts=single_attempts,
+        )
         self._tasks: set[asyncio.Future[Any]] = set()
         self._collector: asyncio.Task[None] | None = None
         self._closing = False
@@ -341,5 +348,5 @@ class Batcher(Generic[P, S, R]):
         # Before the pools go: a task left running would fail on them ("cannot schedule new futures").
         for task in list(self._tasks):
             task.cancel()
-        self._prepare_pool.shutdown(wait=False, cancel_futures=True)
+        self._cpu.shutdown(wait=False, cancel_futures=True)
         self._gpu.shutdown()

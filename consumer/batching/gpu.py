@@ -1,13 +1,14 @@
 """The engine end of the batcher: runs one cut batch, with only GPU work on the one GPU thread.
 
-The engine is an `engine.types.ServingEngine`: a batch is staged (collated, copied to the device) in the
-prepare pool while the previous batch is still on the GPU and queued on the GPU thread from there (no hop
-through the event loop between), run on the GPU thread, and answered in the prepare pool while the next
-batch runs. The batcher cuts a batch `lead` before the GPU frees up: the measured time from a cut until its
-run is queued (`bench.batcher_model`; BENCHMARKS.md, "Priority classes, round six"). A batch whose staged
-run fails in any way goes through the engine's `execute` with splitting on the GPU thread
-(`engine.batching.split.run_split`: the engine's one splitting rule; its `out_of_memory` tells an OOM apart
-and frees the cache).
+The engine is an `engine.types.ServingEngine`: a batch is staged (collated, copied to the device) on a
+prepare thread while the previous batch is still on the GPU and queued on the GPU thread from there (no hop
+through the event loop between), run on the GPU thread, and answered on a prepare thread while the next
+batch runs (the batcher's `consumer.batching.cpu_pool.CpuPool` takes staging ahead of answering, and both
+ahead of preparing records). The batcher cuts a batch `lead` before the GPU frees up: the measured time
+from a cut until its run is queued (`bench.batcher_model`; BENCHMARKS.md, "Priority classes, round
+six"). A batch whose staged run fails in any way goes through the engine's `execute` with splitting on the
+GPU thread (`engine.batching.split.run_split`: the engine's one splitting rule; its `out_of_memory` tells
+an OOM apart and frees the cache).
 
 Urgent lane (`run_urgent`): an urgent batch is staged on a thread of its own and queued in the lane, its
 stage and its run inside the engine's `lane()` (on CUDA a high-priority stream, so neither queues behind the
@@ -108,20 +109,22 @@ the GPU started on the next queued batch that long ago)."""
 
 
 class GpuRunner(Generic[P, S, R]):
-    """Runs batches of `engine` on one GPU thread and one urgent thread (its own) and the caller's CPU pool.
-    Event loop only."""
+    """Runs batches of `engine` on one GPU thread and one urgent thread (its own) and the caller's CPU
+    pools: `cpu_pool` stages, `respond_pool` (default `cpu_pool`) answers. Event loop only."""
 
     def __init__(
         self,
         engine: ServingEngine[P, S, R],
         cpu_pool: Executor,
         *,
+        respond_pool: Executor | None = None,
         single_attempts: int = 2,
         now: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._engine = engine
         self._now = now  # the GPU thread's clock of the lane's bound (tests pass a scripted one)
-        self._cpu_pool = cpu_pool
+        self._cpu_pool = cpu_pool  # stages (the batcher's `CpuPool` at `Work.STAGE`)
+        self._respond_pool = cpu_pool if respond_pool is None else respond_pool
         self._single_attempts = single_attempts
         self._gpu_pool = ThreadPoolExecutor(1, thread_name_prefix="clef-gpu")
         self._urgent_pool = ThreadPoolExecutor(1, thread_name_prefix="clef-urgent")
@@ -170,7 +173,7 @@ class GpuRunner(Generic[P, S, R]):
                 raw, elapsed, clean, began, ended = await asyncio.wrap_future(queued)
                 back = time.perf_counter()
                 release(elapsed, clean, ended)
-                responses, answering = await loop.run_in_executor(self._cpu_pool, _respond, engine, raw)
+                responses, answering = await loop.run_in_executor(self._respond_pool, _respond, engine, raw)
                 if len(responses) != len(prepared):
                     raise RuntimeError(f"engine returned {len(responses)} results for {len(prepared)}")
                 times = BatchTimes(
