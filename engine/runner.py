@@ -85,6 +85,7 @@ class Engine(Generic[M]):
         self._encoder: TextEncoder = encoder_for(tokenizer)
         self._media_hook = media_hook
         self._text_only = False  # the bf16 experts were freed (FP8 text-only): media is refused
+        self._graph_tokens = 0  # the largest CUDA graph bucket captured (0: none)
         cfg = self.config
         if cfg.fast_path and model.device.type == "cuda" and not model.fast_path:
             from engine.model.graphs import default_buckets
@@ -101,6 +102,7 @@ class Engine(Generic[M]):
             )
             if built:
                 self._text_only = cfg.fp8_text_only
+                self._graph_tokens = max(buckets, default=0)
         elif cfg.fp8_text_only or cfg.fp8_attention:
             log.warning("fp8_text_only and fp8_attention apply on CUDA only: this engine runs bf16")
         self._layout: Layout | None = None if self.config.layout == "auto" else self.config.layout
@@ -141,8 +143,9 @@ class Engine(Generic[M]):
 
     @property
     def limits(self) -> BatchLimits:
-        """What one forward pass may hold (`EngineConfig.limits`); a server's batcher cuts by these."""
-        return self.config.limits
+        """What one forward pass may hold (`EngineConfig.limits`), with the largest CUDA graph's tokens
+        as `graph_tokens` (0 without graphs); a server's batcher cuts by these."""
+        return self.config.limits.with_graph(self._graph_tokens)
 
     def _media(self, request: SystemOneRequest) -> MediaInputLike | None:
         """The one place a request's media is decoded (None for a text-only request).

@@ -103,3 +103,30 @@ def test_limits_must_be_positive_and_both_defaults_are_valid() -> None:
     assert (SERVICE_LIMITS.max_tokens, SERVICE_LIMITS.max_records) == (32_768, 256)
     assert (API_LIMITS.max_tokens, API_LIMITS.max_records) == (65_536, 64)
     assert SERVICE_LIMITS.with_tokens(7) == BatchLimits(max_tokens=7, max_records=256)
+
+
+def test_a_packed_batch_a_little_above_the_largest_graph_is_cut_at_the_graph() -> None:
+    limits = BatchLimits(max_tokens=32_768, max_records=256, graph_tokens=8_192)
+    # 12 x 800 = 9,600 tokens (eager): cut at the 10 records within 8,192 instead, and full
+    assert take([800] * 12, limits, "packed") == (10, True)
+    # within the graph, or beyond GRAPH_SNAP x 8,192 = 14,336 (19 x 800 = 15,200): unchanged
+    assert take([800] * 10, limits, "packed") == (10, False)
+    assert take([800] * 19, limits, "packed") == (19, False)
+    assert take([800] * 17, limits, "packed") == (10, True)  # 13,600 <= 14,336
+    # one record larger than the graph runs alone as before; the padded layout has no graphs
+    assert take([9_000, 800], limits, "packed") == (2, False)
+    assert take([800] * 12, limits, "padded") == (12, False)
+    # a smaller budget keeps the graph size (`with_tokens`); without a graph nothing changes
+    assert take([800] * 12, limits.with_tokens(12_000), "packed") == (10, True)
+    assert take([800] * 12, limits.with_graph(0), "packed") == (12, False)
+    with pytest.raises(ValueError, match="negative"):
+        BatchLimits(max_tokens=1, max_records=1, graph_tokens=-1)
+
+
+@given(st.lists(st.integers(1, 1500), max_size=40), limits_st, st.integers(0, 3000))
+def test_the_graph_rule_only_ever_cuts_a_prefix_within_the_graph(
+    sizes: list[int], limits: BatchLimits, graph: int
+) -> None:
+    plain, _ = take(sizes, limits, "packed")
+    count, full = take(sizes, limits.with_graph(graph), "packed")
+    assert count == plain or (full and 0 < count < plain and sum(sizes[:count]) <= graph)
