@@ -37,8 +37,10 @@ one code between runs).
 
 Environment, for experiments: `BENCH_E2E_LOG_LEVEL` (default `warning`; `info` keeps the batcher's line per
 batch, where an urgent batch's line says where its time went), `BENCH_E2E_SWITCH_INTERVAL_MS` (the GIL
-switch interval of the process; Python's 5 ms when unset) and `BENCH_E2E_LAYERS_AHEAD` (how many layers of an
-eager forward the launch pacer keeps queued on the GPU; the decoder's 3 when unset; the info line says it) and
+switch interval of the process; Python's 5 ms when unset), `BENCH_E2E_STAGE_PROBE` (1: `bench.stage_probe`
+times `Engine.stage` and its device copy, wall and thread CPU, printed at exit) and
+`BENCH_E2E_LAYERS_AHEAD` (how many layers of an eager forward the launch pacer keeps queued on the GPU; the
+decoder's 3 when unset; the info line says it) and
 `BENCH_E2E_GRAPH_TO` (CUDA graphs for the buckets up to this many tokens, `bench.batch_sizes.buckets_to`:
 4096 is the default before round five of the priority benches; unset: the product's default buckets).
 
@@ -357,4 +359,11 @@ if __name__ == "__main__":
     configure_logging(os.environ.get("BENCH_E2E_LOG_LEVEL", "warning"))
     if os.environ.get("BENCH_E2E_SWITCH_INTERVAL_MS"):  # an experiment's GIL switch interval (default 5 ms)
         sys.setswitchinterval(float(os.environ["BENCH_E2E_SWITCH_INTERVAL_MS"]) / 1000.0)
+    if os.environ.get("BENCH_E2E_STAGE_PROBE"):  # where Engine.stage spends its time (bench.stage_probe)
+        import atexit
+
+        from bench import stage_probe
+
+        stage_probe.install()
+        atexit.register(lambda: print("stage_probe", json.dumps(stage_probe.summary()), file=sys.stderr))
     raise SystemExit(main())
