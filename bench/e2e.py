@@ -169,6 +169,13 @@ def run(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     _sigterm_interrupts()
     av_placeholder = install_av_placeholder()
+    if os.environ.get("BENCH_E2E_STAGE_PROBE"):  # where Engine.stage spends its time (bench.stage_probe)
+        import atexit
+
+        from bench import stage_probe
+
+        stage_probe.install()
+        atexit.register(lambda: print("stage_probe", json.dumps(stage_probe.summary()), file=sys.stderr))
     import torch
 
     from bench.load import MIX, _version, make_pool
@@ -359,11 +366,4 @@ if __name__ == "__main__":
     configure_logging(os.environ.get("BENCH_E2E_LOG_LEVEL", "warning"))
     if os.environ.get("BENCH_E2E_SWITCH_INTERVAL_MS"):  # an experiment's GIL switch interval (default 5 ms)
         sys.setswitchinterval(float(os.environ["BENCH_E2E_SWITCH_INTERVAL_MS"]) / 1000.0)
-    if os.environ.get("BENCH_E2E_STAGE_PROBE"):  # where Engine.stage spends its time (bench.stage_probe)
-        import atexit
-
-        from bench import stage_probe
-
-        stage_probe.install()
-        atexit.register(lambda: print("stage_probe", json.dumps(stage_probe.summary()), file=sys.stderr))
     raise SystemExit(main())
