@@ -31,6 +31,25 @@ _VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
 log = logging.getLogger(__name__)
 
 
+def to_host(values: torch.Tensor) -> npt.NDArray[np.float32]:
+    """`values` as a float32 host array (the batch's one device-to-host copy).
+
+    On CUDA: a non-blocking copy into pinned memory on the current stream, then a wait on an event recorded
+    after it (the GIL released), instead of a blocking copy into pageable memory. A pageable copy waits
+    inside the driver until the stream has run the whole batch; meanwhile the prepare thread's
+    host-to-device copy of the next batch (`ModelBatch.to`) was seen waiting 7.1 ms on average with 0.47
+    ms of its own CPU time (`bench.stage_probe`, one H100; BENCHMARKS.md, "Priority classes, round eight").
+    """
+    if values.device.type != "cuda":
+        return values.to("cpu", torch.float32).numpy()
+    host = torch.empty(values.shape, dtype=torch.float32, pin_memory=True)
+    host.copy_(values.float(), non_blocking=True)
+    copied = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
+    copied.record()
+    copied.synchronize()
+    return host.numpy()
+
+
 _HEAD_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 """Every SDPA backend but cuDNN's, for the head off CUDA (see `ClefOmniModel.forward_probabilities`)."""
 _HEAD_SDPA_BACKENDS_CUDA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -250,7 +269,7 @@ class ClefOmniModel(nn.Module):
         One device-to-host copy per batch. May raise `torch.OutOfMemoryError` (the caller splits the batch).
         """
         with torch.inference_mode():
-            flat = self.forward_probabilities(batch, between).to("cpu", torch.float32).numpy()  # (N,)
+            flat = to_host(self.forward_probabilities(batch, between))  # (N,)
         out: list[list[npt.NDArray[np.float32]]] = []
         offset = 0
         for counts in batch.options_per_question:

@@ -213,6 +213,22 @@ def test_packed_host_to_device_copy_keeps_every_tensor_cuda() -> None:
                 assert a == b, f
 
 
+def test_to_host_copies_after_the_streams_work_on_the_default_and_a_side_stream_cuda() -> None:
+    from engine.model.clef import to_host
+
+    for dtype in (torch.bfloat16, torch.float32):
+        a = torch.rand(2048, 2048, device="cuda", dtype=dtype)
+        for stream in (torch.cuda.current_stream(), torch.cuda.Stream()):
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                values = (a @ a).sum(dim=1)  # (2048,) still running when the copy is queued
+                got = to_host(values)
+                want = values.float().cpu().numpy()
+            assert got.dtype == np.float32
+            assert got.shape == (2048,)
+            assert np.array_equal(got, want)
+
+
 def test_graph_replays_match_the_eager_decoder_and_share_their_buffers_safely_cuda(tmp_path: Path) -> None:
     """`GraphedDecoder` with real CUDA graphs: every batch shape (padding records, several records, no
     padding, caps below the bucket) close to the eager decoder on the same ids, and a short batch replayed
