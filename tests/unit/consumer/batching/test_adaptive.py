@@ -144,6 +144,21 @@ def test_plan_cuts_at_once_when_idle_and_just_in_time_when_busy() -> None:
     assert (many.count, many.wait) == (64, 0.0)  # the engine's record limit holds under any budget
 
 
+def test_a_busy_gpu_gets_a_graph_sized_batch_cut_now_instead_of_a_little_larger_one() -> None:
+    """The engine's largest CUDA graph (`BatchLimits.graph_tokens`): 12 records of 800 tokens would run
+    eagerly; 10 of them (8,000 tokens) go now, full, and the other two wait for the next batch."""
+    cost = FixedCost(seconds=0.1, within=20_000)
+    limits = BatchLimits(max_tokens=32_768, max_records=256, graph_tokens=8_192)
+    view = AdaptiveView(0.0, 0.08, 0.002)
+    snapped = plan_adaptive([800] * 12, view, cost, limits=limits, latency_target=0.25, fallback_wait=0.02)
+    assert (snapped.count, snapped.wait) == (10, 0.0)
+    plain = plan_adaptive(
+        [800] * 12, view, cost, limits=limits.with_graph(0), latency_target=0.25, fallback_wait=0.02
+    )
+    assert plain.count == 12
+    assert plain.wait == pytest.approx(0.078)  # just in time, all twelve
+
+
 async def test_idle_gpu_takes_a_lone_record_at_once() -> None:
     engine = GatedEngine()
     engine.allow(10)
