@@ -49,7 +49,7 @@ class _Task:
 
 
 class CpuPool:
-    """`workers` threads named `name`-N running submitted calls most urgent kind first (see the module
+    """`workers` threads named `name`_N running submitted calls most urgent kind first (see the module
     docstring). Thread-safe. `shutdown` stops it; its threads are daemons that end once it is shut down
     and their queue is empty."""
 

@@ -35,10 +35,11 @@ def to_host(values: torch.Tensor) -> npt.NDArray[np.float32]:
     """`values` as a float32 host array (the batch's one device-to-host copy).
 
     On CUDA: a non-blocking copy into pinned memory on the current stream, then a wait on an event recorded
-    after it (the GIL released), instead of a blocking copy into pageable memory. A pageable copy waits
-    inside the driver until the stream has run the whole batch; meanwhile the prepare thread's
+    after it (the GIL released), instead of a copy into pageable memory, which waits inside the driver
+    until the stream has run the whole batch. While the GPU thread sat in that copy, the prepare thread's
     host-to-device copy of the next batch (`ModelBatch.to`) was seen waiting 7.1 ms on average with 0.47
-    ms of its own CPU time (`bench.stage_probe`, one H100; BENCHMARKS.md, "Priority classes, round eight").
+    ms of its own CPU time (`bench.stage_probe`, one H100); that the pageable copy holds it is the suspicion
+    this tests (BENCHMARKS.md, "Priority classes, round eight").
     """
     if values.device.type != "cuda":
         return values.to("cpu", torch.float32).numpy()
