@@ -73,7 +73,11 @@ def spin(seconds: float) -> None:
 @dataclass(slots=True)
 class TimedEngine:
     """A `ServingEngine` whose GPU is a sleep of `cost.batch_s(tokens)` on the GPU thread; `stage_s` (+
-    `stage_record_s` per record) and `respond_record_s` per record spin the CPU. Logs every run."""
+    `stage_record_s` per record) and `respond_record_s` per record spin the CPU. Logs every run.
+
+    `stage_waits_for_run`: staging, after its CPU time, also waits until the batch running on the GPU
+    thread (if any) has ended, as the service's device copy was seen to (BENCHMARKS.md, "Priority classes,
+    round eight"), so the effect of that wait on the batcher can be read apart from the GPU's."""
 
     cost: Cost
     stage_s: float
@@ -81,19 +85,30 @@ class TimedEngine:
     respond_record_s: float
     answer: SystemOneResponse
     limits: BatchLimits = SERVICE_LIMITS
+    stage_waits_for_run: bool = False
     runs: list[Run] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _idle: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self._idle.set()
 
     def prepare(self, request: SystemOneRequest) -> TimedRecord:
         raise NotImplementedError("the bench submits its own prepare function")
 
     def stage(self, batch: Sequence[TimedRecord]) -> Sequence[TimedRecord]:
         spin(self.stage_s + self.stage_record_s * len(batch))
+        if self.stage_waits_for_run:
+            self._idle.wait(10.0)
         return batch
 
     def run(self, staged: Sequence[TimedRecord], between: Between | None = None) -> Sequence[TimedRecord]:
         start = time.perf_counter()
-        time.sleep(self.cost.batch_s(sum(r.num_tokens for r in staged)))
+        self._idle.clear()
+        try:
+            time.sleep(self.cost.batch_s(sum(r.num_tokens for r in staged)))
+        finally:
+            self._idle.set()
         with self._lock:
             self.runs.append(Run(start, time.perf_counter(), tuple(r.arrival for r in staged)))
         return staged
@@ -188,6 +203,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--stage-ms", type=float, default=0.15, help="CPU per batch, staging")
     p.add_argument("--stage-record-ms", type=float, default=0.05, help="CPU per record, staging")
     p.add_argument("--respond-record-ms", type=float, default=0.05, help="CPU per record, responding")
+    p.add_argument(
+        "--stage-waits-for-run", action="store_true", help="staging also waits for the running batch's end"
+    )
     p.add_argument("--set", action="append", default=[], help="a BatchingSettings field, name=value (JSON)")
     args = p.parse_args(argv)
     configure_logging("warning")
@@ -207,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "per_record_ms": args.per_record_ms,
                 "capacity": round(capacity, 1),
                 "settings": overrides,
+                "stage_waits_for_run": args.stage_waits_for_run,
             }
         ),
         flush=True,
@@ -215,7 +234,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         rate = share * capacity
         schedule = [(at, round(tokens)) for at, tokens in poisson_arrivals(rate, args.events, args.seed)]
         engine = TimedEngine(
-            cost, args.stage_ms / 1000, args.stage_record_ms / 1000, args.respond_record_ms / 1000, answer
+            cost,
+            args.stage_ms / 1000,
+            args.stage_record_ms / 1000,
+            args.respond_record_ms / 1000,
+            answer,
+            stage_waits_for_run=args.stage_waits_for_run,
         )
         metrics = Metrics()
         latencies = asyncio.run(drive(engine, settings, schedule, args.prepare_ms / 1000, metrics))

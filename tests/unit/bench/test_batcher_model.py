@@ -32,3 +32,22 @@ def test_every_event_is_answered_once_through_the_batcher() -> None:
     arrivals = sorted(at for run in engine.runs for at in run.arrivals)
     assert len(arrivals) == len(set(arrivals)) == 40  # each record ran in exactly one batch
     assert all(run.end > run.start for run in engine.runs)
+
+
+def test_staging_that_waits_for_the_running_batch_ends_after_it() -> None:
+    import threading
+    import time
+
+    request = parse_request({"state": "s", "questions": {"o": {"type": "noul", "instructions": "?"}}})
+    answer = StubEngine().execute([StubEngine().prepare(request)])[0]
+    engine = TimedEngine(Cost(0.2, 0.0, 690.0), 0.0, 0.0, 0.0, answer, stage_waits_for_run=True)
+    engine.stage([])  # nothing running: no wait
+    running = threading.Thread(target=engine.run, args=([],))
+    running.start()
+    while not engine.runs and engine._idle.is_set():  # until the run has begun
+        time.sleep(0.001)
+    engine.stage([])
+    staged_at = time.perf_counter()
+    running.join(5)
+    assert engine.runs
+    assert staged_at >= engine.runs[0].end - 0.01  # staging ended with the run, not before it
