@@ -94,12 +94,8 @@ class Batcher(Generic[P, S, R]):
         self._gpu_slots = asyncio.Semaphore(settings.max_pending_batches)
         self._cpu = CpuPool(settings.prepare_workers, "clef-prepare")  # stage, respond, then prepare
         self._prepare_pool = self._cpu.at(Work.PREPARE)
-        self._gpu = GpuRunner(
-            engine,
-            self._cpu.at(Work.STAGE),
-            respond_pool=self._cpu.at(Work.RESPOND),
-            single_attempts=single_attempts,
-        )
+        stage, respond = self._cpu.at(Work.STAGE), self._cpu.at(Work.RESPOND)
+        self._gpu = GpuRunner(engine, stage, respond_pool=respond, single_attempts=single_attempts)
         self._tasks: set[asyncio.Future[Any]] = set()
         self._collector: asyncio.Task[None] | None = None
         self._closing = False
