@@ -1,11 +1,13 @@
 """Bench-only probe: does staging's device copy block while another thread's GPU work runs?
 
-`python3 -m bench.copy_probe` (CUDA). One thread keeps the GPU busy on the default stream, the way the
-service's GPU thread does: a CUDA graph of matmuls (about `--busy-ms` of GPU time) replayed, then a small
-device-to-host copy that waits for it (the GIL released meanwhile). Another thread stages like
+`python3 -m bench.copy_probe` (CUDA; `bash scripts/device-engine.sh copy`). One thread keeps the GPU busy
+on the default stream, the way the service's GPU thread does: a CUDA graph of matmuls (about `--busy-ms` of
+GPU time) replayed, then a small device-to-host copy that waits for it (the GIL released meanwhile), either
+into pageable memory (`.cpu()`, the engine's copy before `engine.model.clef.to_host`) or through `to_host`
+(pinned memory, an event). Another thread stages like
 `engine.batching.collate._to_device_packed`: a pinned buffer (`torch.empty(pin_memory=True)`), `torch.cat`
 into it, a non-blocking copy to the device, views. Each step's wall time is printed (p50 / p90 / max, ms),
-alone and with the busy thread running, one JSON line per case. Never imported by the product.
+alone and with the busy thread running in each way, one JSON line per case. Never imported by the product.
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ def _stage(sizes: list[int], dev: torch.device, times: dict[str, list[float]]) -
         times[name].append(seconds * 1000)
 
 
-def _busy(stop: threading.Event, busy_ms: float, dev: torch.device) -> None:
+def _busy(stop: threading.Event, busy_ms: float, dev: torch.device, pinned: bool) -> None:
+    from engine.model.clef import to_host
+
     a = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
     b = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
     torch.cuda.synchronize(dev)
@@ -61,7 +65,10 @@ def _busy(stop: threading.Event, busy_ms: float, dev: torch.device) -> None:
             out = a @ b
     while not stop.is_set():
         graph.replay()
-        out[0, :8].cpu()  # waits for the replay, GIL released
+        if pinned:
+            to_host(out[0, :8])
+        else:
+            out[0, :8].cpu()  # waits for the replay, GIL released
 
 
 def _case(name: str, sizes: list[int], dev: torch.device, calls: int, gap_s: float) -> dict[str, object]:
@@ -90,15 +97,17 @@ def main() -> None:
     sizes = [3000, 3000, 3000, 3000, 3000, 200, 200, 50]  # about a 3,000-token batch's index tensors
     torch.empty(1, device=dev)
     print(json.dumps(_case("alone", sizes, dev, args.calls, args.gap_ms / 1000)), flush=True)
-    stop = threading.Event()
-    busy = threading.Thread(target=_busy, args=(stop, args.busy_ms, dev), daemon=True)
-    busy.start()
-    time.sleep(1.0)
-    try:
-        print(json.dumps(_case("gpu busy", sizes, dev, args.calls, args.gap_ms / 1000)), flush=True)
-    finally:
-        stop.set()
-        busy.join(10)
+    for pinned in (False, True):
+        stop = threading.Event()
+        busy = threading.Thread(target=_busy, args=(stop, args.busy_ms, dev, pinned), daemon=True)
+        busy.start()
+        time.sleep(1.0)
+        name = "gpu busy, copy back " + ("through to_host" if pinned else "into pageable memory")
+        try:
+            print(json.dumps(_case(name, sizes, dev, args.calls, args.gap_ms / 1000)), flush=True)
+        finally:
+            stop.set()
+            busy.join(10)
 
 
 if __name__ == "__main__":
