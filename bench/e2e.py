@@ -110,6 +110,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="full: urgent batches on the engine's high-priority CUDA stream (engine.lane_stream) or not",
     )
     p.add_argument("--rate", default="25,50,75,90", help="events/s, one load per value, comma-separated")
+    p.add_argument(
+        "--shares",
+        action="store_true",
+        help="--rate gives shares of the engine-only capacity measured first (needs --capacity-events); the "
+        "warm-up runs at the first load's rate",
+    )
     p.add_argument("--seconds", type=float, default=60.0, help="send window per load")
     p.add_argument("--warmup-s", type=float, default=10.0, help="send window before the loads (first rate)")
     p.add_argument("--drain-s", type=float, default=60.0, help="bound on the drain after each load")
@@ -208,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
     rates = tuple(float(x) for x in args.rate.split(","))
     if not rates or any(r <= 0 or not math.isfinite(r) for r in rates):
         raise SystemExit("bench.e2e: --rate needs positive numbers")
+    if args.shares and (args.mixed or kind == "stub" or args.capacity_events <= 0):
+        raise SystemExit("bench.e2e: --shares needs the engine-only capacity (--capacity-events, no --mixed)")
     broker = LocalKafka()
     code = 2
     try:
@@ -255,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
             "tokens_max": lengths[-1],
             "value_bytes_mean": round(statistics.mean(len(v) for v in values)),
             "rates": list(rates),
+            "rates_are_shares": args.shares,
             "seconds_per_load": args.seconds,
             "warmup_s": args.warmup_s,
             "arrivals": args.arrivals,
@@ -280,6 +289,9 @@ def run(args: argparse.Namespace) -> int:
             loads = [line] if line is not None else []
             text = mixed_text(info, cap, line) if line is not None else "bench.e2e --mixed: no mixed run\n"
         else:
+            if args.shares and cap is not None:  # the loads' events/s: shares of the figure just measured
+                rates = tuple(round(share * float(cap["events_s"]), 2) for share in rates)
+                emit(kind="note", t=round(time.perf_counter() - t_start, 2), message=f"rates {list(rates)}/s")
             plan = Plan(
                 rates=rates,
                 seconds=args.seconds,

@@ -36,6 +36,23 @@ def test_e2e_stub_run_decides_every_event(tmp_path: Path) -> None:
     assert (tmp_path / "broker.log").is_file()
 
 
+def test_e2e_shares_run_each_load_at_its_share_of_the_capacity_measured_first(tmp_path: Path) -> None:
+    args = ["--engine", "tiny", "--shares", "--rate", "0.5", "--capacity-events", "32", "--seconds", "2"]
+    assert main([*args, "--warmup-s", "1", "--pool", "16", "--drain-s", "40", "--out", str(tmp_path)]) == 0
+    lines: list[dict[str, Any]] = [json.loads(ln) for ln in (tmp_path / "e2e.jsonl").read_text().splitlines()]
+    (info,) = [line for line in lines if line["kind"] == "info"]
+    assert (info["rates"], info["rates_are_shares"]) == ([0.5], True)
+    (capacity,) = [line for line in lines if line["kind"] == "capacity"]
+    (load,) = [line for line in lines if line["kind"] == "load"]
+    assert load["rate"] == round(0.5 * capacity["events_s"], 2)
+    assert (load["decided"], load["undecided"], load["dead_lettered"]) == (load["events"], 0, 0)
+
+
+def test_e2e_shares_without_a_capacity_figure_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="--shares needs"):
+        main(["--engine", "stub", "--shares", "--rate", "0.5", "--out", str(tmp_path)])
+
+
 def test_e2e_mixed_tiny_run_answers_every_class_once(tmp_path: Path) -> None:
     args = ["--mixed", "--engine", "tiny", "--capacity-events", "64", "--backlog-s", "2", "--seconds", "4"]
     began = time.monotonic()
