@@ -124,9 +124,13 @@ def sweep(
     """Each candidate of each of `kinds` with the other kernel at `base`; returns the best pair. `label`
     goes into every line."""
     best = base
-    cands_of = {
-        "gate_up": _SMALL_GATE_UP if regime == "small" else _LARGE_GATE_UP,
-        "down": _SMALL_DOWN if regime == "small" else _LARGE_DOWN,
+    cands_of = {  # "both": every candidate of the two regimes (`--sweep-every`)
+        "gate_up": {"small": _SMALL_GATE_UP, "large": _LARGE_GATE_UP}.get(
+            regime, tuple(dict.fromkeys(_SMALL_GATE_UP + _LARGE_GATE_UP))
+        ),
+        "down": {"small": _SMALL_DOWN, "large": _LARGE_DOWN}.get(
+            regime, tuple(dict.fromkeys(_SMALL_DOWN + _LARGE_DOWN))
+        ),
     }
     for kind, cands in ((k, cands_of[k]) for k in kinds):
         timed: list[tuple[float, Tiles]] = []
@@ -158,6 +162,12 @@ def main() -> int:
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     p.add_argument("--tokens", default="800,4096,16384,65536")
     p.add_argument("--scalings", default="row_pass,row_fused", help="down scalings besides the shipped one")
+    p.add_argument(
+        "--sweep-every",
+        action="store_true",
+        help="sweep every T, over the candidates of both regimes (default: a regime's first T, and 800 and "
+        "65,536)",
+    )
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -176,7 +186,9 @@ def main() -> int:
         regime = "large" if moe_fp8.tiles_for(t * TOP_K, EXPERTS) is moe_fp8.LARGE else "small"
         call = partial(moe_fp8.experts_pairs_fp8, x, order, counts, top_w, q8)
         base = moe_fp8.tiles_for(t * TOP_K, EXPERTS)
-        if regime not in best or t in (800, 65536):
+        if args.sweep_every:
+            best[regime] = sweep(rows, t, call, "both", base)
+        elif regime not in best or t in (800, 65536):
             best[regime] = sweep(rows, t, call, regime, base)
         bf16_call = partial(moe.experts_pairs, x, order, counts, top_w, gate_up, down)
         variants = {
@@ -207,7 +219,7 @@ def main() -> int:
         for scaling in (s for s in args.scalings.split(",") if s and s != moe_fp8.DOWN_SCALING):
             sc_call = partial(call, scaling=scaling)
             sc_best = best[regime]
-            if t in (800, 65536):
+            if t in (800, 65536) and not args.sweep_every:
                 sc_best = sweep(rows, t, sc_call, regime, sc_best, ("down",), scaling=scaling)
             us = graph_us(partial(sc_call, tiles=sc_best))
             sc_got = sc_call(tiles=sc_best)

@@ -3,7 +3,8 @@
 #
 #   device tool:  command  bash scripts/device-engine.sh STEP...      carry  [".carry"]
 #
-# STEP is one of: tests (pytest -m gpu over tests/gpu, or $GPU_TESTS), kernels (bench.moe_fp8), modes
+# STEP is one of: tests (pytest -m gpu over tests/gpu, or $GPU_TESTS), kernels (bench.moe_fp8, $KERNELS_ARGS
+# appended, under $KERNELS_LIMIT s), modes
 # (bench.fp8_modes, with $TILES_FROM when set and $MODES_ARGS appended), one (bench.one_request, $ONE_ARGS appended),
 # sizes (bench.batch_sizes, $SIZES_ARGS appended), il (bench.gate_up_il, $IL_ARGS appended), copy
 # (bench.copy_probe, $COPY_ARGS appended). Installs .carry's
@@ -53,7 +54,7 @@ for step in "$@"; do
             # with the placeholder, the media tests fail for want of real PyAV
             run tests 300 python3 -c 'import sys, pytest; from bench.e2e import install_av_placeholder
 install_av_placeholder(); sys.exit(pytest.main(sys.argv[1:]))' -q -s -m gpu -p no:cacheprovider ${GPU_TESTS:-tests/gpu} ;;
-        kernels) run kernels 300 "${module[@]}" bench.moe_fp8 --out "$tmp/res" ;;
+        kernels) run kernels "${KERNELS_LIMIT:-300}" "${module[@]}" bench.moe_fp8 --out "$tmp/res" ${KERNELS_ARGS:-} ;;
         modes) run modes "${MODES_LIMIT:-540}" "${module[@]}" bench.fp8_modes --out "$tmp/res" ${TILES_FROM:+--tiles-from "$TILES_FROM"} ${MODES_ARGS:-} ;;
         one) run one 300 "${module[@]}" bench.one_request --out "$tmp/res" ${ONE_ARGS:-} ;;
         il) run il 300 "${module[@]}" bench.gate_up_il --out "$tmp/res" ${IL_ARGS:-} ;;
