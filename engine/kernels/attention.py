@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -75,83 +74,31 @@ def attention_triton(
     """`attention` through the Triton kernel on q's device (CUDA, or CPU under Triton's interpreter).
     `tiles` overrides the launch shape (benchmarks, interpreter tests)."""
     t, hq, d = q.shape
-    return _launch(q.contiguous(), hq * d, None, k, v, cu_seqlens, max_seqlen, (t, hq, d), tiles)
-
-
-def attention_qkv_triton(
-    qkv: torch.Tensor,
-    q_norm: QNorm,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    max_seqlen: int,
-    tiles: AttentionTiles = TILES,
-) -> torch.Tensor:
-    """`attention` of q = rotary(RMSNorm(q part of `qkv`)) through the Triton kernel, which normalises and
-    rotates each program's query rows on load: (T, hq, d), the values `elementwise.qk_norm_rope`'s q
-    would give. `qkv` (T, (hq + 2 hk) d) the fused projection, contiguous; k, v (T, hk, d) already
-    normalised and rotated (`elementwise.kv_norm_rope`). Saves writing and reading q once more."""
-    t, hk, d = k.shape
-    width = qkv.shape[-1]
-    hq = width // d - 2 * hk
-    if qkv.shape[0] != t or width != (hq + 2 * hk) * d or not qkv.is_contiguous():
-        raise ValueError(f"attention_qkv needs qkv (T, (hq + 2 hk) d) contiguous, got {qkv.shape}, {k.shape}")
-    return _launch(qkv, width, q_norm, k, v, cu_seqlens, max_seqlen, (t, hq, d), tiles)
-
-
-class QNorm(NamedTuple):
-    """The query rows' RMSNorm weight (d,), its epsilon and the rotary cos and sin (T, d)."""
-
-    weight: torch.Tensor
-    eps: float
-    cos: torch.Tensor
-    sin: torch.Tensor
-
-
-def _launch(
-    q: torch.Tensor,
-    q_row_stride: int,
-    q_norm: QNorm | None,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    max_seqlen: int,
-    shape: tuple[int, int, int],
-    tiles: AttentionTiles,
-) -> torch.Tensor:
-    t, hq, d = shape
     hk = k.shape[1]
     if hq % hk or k.shape != v.shape or k.shape[0] != t:
-        raise ValueError(f"attention needs q (T, hq, d), k = v (T, hk, d), hk | hq; got {shape}, {k.shape}")
+        raise ValueError(f"attention needs q (T, hq, d), k = v (T, hk, d), hk | hq; got {q.shape}, {k.shape}")
     group = math.gcd(tiles.group, hq // hk)  # the tiny release has 2 q heads per kv head, the full one 8
     if tiles.block_m % group:
         raise ValueError(f"block_m {tiles.block_m} is not a multiple of group {group}")
-    out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
+    out = torch.empty_like(q)
     records = cu_seqlens.numel() - 1
     if not t or records <= 0 or max_seqlen <= 0:
         return out
     blocks = triton.cdiv(max_seqlen, tiles.block_m // group)
-    weight, eps, cos, sin = q_norm if q_norm is not None else (q, 0.0, q, q)  # unread without a norm
     _packed_attention_kernel[(blocks, hq // group, records)](
-        q,
+        q.contiguous(),
         k.contiguous(),
         v.contiguous(),
         out,
         cu_seqlens,
-        weight,
-        cos.contiguous(),
-        sin.contiguous(),
-        eps,
         math.log2(math.e) / math.sqrt(d),
         blocks,
-        q_row_stride=q_row_stride,
         hq=hq,
         hk=hk,
         d=d,
         block_m=tiles.block_m,
         block_n=tiles.block_n,
         group=group,
-        norm_rope_q=q_norm is not None,
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )

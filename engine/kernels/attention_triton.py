@@ -74,25 +74,16 @@ def _packed_attention_kernel(
     v_ptr,
     o_ptr,
     cu_ptr,
-    qw_ptr,
-    cos_ptr,
-    sin_ptr,
-    eps,
     scale_log2,
     num_m_blocks,
-    q_row_stride: tl.constexpr,
     hq: tl.constexpr,
     hk: tl.constexpr,
     d: tl.constexpr,
     block_m: tl.constexpr,
     block_n: tl.constexpr,
     group: tl.constexpr,
-    norm_rope_q: tl.constexpr,
 ):
-    # q (T, hq, d) rows `q_row_stride` apart, o (T, hq, d); k, v (T, hk, d), contiguous; cu (N+1,) record
-    # boundaries on the packed axis. With `norm_rope_q`, q is the raw q part of the fused QKV projection
-    # (rows (hq + 2 hk) d apart) and each program normalises and rotates its own rows on load
-    # (`_normed_rotated_q`: the same arithmetic as `_qk_norm_rope_kernel`); qw (d,), cos, sin (T, d).
+    # q, o (T, hq, d); k, v (T, hk, d), all contiguous; cu (N+1,) record boundaries on the packed axis.
     # Grid (num_m_blocks, hq / group, N). A program's block_m query rows are block_m / group tokens times
     # `group` query heads of one kv head (row r: token r // group, head r % group), so each key and value
     # block it loads serves `group` heads. The last query blocks of a record, which attend to the most
@@ -111,16 +102,9 @@ def _packed_attention_kernel(
     rows = m0 + r // group  # (BM,) query token positions within the record
     heads = head0 + r % group  # (BM,) query heads
     dims = tl.arange(0, d)
-    tok = base + rows.to(tl.int64)  # (BM,) packed token index
-    q_off = tok[:, None] * q_row_stride + heads[:, None] * d + dims[None, :]  # (BM, d)
-    o_off = tok[:, None] * (hq * d) + heads[:, None] * d + dims[None, :]  # (BM, d)
+    q_off = (base + rows.to(tl.int64))[:, None] * (hq * d) + heads[:, None] * d + dims[None, :]  # (BM, d)
     live = rows < length
-    if norm_rope_q:
-        q_row = q_ptr + tok[:, None] * q_row_stride + heads[:, None] * d  # (BM, 1)
-        q = _normed_rotated_q(q_row, qw_ptr, cos_ptr, sin_ptr, tok, live, eps, d)
-        q = q.to(o_ptr.dtype.element_ty)
-    else:
-        q = tl.load(q_ptr + q_off, mask=live[:, None], other=0.0)
+    q = tl.load(q_ptr + q_off, mask=live[:, None], other=0.0)
     kv_col = (head0 // (hq // hk)) * d
     k_rec = k_ptr + base * (hk * d)
     v_rec = v_ptr + base * (hk * d)
@@ -136,27 +120,4 @@ def _packed_attention_kernel(
         q, acc, m_i, l_i, k_rec, v_rec, rows, diag, stop, length, hk * d, kv_col, scale_log2, True, block_n, d
     )
     out = acc / l_i[:, None]
-    tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=live[:, None])
-
-
-@triton.jit
-def _normed_rotated_q(row_ptr, qw_ptr, cos_ptr, sin_ptr, tok, live, eps, d: tl.constexpr):
-    # The (BM, d) q tile of rows starting at `row_ptr` (BM, 1): per-row RMSNorm with weight qw, rounded to
-    # the activation dtype before and after the weight as the reference does, then the rotary embedding
-    # o = n * cos + rotate_half(n) * sin, in float32. The norm's sum runs over the two halves as in
-    # `_qk_norm_rope_kernel`, and each output column takes the same products, so q is that kernel's q.
-    half: tl.constexpr = d // 2
-    hc = tl.arange(0, half)[None, :]  # (1, half)
-    x1 = tl.load(row_ptr + hc, mask=live[:, None], other=0.0).to(tl.float32)
-    x2 = tl.load(row_ptr + half + hc, mask=live[:, None], other=0.0).to(tl.float32)
-    rstd = (1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / d + eps))[:, None]  # (BM, 1)
-    dims = tl.arange(0, d)[None, :]  # (1, d)
-    other = (dims + half) % d  # (1, d): the column rotate_half pairs with
-    x = tl.load(row_ptr + dims, mask=live[:, None], other=0.0).to(tl.float32)  # (BM, d)
-    xr = tl.load(row_ptr + other, mask=live[:, None], other=0.0).to(tl.float32)
-    act = row_ptr.dtype.element_ty
-    n = ((x * rstd).to(act).to(tl.float32) * tl.load(qw_ptr + dims).to(tl.float32)).to(act).to(tl.float32)
-    nr = ((xr * rstd).to(act).to(tl.float32) * tl.load(qw_ptr + other).to(tl.float32)).to(act).to(tl.float32)
-    c = tl.load(cos_ptr + tok[:, None] * d + dims, mask=live[:, None], other=0.0).to(tl.float32)
-    s = tl.load(sin_ptr + tok[:, None] * d + dims, mask=live[:, None], other=0.0).to(tl.float32)
-    return tl.where(dims < half, n * c - nr * s, n * c + nr * s)
+    tl.store(o_ptr + q_off, out.to(o_ptr.dtype.element_ty), mask=live[:, None])

