@@ -17,8 +17,9 @@ One process, one run (a benchmark program, not a test; nothing here asserts a sp
    settings except the broker address, a fresh group and the HTTP API off) runs in this process's event loop;
 5. a producer (acks=all, idempotent, `linger.ms` 5 or `--producer-linger-ms`: an event waits in it up to
    that long, and the wait is part of every latency below) sends events at a fixed rate (`--arrivals
-   uniform`, or Poisson) for a warm-up (`--warmup-s`) and then for `--seconds` at each of `--rate`, one
-   after another, each followed by a drain until every event of the load is decided (at most `--drain-s`);
+   uniform`, or Poisson) for a warm-up (`--warmup-s`) and then for `--seconds` at each of `--rate` (with
+   `--shares`, each a share of step 3's events/s), one after another, each followed by a drain until
+   every event of the load is decided (at most `--drain-s`);
 6. a tail consumer reads `decisions` and `alerts.dlq`: latency counts from each event's scheduled send time
    (so a producer that falls behind shows up as latency) to the moment the tail consumer holds its decision
    (`ce_id` header, kept by the router); the record-timestamp latency (decision CreateTime minus the input's
