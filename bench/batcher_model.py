@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import random
 import statistics
 import threading
 import time
@@ -86,7 +87,10 @@ class TimedEngine:
     answer: SystemOneResponse
     limits: BatchLimits = SERVICE_LIMITS
     stage_waits_for_run: bool = False
+    jitter: float = 0.0
+    """Each run's GPU time is the cost times a uniform draw from [1 - jitter, 1 + jitter] (seeded)."""
     runs: list[Run] = field(default_factory=list)
+    _rng: random.Random = field(default_factory=lambda: random.Random(7))
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _idle: threading.Event = field(default_factory=threading.Event)
 
@@ -106,7 +110,8 @@ class TimedEngine:
         start = time.perf_counter()
         self._idle.clear()
         try:
-            time.sleep(self.cost.batch_s(sum(r.num_tokens for r in staged)))
+            factor = 1.0 + self.jitter * self._rng.uniform(-1.0, 1.0) if self.jitter else 1.0
+            time.sleep(self.cost.batch_s(sum(r.num_tokens for r in staged)) * factor)
         finally:
             self._idle.set()
         with self._lock:
@@ -206,6 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--stage-waits-for-run", action="store_true", help="staging also waits for the running batch's end"
     )
+    p.add_argument("--jitter", type=float, default=0.0, help="each GPU run's time varies by up to this share")
     p.add_argument("--set", action="append", default=[], help="a BatchingSettings field, name=value (JSON)")
     args = p.parse_args(argv)
     configure_logging("warning")
@@ -226,6 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "capacity": round(capacity, 1),
                 "settings": overrides,
                 "stage_waits_for_run": args.stage_waits_for_run,
+                "jitter": args.jitter,
             }
         ),
         flush=True,
@@ -240,6 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.respond_record_ms / 1000,
             answer,
             stage_waits_for_run=args.stage_waits_for_run,
+            jitter=args.jitter,
         )
         metrics = Metrics()
         latencies = asyncio.run(drive(engine, settings, schedule, args.prepare_ms / 1000, metrics))

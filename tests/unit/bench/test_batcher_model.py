@@ -51,3 +51,18 @@ def test_staging_that_waits_for_the_running_batch_ends_after_it() -> None:
     running.join(5)
     assert engine.runs
     assert staged_at >= engine.runs[0].end - 0.01  # staging ended with the run, not before it
+
+
+def test_jitter_spreads_each_run_within_its_bound() -> None:
+    request = parse_request({"state": "s", "questions": {"o": {"type": "noul", "instructions": "?"}}})
+    answer = StubEngine().execute([StubEngine().prepare(request)])[0]
+    plain = TimedEngine(Cost(0.01, 0.0, 690.0), 0.0, 0.0, 0.0, answer)
+    jittered = TimedEngine(Cost(0.01, 0.0, 690.0), 0.0, 0.0, 0.0, answer, jitter=0.5)
+    for engine in (plain, jittered):
+        for _ in range(12):
+            engine.run([])
+    plain_s = [r.end - r.start for r in plain.runs]
+    jittered_s = [r.end - r.start for r in jittered.runs]
+    assert all(s >= 0.01 for s in plain_s)
+    assert all(0.005 <= s < 0.015 + 0.05 for s in jittered_s)  # a sleep may overshoot, never undershoot
+    assert min(jittered_s) < 0.0095 < max(jittered_s)  # 12 seeded draws from [0.5, 1.5]: some below 0.95
