@@ -36,10 +36,10 @@ def to_host(values: torch.Tensor) -> npt.NDArray[np.float32]:
 
     On CUDA: a non-blocking copy into pinned memory on the current stream, then a wait on an event recorded
     after it (the GIL released), instead of a copy into pageable memory, which waits inside the driver
-    until the stream has run the whole batch. While the GPU thread sat in that copy, the prepare thread's
-    host-to-device copy of the next batch (`ModelBatch.to`) was seen waiting 7.1 ms on average with 0.47
-    ms of its own CPU time (`bench.stage_probe`, one H100); that the pageable copy holds it is the suspicion
-    this tests (BENCHMARKS.md, "Priority classes, round eight").
+    until the stream has run the whole batch and meanwhile holds the prepare thread's host-to-device copy
+    of the next batch (`ModelBatch.to`): on one H100 that copy took 9.11 ms on average beside the pageable
+    copy and 0.92 ms beside this one (`bench.stage_probe`; `bench.copy_probe` alone: p50 1.442 against 0.06
+    ms), and the p99 at 70% load fell from 205-214 to 188 ms (BENCHMARKS.md, "Priority classes, round nine").
     """
     if values.device.type != "cuda":
         return values.to("cpu", torch.float32).numpy()
