@@ -38,7 +38,7 @@ def to_host(values: torch.Tensor) -> npt.NDArray[np.float32]:
     after it (the GIL released), instead of a copy into pageable memory, which waits inside the driver
     until the stream has run the whole batch and meanwhile holds the prepare thread's host-to-device copy
     of the next batch (`ModelBatch.to`): on one H100 that copy took 9.11 ms on average beside the pageable
-    copy and 0.92 ms beside this one (`bench.stage_probe`; `bench.copy_probe` alone: p50 1.442 against 0.06
+    copy and 0.92 ms beside this one (`bench.stage_probe`; `bench.copy_probe`: p50 0.806 against 0.046
     ms), and the p99 at 70% load fell from 205-214 to 188 ms (BENCHMARKS.md, "Priority classes, round nine").
     """
     if values.device.type != "cuda":
