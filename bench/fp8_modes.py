@@ -51,7 +51,9 @@ SCALING_OF = {"fp8_attention_row_pass": "row_pass", "fp8_attention_row_fused": "
 (`moe_fp8.SCALINGS`; set before the graphs are captured)."""
 
 
-def _use_tiles(path: Path) -> dict[str, object]:
+def use_tiles(path: Path) -> dict[str, object]:
+    """Launch the FP8 expert kernels with the shapes of `bench.moe_fp8`'s `tiles_best.json` (before any
+    graph is captured); returns the file's contents."""
     from engine.kernels import moe_fp8
     from engine.kernels.tiles import MoeTiles, Tiles
 
@@ -89,7 +91,7 @@ def main() -> int:
     from engine.runner import EngineConfig
 
     if args.tiles_from is not None and args.tiles_from.exists():
-        emit(rows, kind="tiles", fp8=_use_tiles(args.tiles_from))
+        emit(rows, kind="tiles", fp8=use_tiles(args.tiles_from))
     t0 = time.perf_counter()
     config = EngineConfig(device="cuda", dtype="bfloat16", limits=BatchLimits(65536, 256))
     engine = build_engine(config, routing="levelled")

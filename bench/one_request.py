@@ -58,6 +58,9 @@ def main() -> int:
         help="run the experts (and with `attention` the attention projections too) in FP8 (default bf16);"
         " `text`: experts and attention in FP8 with the bf16 experts freed (fits an 80 GB card)",
     )
+    p.add_argument(
+        "--tiles-from", type=Path, default=None, help="FP8 shapes from bench.moe_fp8's tiles_best.json"
+    )
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -74,6 +77,10 @@ def main() -> int:
     if not args.random_router:
         with torch.inference_mode():
             level(engine, biases, engine.model.collate(probe))
+    if args.tiles_from is not None and args.tiles_from.exists():
+        from bench.fp8_modes import use_tiles
+
+        emit(rows, kind="tiles", fp8=use_tiles(args.tiles_from))
     if args.fp8 != "off":  # after levelling: the FP8 copies are made from the same weights, graphs recaptured
         engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])
     one = make_request(random.Random(1), engine, 800)
