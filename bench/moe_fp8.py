@@ -6,8 +6,7 @@ random bf16, 1.2 GB; quantised to e4m3, 0.6 GB, so every call reads them from HB
 uniformly at random (the levelled load of a trained router). It prints, as JSON lines:
 
 1. `sweep`: each candidate shape of one FP8 kernel, the other at the shipped shape, per T: the whole
-   block's microseconds (CUDA graph replays, median of 20); with `--persistent` each shape also launched
-   persistently, without and with Triton's loop flattening.
+   block's microseconds (CUDA graph replays, median of 20).
 2. `layer`: per T, the whole expert block (from the sorted pairs on, the row quantisation included):
    Triton FP8 at the best swept shapes and at the shipped ones, CUTLASS FP8 (quantise, gather,
    `torch._scaled_grouped_mm`, SwiGLU + quantise, again; its output in expert order), and bf16 fused
@@ -120,12 +119,10 @@ def sweep(
     regime: str,
     base: MoeTiles,
     kinds: tuple[str, ...] = ("gate_up", "down"),
-    persistent: bool = False,
     **label: str,
 ) -> MoeTiles:
-    """Each candidate of each of `kinds` with the other kernel at `base`; returns the best pair. With
-    `persistent`, each candidate also launched persistently, without and with loop flattening (`tiles`
-    then ends in "persistent" or "flatten"). `label` goes into every line."""
+    """Each candidate of each of `kinds` with the other kernel at `base`; returns the best pair. `label`
+    goes into every line."""
     best = base
     cands_of = {  # "both": every candidate of the two regimes (`--sweep-every`)
         "gate_up": {"small": _SMALL_GATE_UP, "large": _LARGE_GATE_UP}.get(
@@ -137,7 +134,8 @@ def sweep(
     }
     for kind, cands in ((k, cands_of[k]) for k in kinds):
         timed: list[tuple[float, Tiles]] = []
-        for c, tiles in _launches(cands, persistent):
+        for c in cands:
+            tiles = _tiles(c)
             pair = replace(best, **{kind: tiles})
             try:
                 us = graph_us(partial(call, tiles=pair))
@@ -159,20 +157,6 @@ def sweep(
     return best
 
 
-def _launches(
-    cands: tuple[tuple[int | bool, ...], ...], persistent: bool
-) -> list[tuple[list[int | bool | str], Tiles]]:
-    # (the line's `tiles` field, the shape) of every candidate, and its persistent launches when asked.
-    out: list[tuple[list[int | bool | str], Tiles]] = []
-    for c in cands:
-        tiles = _tiles(c)
-        out.append((list(c), tiles))
-        if persistent:
-            out.append(([*c, "persistent"], replace(tiles, persistent=True)))
-            out.append(([*c, "flatten"], replace(tiles, persistent=True, flatten=True)))
-    return out
-
-
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
@@ -183,11 +167,6 @@ def main() -> int:
         action="store_true",
         help="sweep every T, over the candidates of both regimes (default: a regime's first T, and 800 and "
         "65,536)",
-    )
-    p.add_argument(
-        "--persistent",
-        action="store_true",
-        help="sweep each candidate also launched persistently, without and with loop flattening",
     )
     args = p.parse_args()
     out = Path(args.out)
@@ -208,9 +187,9 @@ def main() -> int:
         call = partial(moe_fp8.experts_pairs_fp8, x, order, counts, top_w, q8)
         base = moe_fp8.tiles_for(t * TOP_K, EXPERTS)
         if args.sweep_every:
-            best[regime] = sweep(rows, t, call, "both", base, persistent=args.persistent)
+            best[regime] = sweep(rows, t, call, "both", base)
         elif regime not in best or t in (800, 65536):
-            best[regime] = sweep(rows, t, call, regime, base, persistent=args.persistent)
+            best[regime] = sweep(rows, t, call, regime, base)
         bf16_call = partial(moe.experts_pairs, x, order, counts, top_w, gate_up, down)
         variants = {
             "triton_fp8_best": partial(call, tiles=best[regime]),

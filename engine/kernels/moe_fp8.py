@@ -29,14 +29,12 @@ launch grids are fixed by the shapes (CUDA-graph capturable).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F  # noqa: N812
 
 from engine.kernels.fp8 import FP8, FP8_MAX, Fp8Experts, Quantized, quantize_rows
 from engine.kernels.moe import fit_block, row_tiles
-from engine.kernels.tiles import MoeTiles, Tiles, shipped
+from engine.kernels.tiles import MoeTiles, shipped
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs have the twin only.
     import triton
@@ -176,12 +174,10 @@ def experts_pairs_fp8(
     gu_k = fit_block(gu.block_k, hidden)
     # one (2 gu_n, gu_k) box of interleaved gate/up rows per k step
     w_gu: object = TensorDescriptor.from_tensor(q8.gate_up, [1, 2 * gu_n, gu_k]) if gu.tma else q8.gate_up
-    gu_grid, gu_run = _grid(row_tiles(pairs, experts, gu.block_m) * (inter // gu_n), gu, x.device)
-    _moe_gate_up_fp8_kernel[gu_grid](
+    _moe_gate_up_fp8_kernel[(row_tiles(pairs, experts, gu.block_m) * (inter // gu_n),)](
         xq_, xs, w_gu, q8.gate_up_scale, order, counts, top_w, act, act_s,
         **shapes, top_k=k, group=group, fp8_max=FP8_MAX,
         block_m=gu.block_m, block_n=gu_n, block_k=gu_k, stages=gu.stages, tma=gu.tma, num_warps=gu.warps,
-        **gu_run,
     )  # fmt: skip
     if mode == 1:
         row_s = torch.empty(pairs, dtype=torch.float32, device=x.device)
@@ -196,31 +192,9 @@ def experts_pairs_fp8(
         w_dn: object = TensorDescriptor.from_tensor(q8.down, [1, dn_n, group])
     else:
         a_dn, w_dn = act, q8.down
-    dn_grid, dn_run = _grid(row_tiles(pairs, experts, dn.block_m) * (hidden // dn_n), dn, x.device)
-    _moe_down_fp8_kernel[dn_grid](
+    _moe_down_fp8_kernel[(row_tiles(pairs, experts, dn.block_m) * (hidden // dn_n),)](
         a_dn, act_s, w_dn, q8.down_scale, order, counts, y,
-        **shapes, group=group, groups_pad=triton.next_power_of_2(inter // group), block_m=dn.block_m,
-        block_n=dn_n, stages=dn.stages, tma=dn.tma, scaling=mode, num_warps=dn.warps, **dn_run,
+        **shapes, group=group, block_m=dn.block_m, block_n=dn_n, stages=dn.stages, tma=dn.tma,
+        scaling=mode, num_warps=dn.warps,
     )  # fmt: skip
     return y
-
-
-INTERPRETED_PROGRAMS = 3
-"""Programs of a persistent launch off CUDA (Triton's interpreter, tests): fewer than the tiles, so each
-visits several."""
-
-
-def _grid(tiles: int, shape: Tiles, device: torch.device) -> tuple[tuple[int], dict[str, int | bool]]:
-    # The launch grid of a kernel with at most `tiles` tiles, and its `programs`/`flatten` arguments (plus
-    # the loops' pipelining depth when persistent): one program per tile, or one per SM (`persistent`;
-    # programs without a tile exit their loop at once).
-    if not shape.persistent:
-        return (tiles,), {"programs": 0, "flatten": False}
-    programs = _sm_count(device) if device.type == "cuda" else INTERPRETED_PROGRAMS  # fixed: one compile
-    return (programs,), {"programs": programs, "flatten": shape.flatten, "num_stages": shape.stages}
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)

@@ -14,22 +14,14 @@ Scales, all float32:
 
 Every scale belongs to one row (or one channel of the weights), so a row's result depends only on its
 own input and its expert's weights: batch invariance holds as in bf16. The weights come through TMA
-descriptors when `tma` is set, else through pointer loads.
-
-Both kernels run one tile per program over a static grid (`programs` 0: programs past the last tile
-return at once), or persistently (`programs` > 0, one program per SM): program p visits tiles p,
-p + programs, ... below the number of tiles that hold rows, so nothing launches per empty tile and, with
-`flatten`, Triton pipelines across tiles (the next tile's first loads overlap this one's epilogue). A
-tile's arithmetic is the same either way, so the two give the same bits.
-
-Triton's JIT reads kernel arguments without Python annotations, so this module alone is checked without
-`disallow_untyped_defs` (pyproject.toml).
+descriptors when `tma` is set, else through pointer loads. Triton's JIT reads kernel arguments without
+Python annotations, so this module alone is checked without `disallow_untyped_defs` (pyproject.toml).
 """
 
 import triton
 import triton.language as tl
 
-from engine.kernels.moe_triton import _tile_count, _tile_of, _tile_pairs
+from engine.kernels.moe_triton import _tile_of_program, _tile_pairs
 
 
 @triton.jit
@@ -55,42 +47,16 @@ def _moe_gate_up_fp8_kernel(
     block_k: tl.constexpr,
     stages: tl.constexpr,
     tma: tl.constexpr,
-    programs: tl.constexpr,
-    flatten: tl.constexpr,
 ):
     # q[r, n] = e4m3(silu(g) * u * routing weight / s[r, n // group]) for the sorted pair r of expert e,
     # g = x[tok(r)] . W[e, 2 n], u = x[tok(r)] . W[e, 2 n + 1] (dequantised, in float32);
     # s = amax over the group's columns / fp8_max. `w` is W (E, 2 inter, hidden) e4m3 with gate and up
     # rows interleaved (`Fp8Experts`): a descriptor in (1, 2 block_n, block_k) boxes with `tma`, else the
-    # tensor. One tile per program (`programs` 0) or persistent (module docstring).
-    num_n: tl.constexpr = inter // block_n
-    if programs == 0:
-        expert, pid_n, row0, row_end = _tile_of(counts_ptr, tl.program_id(0), num_n, block_m, e, e_pad)
-        if expert < e:
-            _gate_up_fp8_tile(
-                x_ptr, xs_ptr, w, ws_ptr, order_ptr, topw_ptr, q_ptr, qs_ptr, expert, pid_n, row0, row_end,
-                hidden, inter, top_k, group, fp8_max, block_m, block_n, block_k, stages, tma,
-            )  # fmt: skip
-    else:
-        tiles = _tile_count(counts_ptr, num_n, block_m, e, e_pad)
-        for tile in tl.range(tl.program_id(0), tiles, programs, flatten=flatten):
-            expert, pid_n, row0, row_end = _tile_of(counts_ptr, tile, num_n, block_m, e, e_pad)
-            _gate_up_fp8_tile(
-                x_ptr, xs_ptr, w, ws_ptr, order_ptr, topw_ptr, q_ptr, qs_ptr, expert, pid_n, row0, row_end,
-                hidden, inter, top_k, group, fp8_max, block_m, block_n, block_k, stages, tma,
-            )  # fmt: skip
-
-
-@triton.jit
-def _gate_up_fp8_tile(
-    x_ptr, xs_ptr, w, ws_ptr, order_ptr, topw_ptr, q_ptr, qs_ptr, expert, pid_n, row0, row_end,
-    hidden: tl.constexpr, inter: tl.constexpr, top_k: tl.constexpr, group: tl.constexpr,
-    fp8_max: tl.constexpr, block_m: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr,
-    stages: tl.constexpr, tma: tl.constexpr,
-):  # fmt: skip
-    # One (block_m, block_n) tile of `_moe_gate_up_fp8_kernel` for an expert < e. A k step is one
-    # product of width 2 block_n (the activation tile read once); the accumulator's (gate, up) column
-    # pairs sit in one thread, so splitting them moves no data.
+    # tensor. A k step is one product of width 2 block_n (the activation tile read once); the
+    # accumulator's (gate, up) column pairs sit in one thread, so splitting them moves no data.
+    expert, pid_n, row0, row_end = _tile_of_program(counts_ptr, inter // block_n, block_m, e, e_pad)
+    if expert >= e:
+        return
     rows, rmask, pair = _tile_pairs(order_ptr, row0, row_end, block_m)
     tok = pair // top_k
     ks = tl.arange(0, block_k)
@@ -150,14 +116,11 @@ def _moe_down_fp8_kernel(
     e: tl.constexpr,
     e_pad: tl.constexpr,
     group: tl.constexpr,
-    groups_pad: tl.constexpr,
     block_m: tl.constexpr,
     block_n: tl.constexpr,
     stages: tl.constexpr,
     tma: tl.constexpr,
     scaling: tl.constexpr,
-    programs: tl.constexpr,
-    flatten: tl.constexpr,
 ):
     # scaling 0 ("group"): out[pair(r), n] = w_scale[e, n] * sum_g s[r, g] * (q[r, g] . W[e, n, g]) for
     # the sorted pair r of expert e, one tensor-core product per group g of columns; q (S, inter) e4m3
@@ -168,34 +131,9 @@ def _moe_down_fp8_kernel(
     # q' = e4m3(q * (s[r, g] / m[r])), m[r] = max_g s[r, g]; then as 1 with s[r] = m[r].
     # With `tma`, `a` and `w` are descriptors in (block_m, group) and (1, block_n, group) boxes (rows past
     # the expert's end belong to the next expert, or are zero-filled past S, and are never stored).
-    # `groups_pad`: inter / group rounded up to a power of two. One tile per program (`programs` 0) or
-    # persistent (module docstring).
-    num_n: tl.constexpr = hidden // block_n
-    if programs == 0:
-        expert, pid_n, row0, row_end = _tile_of(counts_ptr, tl.program_id(0), num_n, block_m, e, e_pad)
-        if expert < e:
-            _down_fp8_tile(
-                a, as_ptr, w, ws_ptr, order_ptr, out_ptr, expert, pid_n, row0, row_end,
-                hidden, inter, group, groups_pad, block_m, block_n, stages, tma, scaling,
-            )  # fmt: skip
-    else:
-        tiles = _tile_count(counts_ptr, num_n, block_m, e, e_pad)
-        for tile in tl.range(tl.program_id(0), tiles, programs, flatten=flatten):
-            expert, pid_n, row0, row_end = _tile_of(counts_ptr, tile, num_n, block_m, e, e_pad)
-            _down_fp8_tile(
-                a, as_ptr, w, ws_ptr, order_ptr, out_ptr, expert, pid_n, row0, row_end,
-                hidden, inter, group, groups_pad, block_m, block_n, stages, tma, scaling,
-            )  # fmt: skip
-
-
-@triton.jit
-def _down_fp8_tile(
-    a, as_ptr, w, ws_ptr, order_ptr, out_ptr, expert, pid_n, row0, row_end,
-    hidden: tl.constexpr, inter: tl.constexpr, group: tl.constexpr, groups_pad: tl.constexpr,
-    block_m: tl.constexpr, block_n: tl.constexpr, stages: tl.constexpr, tma: tl.constexpr,
-    scaling: tl.constexpr,
-):  # fmt: skip
-    # One (block_m, block_n) tile of `_moe_down_fp8_kernel` for an expert < e.
+    expert, pid_n, row0, row_end = _tile_of_program(counts_ptr, hidden // block_n, block_m, e, e_pad)
+    if expert >= e:
+        return
     rows, rmask, pair = _tile_pairs(order_ptr, row0, row_end, block_m)
     ks = tl.arange(0, group)
     n0 = pid_n * block_n
@@ -205,14 +143,10 @@ def _down_fp8_tile(
     w_offs = expert.to(tl.int64) * (hidden * inter) + ns[:, None] * inter + ks[None, :]  # (BN, G)
     groups: tl.constexpr = inter // group
     s_ptrs = as_ptr + r64 * (1 if scaling == 1 else groups)
-    if scaling == 2:  # the row's largest group scale, in one load (no loop: the tile loop may flatten)
-        gs = tl.arange(0, groups_pad)
-        all_s = tl.load(
-            s_ptrs[:, None] + gs[None, :], mask=rmask[:, None] & (gs[None, :] < groups), other=0.0
-        )
-        row_s = tl.max(all_s, 1)  # (BM,)
-    else:
-        row_s = tl.load(s_ptrs, mask=rmask, other=0.0)  # (BM,): scaling 1's row scale
+    row_s = tl.load(s_ptrs, mask=rmask, other=0.0)  # (BM,): scaling 1's row scale
+    if scaling == 2:
+        for gi in tl.range(1, groups):
+            row_s = tl.maximum(row_s, tl.load(s_ptrs + gi, mask=rmask, other=0.0))
     row_s = tl.maximum(row_s, 1e-30)  # masked rows: no division by zero below
     acc = tl.zeros([block_m, block_n], dtype=tl.float32)
     for gi in tl.range(0, groups, num_stages=stages):

@@ -41,25 +41,9 @@ def _tile_of_program(
 ):
     # (expert, output column tile, first row, end row of the expert) of this program: the grid runs over
     # row tiles (in expert order) x `num_n` column tiles; expert >= e past the last row tile.
-    return _tile_of(counts_ptr, tl.program_id(0), num_n, block_m, e, e_pad)
-
-
-@triton.jit
-def _tile_of(
-    counts_ptr, tile, num_n: tl.constexpr, block_m: tl.constexpr, e: tl.constexpr, e_pad: tl.constexpr
-):
-    # `_tile_of_program` for tile number `tile` (a persistent program visits several).
-    expert, row0, row_end = _tile_of_expert(counts_ptr, tile // num_n, block_m, e, e_pad)
-    return expert, tile % num_n, row0, row_end
-
-
-@triton.jit
-def _tile_count(counts_ptr, num_n: tl.constexpr, block_m: tl.constexpr, e: tl.constexpr, e_pad: tl.constexpr):
-    # How many tiles hold rows: the row tiles of every expert times `num_n` column tiles. A persistent
-    # grid visits tiles 0 .. this - 1 and never one past the last expert.
-    ex = tl.arange(0, e_pad)
-    counts = tl.load(counts_ptr + ex, mask=ex < e, other=0).to(tl.int32)
-    return tl.sum((counts + block_m - 1) // block_m, 0) * num_n
+    pid = tl.program_id(0)
+    expert, row0, row_end = _tile_of_expert(counts_ptr, pid // num_n, block_m, e, e_pad)
+    return expert, pid % num_n, row0, row_end
 
 
 @triton.jit

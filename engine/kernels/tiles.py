@@ -42,10 +42,6 @@ class Tiles:
     """Weights (and the down projection's activations) through TMA descriptors instead of pointer loads."""
     ws: bool = False
     """Triton's automatic warp specialisation of the k-loop (with `tma` only)."""
-    persistent: bool = False
-    """One program per SM looping over the tiles (the FP8 expert kernels only), not one per tile."""
-    flatten: bool = False
-    """With `persistent`: Triton flattens the tile and k loops into one pipelined loop."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,14 +107,7 @@ def _flag(d: Mapping[str, object], key: str, where: str) -> bool:
 
 
 def _tiles(raw: object, where: str) -> Tiles:
-    d = _object(
-        raw,
-        where,
-        ("block_m", "block_n", "block_k", "warps", "stages"),
-        ("tma", "ws", "persistent", "flatten"),
-    )
-    if _flag(d, "flatten", where) and not _flag(d, "persistent", where):
-        raise ValueError(f"{DATA_FILE}: {where}.flatten needs persistent")
+    d = _object(raw, where, ("block_m", "block_n", "block_k", "warps", "stages"), ("tma", "ws"))
     return Tiles(
         block_m=_positive(d, "block_m", where),
         block_n=_positive(d, "block_n", where),
@@ -127,8 +116,6 @@ def _tiles(raw: object, where: str) -> Tiles:
         stages=_positive(d, "stages", where),
         tma=_flag(d, "tma", where),
         ws=_flag(d, "ws", where),
-        persistent=_flag(d, "persistent", where),
-        flatten=_flag(d, "flatten", where),
     )
 
 

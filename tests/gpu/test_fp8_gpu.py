@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,6 @@ import torch
 from devtools.tiny_release import write_tiny_release
 from engine.batching.collate import collate
 from engine.kernels import elementwise, fp8, moe, moe_fp8
-from engine.kernels.tiles import MoeTiles
 from engine.model.release import load_release_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -192,37 +190,6 @@ def test_fp8_row_scalings_match_their_twin_and_each_other_cuda(tokens: int) -> N
     assert rel(fused, twin) <= 3e-2  # the tensor cores' accumulation, as for the group scaling above
     assert rel(fused, bf16) <= 1.5 * rel(group, bf16)  # one scale per row: coarser, not far off
     assert float((alone.float() - fused[: 300 * k].float()).abs().max()) <= 1e-2 * float(alone.abs().max())
-
-
-@pytest.mark.parametrize("tokens", [300, 5000])
-def test_fp8_persistent_launch_gives_the_bits_of_one_program_per_tile_cuda(tokens: int) -> None:
-    """The FP8 expert kernels launched persistently (one program per SM looping over the tiles, with and
-    without Triton's loop flattening) give the same bits as one program per tile, for both regimes' shapes
-    (pointer loads and TMA), at full expert size, eagerly and replayed from a CUDA graph."""
-    hidden, inter, experts, k = 2048, 768, 128, 8
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    gate_up = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) / hidden**0.5).bfloat16()
-    down = (torch.randn(experts, hidden, inter, device="cuda", generator=gen) / inter**0.5).bfloat16()
-    q8 = fp8.quantize_experts(gate_up, down)
-    x = torch.randn(tokens, hidden, device="cuda", generator=gen).bfloat16()
-    top_w, top_i = moe.route_topk(torch.randn(tokens, experts, device="cuda", generator=gen), k, True)
-    order, counts = moe.group_by_expert(top_i, experts)
-    for regime in (moe_fp8.SMALL, moe_fp8.LARGE):
-        one = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, regime)
-        for flatten in (False, True):
-            looped = MoeTiles(
-                *(replace(t, persistent=True, flatten=flatten) for t in (regime.gate_up, regime.down))
-            )
-            eager = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, looped)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                replayed = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, looped)
-            graph.replay()
-            torch.cuda.synchronize()
-            print(f"{tokens} tokens, {regime}, flatten {flatten}: eager {torch.equal(one, eager)}, "
-                  f"graph {torch.equal(one, replayed)}")  # fmt: skip
-            assert torch.equal(one, eager)
-            assert torch.equal(one, replayed)
 
 
 def test_fp8_text_only_frees_the_bf16_experts_and_answers_as_fp8_cuda(tmp_path: Path) -> None:

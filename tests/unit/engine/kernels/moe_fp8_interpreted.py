@@ -2,9 +2,8 @@
 (`engine.kernels.moe_fp8.experts_pairs_fp8`) on CPU tensors against their float32 twin
 (`experts_pairs_fp8_reference`) with the same down scaling (`moe_fp8.SCALINGS`), row by row in pair order.
 Prints one line per case, `case <args> tiles <n> scaling <s> rel_diff <d> rel_norm <r> vs_bf16 <b>`, and
-exits 1 when a case is off, when the two row scalings (a pass of their own, or fused in the down
-kernel) give different bits, or when the persistent launch (a few programs looping over the tiles) gives
-other bits than one program per tile.
+exits 1 when a case is off, or when the two row scalings (a pass of their own, or fused in the down
+kernel) give different bits.
 
 The kernels and the twin sum in different orders, so an activation on a rounding edge of e4m3 could land
 one step apart: the norm of the difference must stay within 1e-4 of the twin's, no element may be off by
@@ -16,7 +15,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import replace
 
 import torch
 
@@ -36,11 +34,6 @@ def main() -> int:
     tiles = (
         MoeTiles(Tiles(16, 32, 32, 4, 2), Tiles(16, 32, 32, 4, 2)),
         MoeTiles(Tiles(32, 64, 64, 4, 2, tma=True), Tiles(16, 64, 32, 4, 2, tma=True)),
-    )
-    # the same shapes, each program looping over tiles (`moe_fp8.INTERPRETED_PROGRAMS` of them)
-    persistent = tuple(
-        MoeTiles(*(replace(t, persistent=True, flatten=n == 1) for t in (m.gate_up, m.down)))
-        for n, m in enumerate(tiles)
     )
     failed = 0
     # (tokens, hidden, inter, experts, k): an empty expert, an expert with more rows than one tile, a
@@ -80,13 +73,6 @@ def main() -> int:
             same = torch.equal(pass_, fused)
             print(f"case {(t, hidden, inter, experts, k)} tiles {n} row_pass == row_fused {same}")
             failed += not same
-            for scaling in moe_fp8.SCALINGS:
-                one = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, tile, scaling)
-                looped = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, persistent[n], scaling)
-                same = torch.equal(one, looped)
-                case = (t, hidden, inter, experts, k)
-                print(f"case {case} tiles {n} {scaling} persistent == one per tile {same}")
-                failed += not same
     return 1 if failed else 0
 
 

@@ -57,8 +57,6 @@ def test_tile_regime_switches_at_the_shipped_rows_per_expert() -> None:
             r"moe\.large\.gate_up: missing keys \[\], unknown keys \['spare'\]",
         ),
         (("moe", "large_from_rows_per_expert"), "192", r"moe\.large_from_rows_per_expert must be"),
-        (("moe_fp8", "small", "down", "flatten"), True, r"moe_fp8\.small\.down\.flatten needs persistent"),
-        (("moe_fp8", "large", "gate_up", "persistent"), "yes", r"gate_up\.persistent must be true or false"),
     ],
 )
 def test_a_malformed_file_is_refused_naming_the_key(
