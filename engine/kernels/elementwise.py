@@ -162,6 +162,25 @@ def add_pairs_rms_norm_fp8(
     return y, n, q
 
 
+def add_pairs_to_fp8(
+    x: torch.Tensor,
+    rows: torch.Tensor,
+    inv: torch.Tensor | None,
+    k: int,
+    weight: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, Quantized]:
+    """`add_pairs_rms_norm_fp8` without the bf16 normalised rows, for a consumer that reads the e4m3 rows
+    only (the next layer's FP8 QKV projection): (x + d, ((T, H) e4m3, (T,) scales)), the same bits, one
+    (T, H) store fewer."""
+    if not _use_triton(x):
+        y, _, q = add_pairs_rms_norm_fp8(x, rows, inv, k, weight, eps)
+        return y, q
+    y, _, quantized = _sum_rows(rows, inv, k, (x, weight, eps), quant=True, keep_normed=False)
+    assert quantized is not None
+    return y, quantized
+
+
 def combine(y: torch.Tensor, inv: torch.Tensor | None, k: int) -> torch.Tensor:
     """out[t] = sum_j y[inv[t k + j]] for y (S, H) in expert order and inv (T k,), or sum_j y[t k + j]
     for y (T k, H) in pair order when `inv` is None -> (T, H) (float32 sums, in j order)."""
@@ -183,14 +202,17 @@ def _sum_rows(
     k: int,
     residual: tuple[torch.Tensor, torch.Tensor, float] | None,
     quant: bool = False,
+    keep_normed: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, Quantized | None]:
     # One launch of `_sum_rows_kernel`: (y, normed, None) with a (x, weight, eps) residual, else (sum,
-    # sum, None); with `quant` (a residual too) the third is normed in e4m3 and its row scales.
+    # sum, None); with `quant` (a residual too) the third is normed in e4m3 and its row scales. Without
+    # `keep_normed` (with `quant` only) the normed rows are not stored: the second is then y.
     hidden = rows.shape[1]
     t = (rows.shape[0] if inv is None else inv.numel()) // k
     x, weight, eps = residual if residual is not None else (rows, rows, 0.0)
     y = torch.empty(t, hidden, dtype=x.dtype, device=rows.device)
-    n = torch.empty_like(y) if residual is not None else y
+    store_normed = residual is not None and (keep_normed or not quant)
+    n = torch.empty_like(y) if store_normed else y
     q = torch.empty(t, hidden, dtype=FP8, device=rows.device) if quant else y
     qs = torch.empty(t, dtype=torch.float32, device=rows.device) if quant else y
     if t:
@@ -210,6 +232,7 @@ def _sum_rows(
             indexed=inv is not None,
             residual=residual is not None,
             quant=quant and residual is not None,
+            store_normed=store_normed,
             fp8_max=FP8_MAX,
             num_warps=8,
         )

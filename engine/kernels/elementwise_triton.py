@@ -36,6 +36,7 @@ def _sum_rows_kernel(
     indexed: tl.constexpr,
     residual: tl.constexpr,
     quant: tl.constexpr,
+    store_normed: tl.constexpr,
     fp8_max: tl.constexpr,
 ):
     # One program per token t: d = sum_j rows[r_j] in float32, in j order, with r_j = inv[t k + j] when
@@ -43,6 +44,7 @@ def _sum_rows_kernel(
     # the rows' dtype as a separate sum kernel would store it. With `residual`: y = x + d and
     # n = RMSNorm(y) * w (`x_ptr`, `w_ptr`, `n_ptr` are unused without it); else y = d. With `quant` too,
     # n's row quantised to e4m3 as `_row_quant_fp8_kernel` does it: q = n / s, s = amax(|n|) / fp8_max.
+    # Without `store_normed` (with `residual` only) n is computed but not stored (`n_ptr` unused).
     t = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, block)
     mask = cols < hidden
@@ -60,7 +62,8 @@ def _sum_rows_kernel(
         rstd = 1.0 / tl.sqrt(tl.sum(yf * yf, axis=0) / hidden + eps)
         w = tl.load(w_ptr + cols, mask=mask, other=0.0)
         normed = ((yf * rstd).to(x.dtype).to(tl.float32) * w.to(tl.float32)).to(x.dtype)
-        tl.store(n_ptr + base + cols, normed, mask=mask)
+        if store_normed:
+            tl.store(n_ptr + base + cols, normed, mask=mask)
         if quant:
             nf = normed.to(tl.float32)
             scale = tl.maximum(tl.max(tl.abs(nf), axis=0), 1e-12) / fp8_max

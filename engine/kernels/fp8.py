@@ -93,17 +93,23 @@ def quantize_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> F
     return Fp8Linear(q[0].contiguous(), s[0].contiguous(), bias)
 
 
-def linear_fp8(x: torch.Tensor, w: Fp8Linear, xq: Quantized | None = None) -> torch.Tensor:
+def linear_fp8(x: torch.Tensor | None, w: Fp8Linear, xq: Quantized | None = None) -> torch.Tensor:
     """x (T, K) times `w` -> (T, N) in x's dtype (bf16 on CUDA): x quantised per row (dynamic,
-    `quantize_rows`, or `xq` when the caller has those already), one e4m3 GEMM scaled by the row and
-    channel scales (`torch._scaled_mm`, row-wise, on CUDA; the float32 twin of the same arithmetic on
-    CPU), then the bias. Every scale belongs to one row or one channel, so a row's result does not depend
-    on the other rows beyond the GEMM's accumulation order."""
-    t, n = x.shape[0], w.weight.shape[0]
+    `quantize_rows`, or `xq` when the caller has those already; x may then be None, and the result is
+    bf16), one e4m3 GEMM scaled by the row and channel scales (`torch._scaled_mm`, row-wise, on CUDA; the
+    float32 twin of the same arithmetic on CPU), then the bias. Every scale belongs to one row or one
+    channel, so a row's result does not depend on the other rows beyond the GEMM's accumulation order.
+    Raises ValueError when both x and xq are None."""
+    if xq is None:
+        if x is None:
+            raise ValueError("linear_fp8 needs the rows x or their quantised form xq")
+        xq = quantize_rows(x)
+    xq_, xs = xq  # (T, K) e4m3, (T,)
+    dtype = x.dtype if x is not None else torch.bfloat16
+    t, n = xq_.shape[0], w.weight.shape[0]
     if not t:
-        return x.new_empty(0, n)
-    xq_, xs = xq if xq is not None else quantize_rows(x)  # (T, K) e4m3, (T,)
-    if x.is_cuda:
+        return xq_.new_empty(0, n, dtype=dtype)
+    if xq_.is_cuda:
         out: torch.Tensor = torch._scaled_mm(
             xq_,
             w.weight.t(),
@@ -114,7 +120,7 @@ def linear_fp8(x: torch.Tensor, w: Fp8Linear, xq: Quantized | None = None) -> to
         )
     else:
         xf = xq_.float() * xs[:, None]  # (T, K)
-        out = (xf @ (w.weight.float() * w.scale[:, None]).T).to(x.dtype)  # (T, N)
+        out = (xf @ (w.weight.float() * w.scale[:, None]).T).to(dtype)  # (T, N)
     if w.bias is not None:
         out = out + w.bias
     return out

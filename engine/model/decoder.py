@@ -108,23 +108,28 @@ class PackedTextDecoder:
         self,
         i: int,
         layer: Any,
-        x: torch.Tensor,
+        x: torch.Tensor | None,
         cos: torch.Tensor,
         sin: torch.Tensor,
         p: PackedInputs,
         xq: Quantized | None = None,
     ) -> torch.Tensor:
-        # `xq`: x already in e4m3 with its row scales (the RMSNorm before quantised it), FP8 attention only.
+        # `xq`: x already in e4m3 with its row scales (the RMSNorm before quantised it), FP8 attention only;
+        # x is None when the norm before kept only those (`elementwise.add_pairs_to_fp8`).
         from torch.nn.attention.varlen import varlen_attn
 
         att = layer.self_attn
-        t = x.shape[0]
         hq, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
         q8 = self._fp8_att[i] if self._fp8_att_on else None
-        qkv = F.linear(x, self._qkv[i]) if q8 is None else fp8_mode.linear_fp8(x, q8[0], xq)  # (T, (hq+2hk)d)
+        if q8 is None:
+            assert x is not None, "a bf16 QKV projection needs the bf16 rows"
+            qkv = F.linear(x, self._qkv[i])  # (T, (hq + 2 hk) d)
+        else:
+            qkv = fp8_mode.linear_fp8(x, q8[0], xq)
+        t = qkv.shape[0]
         qn, kn = att.q_norm.weight, att.k_norm.weight
         q, k, v = elementwise.qk_norm_rope(qkv, qn, kn, cos, sin, hq, hk, self.eps)
-        if x.is_cuda and not (self.triton_attention and attention.supported(d)):
+        if qkv.is_cuda and not (self.triton_attention and attention.supported(d)):
             got = varlen_attn(
                 q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen, window_size=(-1, 0)
             )  # (T, hq, d)
@@ -285,10 +290,11 @@ class PackedTextDecoder:
         layers: list[Any] = list(tm.layers)
         pacer = LaunchPacer(self.layers_ahead if x.is_cuda else 0)
         hq: Quantized | None = None  # h in e4m3 when the layer before quantised it (FP8 attention)
+        hn: torch.Tensor | None = h  # h in bf16, None when the layer before kept the e4m3 rows only
         for i in range(start, end):
             layer = layers[i]
             pacer.step()
-            att = self._attention(i, layer, h, cos, sin, p, hq)
+            att = self._attention(i, layer, hn, cos, sin, p, hq)
             mlp = layer.mlp
             moe_block = hasattr(mlp, "experts")
             post = layer.post_attention_layernorm.weight
@@ -300,14 +306,20 @@ class PackedTextDecoder:
             nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else tm.norm.weight
             quant_next = self._fp8_att_on and x.is_cuda and i + 1 < end  # next layer's QKV input
             hq = None
+            hn = None
             if moe_block:  # the per-token sum of the k experts inside the residual add
                 rows, inv = self._moe(i, mlp, h, mq)
-                if quant_next:
+                if quant_next and self._fp8_att[i + 1] is not None:  # its QKV reads the e4m3 rows only
+                    x, hq = elementwise.add_pairs_to_fp8(x, rows, inv, self.top_k, nxt, self.eps)
+                elif quant_next:
                     x, h, hq = elementwise.add_pairs_rms_norm_fp8(x, rows, inv, self.top_k, nxt, self.eps)
+                    hn = h
                 else:
                     x, h = elementwise.add_pairs_rms_norm(x, rows, inv, self.top_k, nxt, self.eps)
+                    hn = h
             else:
                 x, h = elementwise.add_rms_norm(x, mlp(h), nxt, self.eps)
+                hn = h
             if between is not None and i + 1 < end:
                 between()
         return DecoderState(x, h, cos, sin)

@@ -261,3 +261,31 @@ def test_fp8_attention_batch_invariance_cuda(tmp_path: Path) -> None:
     print(f"fp8 experts + attention: max |dp| alone vs batch = {worst_batch:.2e}; vs bf16 = {drift:.2e}")
     assert worst_batch <= 2e-3
     assert drift <= 5e-2
+
+
+def test_fp8_attention_norm_without_bf16_rows_gives_the_same_answers_cuda(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The MoE sum's norm that keeps only the e4m3 rows for the next FP8 QKV projection
+    (`elementwise.add_pairs_to_fp8`) gives the bits of the one that also stores the bf16 rows, graphs and
+    eager (a batch over the largest graph)."""
+    model = load_release_model(
+        write_tiny_release(tmp_path / "tiny"), device="cuda", dtype=torch.bfloat16
+    ).model
+    rng = random.Random(17)
+    records = [_record(rng, n, q) for n, q in ((30, 1), (700, 3), (220, 2), (64, 1))]
+    batches = [records[:1], records[1:3], records]
+    assert model.enable_fast_path(graph_buckets=(512, 1024), fp8_experts=True, fp8_attention=True)
+    lean = [model.forward_batch(collate(b, layout="packed", device="cuda")) for b in batches]
+
+    def keeping_bf16_rows(*args: object) -> tuple[torch.Tensor, fp8.Quantized]:
+        y, _, q = elementwise.add_pairs_rms_norm_fp8(*args)  # type: ignore[arg-type]
+        return y, q
+
+    monkeypatch.setattr(elementwise, "add_pairs_to_fp8", keeping_bf16_rows)
+    assert model.enable_fast_path(graph_buckets=(512, 1024), fp8_experts=True, fp8_attention=True)
+    full = [model.forward_batch(collate(b, layout="packed", device="cuda")) for b in batches]
+    for a_batch, b_batch in zip(lean, full, strict=True):
+        for a_rec, b_rec in zip(a_batch, b_batch, strict=True):
+            for a, b in zip(a_rec, b_rec, strict=True):
+                assert np.array_equal(a, b)

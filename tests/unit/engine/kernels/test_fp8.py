@@ -127,6 +127,21 @@ def test_linear_fp8_twin_matches_float_matmul_and_keeps_rows_independent() -> No
     assert not fp8.linear_supported(40, 64)
 
 
+def test_linear_fp8_from_quantised_rows_alone_gives_the_same_bf16_result() -> None:
+    """`linear_fp8` given only the rows' e4m3 form (the norm before kept no bf16 rows) answers as from the
+    bf16 rows, in bf16; with neither it refuses."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(9, 64, generator=gen).bfloat16()
+    lin = fp8.quantize_linear(torch.randn(32, 64, generator=gen) * 0.1)
+    want = fp8.linear_fp8(x, lin)
+    got = fp8.linear_fp8(None, lin, fp8.quantize_rows(x))
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, want)
+    assert fp8.linear_fp8(None, lin, fp8.quantize_rows(x[:0])).shape == (0, 32)
+    with pytest.raises(ValueError, match="needs the rows"):
+        fp8.linear_fp8(None, lin)
+
+
 def test_fast_path_decoder_with_fp8_attention_stays_near_full_precision_and_switches_back(
     tmp_path: Path,
 ) -> None:
