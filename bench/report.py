@@ -6,9 +6,10 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from engine.runner import Engine
+if TYPE_CHECKING:  # the engine (and PyAV behind it) only for the type: probes import this module alone
+    from engine.runner import Engine
 
 
 def emit_line(rows: list[str], **row: Any) -> None:
