@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.batching.collate import Layout, ModelBatch, collate
+from engine.device import configure_cublaslt
 from engine.model.decoder import PackedTextDecoder, varlen_available
 from engine.model.graphs import GraphedDecoder
 from engine.model.head import JointSchemaHead
@@ -62,6 +63,7 @@ class ClefOmniModel(nn.Module):
 
     def __init__(self, thinker: nn.Module, head: JointSchemaHead, pad_token_id: int = 0) -> None:
         super().__init__()
+        configure_cublaslt()  # before the first GEMM of the process (`engine.device`)
         self.thinker = thinker
         self.head = head
         self.pad_token_id = pad_token_id
