@@ -120,7 +120,9 @@ def add_rms_norm_fp8(
 ) -> tuple[torch.Tensor, torch.Tensor, Quantized]:
     """`add_rms_norm` and the normalised rows quantised to e4m3 with one scale per row, the same bits as
     `fp8.quantize_rows` of them, in the same pass: (x + delta, n, ((T, H) e4m3, (T,) scales))."""
-    return add_pairs_rms_norm_fp8(x, delta.contiguous(), None, 1, weight, eps)  # a sum of one per token
+    y, n, q = add_pairs_rms_norm_fp8(x, delta.contiguous(), None, 1, weight, eps)  # a sum of one per token
+    assert n is not None
+    return y, n, q
 
 
 def add_pairs_rms_norm(
@@ -152,33 +154,19 @@ def add_pairs_rms_norm_fp8(
     k: int,
     weight: torch.Tensor,
     eps: float,
-) -> tuple[torch.Tensor, torch.Tensor, Quantized]:
-    """`add_pairs_rms_norm` and the normalised rows quantised as `add_rms_norm_fp8` does them."""
+    *,
+    keep_normed: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None, Quantized]:
+    """`add_pairs_rms_norm` and the normalised rows quantised as `add_rms_norm_fp8` does them. Without
+    `keep_normed` the bf16 normalised rows are not stored and None comes in their place (a consumer that
+    reads the e4m3 rows only, the next layer's FP8 QKV projection: one (T, H) store fewer); the other
+    outputs keep their bits."""
     if not _use_triton(x):
         y, n = add_pairs_rms_norm(x, rows, inv, k, weight, eps)
-        return y, n, quantize_rows(n)
-    y, n, q = _sum_rows(rows, inv, k, (x, weight, eps), quant=True)
+        return y, (n if keep_normed else None), quantize_rows(n)
+    y, n, q = _sum_rows(rows, inv, k, (x, weight, eps), quant=True, keep_normed=keep_normed)
     assert q is not None
-    return y, n, q
-
-
-def add_pairs_to_fp8(
-    x: torch.Tensor,
-    rows: torch.Tensor,
-    inv: torch.Tensor | None,
-    k: int,
-    weight: torch.Tensor,
-    eps: float,
-) -> tuple[torch.Tensor, Quantized]:
-    """`add_pairs_rms_norm_fp8` without the bf16 normalised rows, for a consumer that reads the e4m3 rows
-    only (the next layer's FP8 QKV projection): (x + d, ((T, H) e4m3, (T,) scales)), the same bits, one
-    (T, H) store fewer."""
-    if not _use_triton(x):
-        y, _, q = add_pairs_rms_norm_fp8(x, rows, inv, k, weight, eps)
-        return y, q
-    y, _, quantized = _sum_rows(rows, inv, k, (x, weight, eps), quant=True, keep_normed=False)
-    assert quantized is not None
-    return y, quantized
+    return y, (n if keep_normed else None), q
 
 
 def combine(y: torch.Tensor, inv: torch.Tensor | None, k: int) -> torch.Tensor:

@@ -115,7 +115,7 @@ class PackedTextDecoder:
         xq: Quantized | None = None,
     ) -> torch.Tensor:
         # `xq`: x already in e4m3 with its row scales (the RMSNorm before quantised it), FP8 attention only;
-        # x is None when the norm before kept only those (`elementwise.add_pairs_to_fp8`).
+        # x is None when the norm before kept only those (`add_pairs_rms_norm_fp8`, `keep_normed`).
         from torch.nn.attention.varlen import varlen_attn
 
         att = layer.self_attn
@@ -289,8 +289,10 @@ class PackedTextDecoder:
         x, h, cos, sin = state.x, state.h, state.cos, state.sin
         layers: list[Any] = list(tm.layers)
         pacer = LaunchPacer(self.layers_ahead if x.is_cuda else 0)
-        hq: Quantized | None = None  # h in e4m3 when the layer before quantised it (FP8 attention)
-        hn: torch.Tensor | None = h  # h in bf16, None when the layer before kept the e4m3 rows only
+        # The next layer's normalised input: in bf16 (None when its QKV reads the e4m3 rows only) and in e4m3
+        # (FP8 attention). `h` inside a layer is the MLP's normalised input.
+        hn: torch.Tensor | None = h
+        hq: Quantized | None = None
         for i in range(start, end):
             layer = layers[i]
             pacer.step()
@@ -306,23 +308,21 @@ class PackedTextDecoder:
             nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else tm.norm.weight
             quant_next = self._fp8_att_on and x.is_cuda and i + 1 < end  # next layer's QKV input
             hq = None
-            hn = None
             if moe_block:  # the per-token sum of the k experts inside the residual add
                 rows, inv = self._moe(i, mlp, h, mq)
-                if quant_next and self._fp8_att[i + 1] is not None:  # its QKV reads the e4m3 rows only
-                    x, hq = elementwise.add_pairs_to_fp8(x, rows, inv, self.top_k, nxt, self.eps)
-                elif quant_next:
-                    x, h, hq = elementwise.add_pairs_rms_norm_fp8(x, rows, inv, self.top_k, nxt, self.eps)
-                    hn = h
+                if quant_next:  # the bf16 rows too only for a QKV the scaled GEMM does not take
+                    keep = self._fp8_att[i + 1] is None
+                    x, hn, hq = elementwise.add_pairs_rms_norm_fp8(
+                        x, rows, inv, self.top_k, nxt, self.eps, keep_normed=keep
+                    )
                 else:
-                    x, h = elementwise.add_pairs_rms_norm(x, rows, inv, self.top_k, nxt, self.eps)
-                    hn = h
+                    x, hn = elementwise.add_pairs_rms_norm(x, rows, inv, self.top_k, nxt, self.eps)
             else:
-                x, h = elementwise.add_rms_norm(x, mlp(h), nxt, self.eps)
-                hn = h
+                x, hn = elementwise.add_rms_norm(x, mlp(h), nxt, self.eps)
             if between is not None and i + 1 < end:
                 between()
-        return DecoderState(x, h, cos, sin)
+        assert hn is not None  # a range's last layer keeps its bf16 rows (`quant_next` is off there)
+        return DecoderState(x, hn, cos, sin)
 
 
 def _drop_bf16_experts(experts: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -267,8 +268,8 @@ def test_fp8_attention_norm_without_bf16_rows_gives_the_same_answers_cuda(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The MoE sum's norm that keeps only the e4m3 rows for the next FP8 QKV projection
-    (`elementwise.add_pairs_to_fp8`) gives the bits of the one that also stores the bf16 rows, graphs and
-    eager (a batch over the largest graph)."""
+    (`elementwise.add_pairs_rms_norm_fp8` without `keep_normed`) gives the bits of the one that also
+    stores the bf16 rows, graphs and eager (a batch over the largest graph)."""
     model = load_release_model(
         write_tiny_release(tmp_path / "tiny"), device="cuda", dtype=torch.bfloat16
     ).model
@@ -278,11 +279,12 @@ def test_fp8_attention_norm_without_bf16_rows_gives_the_same_answers_cuda(
     assert model.enable_fast_path(graph_buckets=(512, 1024), fp8_experts=True, fp8_attention=True)
     lean = [model.forward_batch(collate(b, layout="packed", device="cuda")) for b in batches]
 
-    def keeping_bf16_rows(*args: object) -> tuple[torch.Tensor, fp8.Quantized]:
-        y, _, q = elementwise.add_pairs_rms_norm_fp8(*args)  # type: ignore[arg-type]
-        return y, q
+    norm = elementwise.add_pairs_rms_norm_fp8
 
-    monkeypatch.setattr(elementwise, "add_pairs_to_fp8", keeping_bf16_rows)
+    def keeping_bf16_rows(*args: Any, keep_normed: bool = True) -> Any:
+        return norm(*args, keep_normed=True)
+
+    monkeypatch.setattr(elementwise, "add_pairs_rms_norm_fp8", keeping_bf16_rows)
     assert model.enable_fast_path(graph_buckets=(512, 1024), fp8_experts=True, fp8_attention=True)
     full = [model.forward_batch(collate(b, layout="packed", device="cuda")) for b in batches]
     for a_batch, b_batch in zip(lean, full, strict=True):
