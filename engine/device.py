@@ -14,8 +14,8 @@ CUBLASLT_WORKSPACE_KIB = "0"
 """The engine's choice: no workspace. cuBLASLt then takes no split-K kernel that needs a zeroed workspace: the
 FP8 QKV projection of a lone request lost a memset and about 5 us of idle GPU a layer (one 800-token
 request: 841 kernels and copies instead of 896, `run` 16.21 against 16.66 ms), and at 65,536 tokens the FP8
-projections took 74.1 against 79.4 ms a batch; bf16 throughput did not move (one H100, BENCHMARKS.md,
-"Engine, round ten")."""
+projections took 74.1 against 79.4 ms a batch; bf16 throughput did not move (one H100, same call;
+BENCHMARKS.md, "Engine, round ten", which also has an H200's figures)."""
 
 
 def configure_cublaslt() -> str:
