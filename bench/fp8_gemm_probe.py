@@ -8,7 +8,8 @@ request's graph bucket) and 3,072 tokens, each way of calling the GEMM, inside C
 five calls a graph, as the decoder's layers follow each other), and counts the memsets and kernels of one
 replay (torch profiler):
 
-- `rowwise`: `engine.kernels.fp8.linear_fp8` as shipped;
+- `rowwise`: `engine.kernels.fp8.linear_fp8` as shipped (the parent's label is the workspace variable's value,
+  or "default" when it is unset);
 - `swapped`: the transposed problem (weights as the left operand), then the (N, M) result copied to (M, N);
 - `split`: QKV as two GEMMs, the query rows and the key/value rows;
 - `exact_accum`: `rowwise` without fast accumulation.
@@ -31,6 +32,7 @@ import torch
 
 from bench.report import emit_line as emit
 from bench.timing import graph_us
+from engine.device import CUBLASLT_WORKSPACE_ENV
 from engine.kernels import fp8
 
 SHAPES = {"qkv": (2048, 5120), "o_proj": (4096, 2048)}
@@ -39,10 +41,11 @@ QUERY_ROWS = 4096
 """The QKV projection's query rows (32 heads of 128); the rest are the key and value rows."""
 
 
-def _rowwise(xq: fp8.Quantized, w: fp8.Fp8Linear, fast: bool = True) -> torch.Tensor:
+def _exact_accum(xq: fp8.Quantized, w: fp8.Fp8Linear) -> torch.Tensor:
+    # `fp8.linear_fp8`'s GEMM without fast accumulation
     out: torch.Tensor = torch._scaled_mm(
         xq[0], w.weight.t(), scale_a=xq[1][:, None], scale_b=w.scale[None, :], out_dtype=torch.bfloat16,
-        use_fast_accum=fast,
+        use_fast_accum=False,
     )  # fmt: skip
     return out
 
@@ -56,7 +59,7 @@ def _swapped(xq: fp8.Quantized, w: fp8.Fp8Linear) -> torch.Tensor:
 
 
 def _split(xq: fp8.Quantized, parts: tuple[fp8.Fp8Linear, fp8.Fp8Linear]) -> torch.Tensor:
-    return torch.cat([_rowwise(xq, p) for p in parts], dim=1)
+    return torch.cat([fp8.linear_fp8(None, p, xq) for p in parts], dim=1)
 
 
 def _replay_counts(fn: Callable[[], object]) -> dict[str, int]:
@@ -92,11 +95,11 @@ def probe(rows: list[str], label: str) -> None:
         for m in (896, 3072):
             x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
             xq = fp8.quantize_rows(x)
-            ref = _rowwise(xq, w)
+            ref = fp8.linear_fp8(None, w, xq)
             ways: dict[str, Callable[[], torch.Tensor]] = {
-                "rowwise": partial(_rowwise, xq, w),
+                "rowwise": partial(fp8.linear_fp8, None, w, xq),
                 "swapped": partial(_swapped, xq, w),
-                "exact_accum": partial(_rowwise, xq, w, False),
+                "exact_accum": partial(_exact_accum, xq, w),
             }
             if name == "qkv":
                 ways["split"] = partial(_split, xq, parts)
@@ -112,20 +115,21 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     p.add_argument("--child", action="store_true", help="also run with CUBLASLT_WORKSPACE_SIZE=0")
-    p.add_argument("--label", default="default", help=argparse.SUPPRESS)
+    p.add_argument("--label", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
+    label = args.label or os.environ.get(CUBLASLT_WORKSPACE_ENV, "default")  # the workspace torch will read
     rows: list[str] = []
     emit(rows, kind="info", gpu=torch.cuda.get_device_name(), torch=torch.__version__)
-    probe(rows, args.label)
+    probe(rows, label)
     if args.child:
-        env = {**os.environ, "CUBLASLT_WORKSPACE_SIZE": "0"}
+        env = {**os.environ, CUBLASLT_WORKSPACE_ENV: "0"}
         cmd = [sys.executable, "-m", "bench.fp8_gemm_probe", "--out", args.out, "--label", "no_workspace"]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=600)
         rows += [line for line in done.stdout.splitlines() if '"gemm"' in line]
         print(done.stdout + done.stderr[-2000:], flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.label == "default":
+    if args.label is None:  # the parent writes the file
         (out / "fp8_gemm_probe.jsonl").write_text("\n".join(rows) + "\n")
     return 0
 

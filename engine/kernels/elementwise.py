@@ -194,12 +194,14 @@ def _sum_rows(
 ) -> tuple[torch.Tensor, torch.Tensor, Quantized | None]:
     # One launch of `_sum_rows_kernel`: (y, normed, None) with a (x, weight, eps) residual, else (sum,
     # sum, None); with `quant` (a residual too) the third is normed in e4m3 and its row scales. Without
-    # `keep_normed` (with `quant` only) the normed rows are not stored: the second is then y.
+    # `keep_normed` (with `quant`: the e4m3 rows are then the only normed output) the normed rows are not
+    # stored and the second is y.
     hidden = rows.shape[1]
     t = (rows.shape[0] if inv is None else inv.numel()) // k
     x, weight, eps = residual if residual is not None else (rows, rows, 0.0)
     y = torch.empty(t, hidden, dtype=x.dtype, device=rows.device)
-    store_normed = residual is not None and (keep_normed or not quant)
+    assert keep_normed or quant, "without the bf16 normed rows a norm keeps its e4m3 ones"
+    store_normed = residual is not None and keep_normed
     n = torch.empty_like(y) if store_normed else y
     q = torch.empty(t, hidden, dtype=FP8, device=rows.device) if quant else y
     qs = torch.empty(t, dtype=torch.float32, device=rows.device) if quant else y
