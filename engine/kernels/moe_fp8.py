@@ -151,7 +151,33 @@ def experts_pairs_fp8(
     `SCALINGS`, default `DOWN_SCALING`) picks how the down GEMM applies the activations' scales. `xq`:
     x already quantised as `quantize_rows` does it ((T, H) e4m3, (T,) scales), e.g. by the RMSNorm before.
     """
+    way = _way(scaling, top_w.numel(), q8.gate_up.shape[0])
+    act, act_s = activations_fp8(x, order, counts, top_w, q8, tiles, row_pass=way == "row_pass", xq=xq)
+    return down_pairs_fp8(act, act_s, order, counts, q8, x.shape[0], top_w.shape[1], tiles, way)
+
+
+def _way(scaling: str | None, pairs: int, experts: int) -> str:
+    # `scaling` (default `DOWN_SCALING`) with "row" resolved to its regime's way
     way = scaling or DOWN_SCALING
+    if way == "row":
+        way = "row_pass" if tiles_for(pairs, experts) is LARGE else "row_fused"
+    return way
+
+
+def activations_fp8(
+    x: torch.Tensor,
+    order: torch.Tensor,
+    counts: torch.Tensor,
+    top_w: torch.Tensor,
+    q8: Fp8Experts,
+    tiles: MoeTiles | None = None,
+    *,
+    row_pass: bool = True,
+    xq: Quantized | None = None,
+) -> Quantized:
+    """The gate/up half of `experts_pairs_fp8` (same arguments): weight * silu(gate(x)) * up(x) of every
+    pair in expert order, in e4m3: (S, I) and, with `row_pass`, (S,) float32 scales, one per row (the
+    requantising pass), else (S, I / group) scales, one per row and `group` columns."""
     t, hidden = x.shape
     k = top_w.shape[1]
     experts, two_inter, _ = q8.gate_up.shape
@@ -159,15 +185,11 @@ def experts_pairs_fp8(
     pairs = t * k
     group = group_for(inter)
     tl_ = tiles or tiles_for(pairs, experts)
-    if way == "row":
-        way = "row_pass" if tiles_for(pairs, experts) is LARGE else "row_fused"
-    mode = SCALINGS.index(way)
-    y = torch.empty(pairs, hidden, dtype=torch.bfloat16, device=x.device)  # pair order
-    if not t:
-        return y
-    xq_, xs = xq if xq is not None else quantize_rows(x)  # (T, H) e4m3, (T,)
     act = torch.empty(pairs, inter, dtype=FP8, device=x.device)  # expert order
     act_s = torch.empty(pairs, inter // group, dtype=torch.float32, device=x.device)
+    if not t:
+        return act, act_s[:, 0] if row_pass else act_s
+    xq_, xs = xq if xq is not None else quantize_rows(x)  # (T, H) e4m3, (T,)
     shapes = {"hidden": hidden, "inter": inter, "e": experts, "e_pad": triton.next_power_of_2(experts)}
     gu = tl_.gate_up
     gu_n = max(fit_block(gu.block_n, inter), group)
@@ -179,13 +201,36 @@ def experts_pairs_fp8(
         **shapes, top_k=k, group=group, fp8_max=FP8_MAX,
         block_m=gu.block_m, block_n=gu_n, block_k=gu_k, stages=gu.stages, tma=gu.tma, num_warps=gu.warps,
     )  # fmt: skip
-    if mode == 1:
-        row_s = torch.empty(pairs, dtype=torch.float32, device=x.device)
-        _requant_rows_kernel[(triton.cdiv(pairs, 32),)](
-            act, act_s, row_s, pairs, inter=inter, group=group, block_r=32, num_warps=4
-        )
-        act_s = row_s
-    dn = tl_.down
+    if not row_pass:
+        return act, act_s
+    row_s = torch.empty(pairs, dtype=torch.float32, device=x.device)
+    _requant_rows_kernel[(triton.cdiv(pairs, 32),)](
+        act, act_s, row_s, pairs, inter=inter, group=group, block_r=32, num_warps=4
+    )
+    return act, row_s
+
+
+def down_pairs_fp8(
+    act: torch.Tensor,
+    act_s: torch.Tensor,
+    order: torch.Tensor,
+    counts: torch.Tensor,
+    q8: Fp8Experts,
+    tokens: int,
+    top_k: int,
+    tiles: MoeTiles | None = None,
+    way: str = "row_pass",
+) -> torch.Tensor:
+    """The down half of `experts_pairs_fp8`: `activations_fp8`'s rows (row scales for "row_pass", group
+    scales for "group" and "row_fused") times the down experts -> (T k, H) bf16 in pair order."""
+    experts, hidden, inter = q8.down.shape
+    pairs = tokens * top_k
+    group = group_for(inter)
+    y = torch.empty(pairs, hidden, dtype=torch.bfloat16, device=act.device)  # pair order
+    if not tokens:
+        return y
+    shapes = {"hidden": hidden, "inter": inter, "e": experts, "e_pad": triton.next_power_of_2(experts)}
+    dn = (tiles or tiles_for(pairs, experts)).down
     dn_n = fit_block(dn.block_n, hidden)
     if dn.tma:
         a_dn: object = TensorDescriptor.from_tensor(act, [dn.block_m, group])
@@ -195,6 +240,6 @@ def experts_pairs_fp8(
     _moe_down_fp8_kernel[(row_tiles(pairs, experts, dn.block_m) * (hidden // dn_n),)](
         a_dn, act_s, w_dn, q8.down_scale, order, counts, y,
         **shapes, group=group, block_m=dn.block_m, block_n=dn_n, stages=dn.stages, tma=dn.tma,
-        scaling=mode, num_warps=dn.warps,
+        scaling=SCALINGS.index(way), num_warps=dn.warps,
     )  # fmt: skip
     return y
