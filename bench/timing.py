@@ -29,7 +29,7 @@ def synced_ms(fn: Callable[[], object]) -> float:
     return (time.perf_counter() - t0) * 1000.0
 
 
-def _timing_event() -> torch.cuda.Event:
+def timing_event() -> torch.cuda.Event:
     return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
 
 
@@ -41,7 +41,7 @@ def event_ms(fn: Callable[[], object], warmup: int = 2, reps: int = 5) -> list[f
     torch.cuda.synchronize()
     out = []
     for _ in range(reps):
-        start, end = _timing_event(), _timing_event()
+        start, end = timing_event(), timing_event()
         start.record()
         fn()
         end.record()
@@ -67,7 +67,7 @@ def graph_us(fn: Callable[[], object], reps: int = 20, per_graph: int = 5) -> fl
         graph.replay()
     times = []
     for _ in range(reps):
-        start, end = _timing_event(), _timing_event()
+        start, end = timing_event(), timing_event()
         start.record()
         graph.replay()
         end.record()

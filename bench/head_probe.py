@@ -1,0 +1,138 @@
+"""`python3 -m bench.head_probe`: the joint schema head alone on the GPU, eager and under `torch.compile`.
+
+A lone request's head ran 236 kernels in 1.17 ms after the decoder's last one (863 us of them busy;
+BENCHMARKS.md, "Engine, round ten"): launch-bound work on a few rows. This probe builds the full-size head
+(`JointHeadConfig(hidden_size=2048)`, random bf16 weights) and a lexical table of the release's vocabulary,
+and times `JointSchemaHead.forward` on B synthetic records of about 800 tokens each (3 questions with 6, 4
+and 2 options; lengths differ per record, so a batch takes the masked attentions) the way
+`ClefOmniModel.forward_probabilities` runs it (inference mode, the memory-efficient SDPA kernel), eagerly
+and compiled by inductor (`dynamic=True`).
+
+One JSON line per (mode, B): ms per call (CUDA events over 30 calls, median of 5 rounds), CUDA kernels per
+call (profiler), the first call's seconds (the compile), and the largest |difference| of the compiled
+probabilities from the eager ones. Writes `head_probe.jsonl` to `--out`. A benchmark: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.autograd import DeviceType  # type: ignore[attr-defined]
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.profiler import ProfilerActivity, profile
+
+from bench.fullsize import randomize_
+from bench.report import emit_line as emit
+from bench.timing import timing_event
+from engine.batching.collate import collate
+from engine.batching.spans import SpanIndex
+from engine.model.head import JointHeadConfig, JointSchemaHead
+from engine.types import EncodedRequest
+
+VOCAB = 152_064
+_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def record(tokens: int) -> EncodedRequest:
+    """A synthetic record of `tokens` tokens: the state, then 3 questions of 6, 4 and 2 options at its end."""
+    base = tokens - 200
+    q_spans = ((base, base + 4), (base + 60, base + 63), (base + 120, base + 123))
+    o_spans = (
+        tuple((base + 8 + 7 * j, base + 12 + 7 * j) for j in range(6)),
+        tuple((base + 68 + 6 * j, base + 71 + 6 * j) for j in range(4)),
+        tuple((base + 128 + 6 * j, base + 131 + 6 * j) for j in range(2)),
+    )
+    ids = tuple(1000 + (i * 7919) % 150_000 for i in range(tokens))
+    return EncodedRequest(
+        input_ids=ids,
+        question_ids=("department", "urgency", "outage"),
+        question_types=(1, 2, 0),
+        question_spans=q_spans,
+        option_spans=o_spans,
+        state_truncated=False,
+        media=None,
+        media_span=None,
+    )
+
+
+def ms_per_call(fn: Callable[[], object], calls: int = 30, rounds: int = 5) -> float:
+    """Median over `rounds` of the mean ms of `calls` back-to-back calls (CUDA events)."""
+    out = []
+    for _ in range(rounds):
+        start, end = timing_event(), timing_event()
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        out.append(float(start.elapsed_time(end)) / calls)
+    return float(statistics.median(out))
+
+
+def kernels_per_call(fn: Callable[[], object]) -> int:
+    """CUDA kernels (and memsets, copies) the profiler sees in one call."""
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return len([e for e in prof.events() if e.device_type == DeviceType.CUDA])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    p.add_argument("--records", default="1,4,16")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[str] = []
+    emit(rows, kind="info", torch=torch.__version__, gpu=torch.cuda.get_device_name())
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        head = JointSchemaHead(JointHeadConfig(hidden_size=2048)).to(torch.bfloat16).eval()
+        table = (0.02 * torch.randn(VOCAB, 2048)).bfloat16()
+    randomize_(head, seed=1)
+    compiled = torch.compile(head, dynamic=True)
+    for b in (int(v) for v in args.records.split(",")):
+        batch = collate([record(807 - 37 * i) for i in range(b)])
+        index: SpanIndex = batch.index.map_tensors(lambda t: t.to("cuda"))
+        hidden = torch.randn(sum(batch.lengths), 2048, device="cuda").bfloat16()
+        results: dict[str, torch.Tensor] = {}
+        for mode, module in (("eager", head), ("compiled", compiled)):
+
+            def call(
+                m: Callable[..., torch.Tensor] = module, h: torch.Tensor = hidden, i: SpanIndex = index
+            ) -> torch.Tensor:
+                with torch.inference_mode(), sdpa_kernel(_BACKENDS):
+                    return m(h, table, i)
+
+            t0 = time.perf_counter()
+            results[mode] = call()
+            torch.cuda.synchronize()
+            first_s = time.perf_counter() - t0
+            for _ in range(3):
+                call()
+            line: dict[str, object] = {
+                "kind": "head",
+                "mode": mode,
+                "records": b,
+                "tokens": sum(batch.lengths),
+                "ms": round(ms_per_call(call), 4),
+                "kernels": kernels_per_call(call),
+                "first_call_s": round(first_s, 2),
+            }
+            if mode != "eager":
+                line["max_abs_dp_vs_eager"] = float((results[mode] - results["eager"]).abs().max())
+            emit(rows, **line)
+    (out / "head_probe.jsonl").write_text("\n".join(rows) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
