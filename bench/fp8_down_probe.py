@@ -107,7 +107,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[str] = []
-    emit(rows, **kernel_info(), gpu=torch.cuda.get_device_name())
+    emit(rows, **kernel_info())
     gen = torch.Generator(device="cuda").manual_seed(0)
     gate_up = (torch.randn(EXPERTS, 2 * INTER, HIDDEN, device="cuda", generator=gen) / HIDDEN**0.5).bfloat16()
     down = (torch.randn(EXPERTS, HIDDEN, INTER, device="cuda", generator=gen) / INTER**0.5).bfloat16()

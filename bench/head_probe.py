@@ -8,9 +8,11 @@ and 2 options; lengths differ per record, so a batch takes the masked attentions
 `ClefOmniModel.forward_probabilities` runs it (inference mode, the memory-efficient SDPA kernel), eagerly
 and compiled by inductor (`dynamic=True`).
 
-One JSON line per (mode, B): ms per call (CUDA events over 30 calls, median of 5 rounds), CUDA kernels per
-call (profiler), the first call's seconds (the compile), and the largest |difference| of the compiled
-probabilities from the eager ones. Writes `head_probe.jsonl` to `--out`. A benchmark: it asserts nothing.
+One JSON line per (mode, B): ms per call back to back (CUDA events over 30 calls, median of 5 rounds: the
+host's pace), GPU ms per call (launched behind a GPU sleep: the GPU's own time), CUDA kernels per call
+(profiler), the first call's seconds (the compile), the largest |difference| of the compiled probabilities
+from the eager ones, and of the first record's probabilities from those of B = 1 (the first B given).
+Writes `head_probe.jsonl` to `--out`. A benchmark: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -75,6 +77,20 @@ def ms_per_call(fn: Callable[[], object], calls: int = 30, rounds: int = 5) -> f
     return float(statistics.median(out))
 
 
+def gpu_ms(fn: Callable[[], object], calls: int = 5) -> float:
+    """GPU ms of one call with its launches queued ahead: the calls are launched behind a ~100 ms GPU sleep,
+    so launch gaps are the stream's own and not the host's pace."""
+    start, end = timing_event(), timing_event()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # type: ignore[no-untyped-call]
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end)) / calls
+
+
 def kernels_per_call(fn: Callable[[], object]) -> int:
     """CUDA kernels (and memsets, copies) the profiler sees in one call."""
     torch.cuda.synchronize()
@@ -99,6 +115,7 @@ def main() -> int:
         table = (0.02 * torch.randn(VOCAB, 2048)).bfloat16()
     randomize_(head, seed=1)
     compiled = torch.compile(head, dynamic=True)
+    first_record: dict[str, torch.Tensor] = {}
     for b in (int(v) for v in args.records.split(",")):
         batch = collate([record(807 - 37 * i) for i in range(b)])
         index: SpanIndex = batch.index.map_tensors(lambda t: t.to("cuda"))
@@ -124,11 +141,14 @@ def main() -> int:
                 "records": b,
                 "tokens": sum(batch.lengths),
                 "ms": round(ms_per_call(call), 4),
+                "gpu_ms": round(gpu_ms(call), 4),
                 "kernels": kernels_per_call(call),
                 "first_call_s": round(first_s, 2),
             }
             if mode != "eager":
                 line["max_abs_dp_vs_eager"] = float((results[mode] - results["eager"]).abs().max())
+            alone = first_record.setdefault(mode, results[mode])  # record 0 of every batch is the same record
+            line["record0_alone_vs_batch"] = float((results[mode][: alone.numel()] - alone).abs().max())
             emit(rows, **line)
     (out / "head_probe.jsonl").write_text("\n".join(rows) + "\n")
     return 0
