@@ -10,7 +10,7 @@ and compiled by inductor (`dynamic=True`).
 
 One JSON line per (mode, B): ms per call back to back (CUDA events over 30 calls, median of 5 rounds: the
 host's pace), GPU ms per call (launched behind a GPU sleep: the GPU's own time), CUDA kernels per call
-(profiler), the first call's seconds (the compile), the largest |difference| of the compiled probabilities
+(profiler; the kernels by GPU time in `head_profile_<mode>_<B>.txt`), the first call's seconds (the compile), the largest |difference| of the compiled probabilities
 from the eager ones, and of the first record's probabilities from those of B = 1 (the first B given).
 Writes `head_probe.jsonl` to `--out`. A benchmark: it asserts nothing.
 """
@@ -91,12 +91,15 @@ def gpu_ms(fn: Callable[[], object], calls: int = 5) -> float:
     return float(start.elapsed_time(end)) / calls
 
 
-def kernels_per_call(fn: Callable[[], object]) -> int:
-    """CUDA kernels (and memsets, copies) the profiler sees in one call."""
+def kernels_per_call(fn: Callable[[], object], table: Path | None = None) -> int:
+    """CUDA kernels (and memsets, copies) the profiler sees in one call; with `table`, the call's kernels
+    by GPU time are written there."""
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
+    if table is not None:
+        table.write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=60))
     return len([e for e in prof.events() if e.device_type == DeviceType.CUDA])
 
 
@@ -116,10 +119,12 @@ def main() -> int:
     randomize_(head, seed=1)
     compiled = torch.compile(head, dynamic=True)
     first_record: dict[str, torch.Tensor] = {}
-    for b in (int(v) for v in args.records.split(",")):
+    sizes = [int(v) for v in args.records.split(",")]
+    hidden_all = torch.randn(sum(807 - 37 * i for i in range(max(sizes))), 2048, device="cuda").bfloat16()
+    for b in sizes:
         batch = collate([record(807 - 37 * i) for i in range(b)])
         index: SpanIndex = batch.index.map_tensors(lambda t: t.to("cuda"))
-        hidden = torch.randn(sum(batch.lengths), 2048, device="cuda").bfloat16()
+        hidden = hidden_all[: sum(batch.lengths)]  # record 0's rows are the same in every batch
         results: dict[str, torch.Tensor] = {}
         for mode, module in (("eager", head), ("compiled", compiled)):
 
@@ -142,7 +147,7 @@ def main() -> int:
                 "tokens": sum(batch.lengths),
                 "ms": round(ms_per_call(call), 4),
                 "gpu_ms": round(gpu_ms(call), 4),
-                "kernels": kernels_per_call(call),
+                "kernels": kernels_per_call(call, out / f"head_profile_{mode}_{b}.txt"),
                 "first_call_s": round(first_s, 2),
             }
             if mode != "eager":
