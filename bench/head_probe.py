@@ -10,8 +10,9 @@ and compiled by inductor (`dynamic=True`).
 
 One JSON line per (mode, B): ms per call back to back (CUDA events over 30 calls, median of 5 rounds: the
 host's pace), GPU ms per call (launched behind a GPU sleep: the GPU's own time), CUDA kernels per call
-(profiler; the kernels by GPU time in `head_profile_<mode>_<B>.txt`), the first call's seconds (the compile), the largest |difference| of the compiled probabilities
-from the eager ones, and of the first record's probabilities from those of B = 1 (the first B given).
+(profiler; the kernels by GPU time in `head_profile_<mode>_<B>.txt`), the first call's seconds (the
+compile), the largest |difference| of the compiled probabilities from the eager ones, and of the first
+record's probabilities from those of B = 1 (the first B given).
 Writes `head_probe.jsonl` to `--out`. A benchmark: it asserts nothing.
 """
 
