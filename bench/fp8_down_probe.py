@@ -12,8 +12,9 @@ weights from HBM; uniform routing, the levelled load). Per T of `--tokens`, as J
 call (CUDA graph replays, median of 20): `part` lines for each kernel alone (grouping with and without the
 inverse, gate/up with the row pass, down each way, the sum each way) and a `block` line for the whole block
 each way (grouping to the normalised e4m3 rows of the next layer), with the two ways' difference (relative
-norm) and each way's distance from the float32 twin (T <= 8,192). Writes `fp8_down_probe.jsonl` to `--out`.
-A benchmark: it asserts nothing.
+norm) and each way's distance from the float32 twin (T <= 8,192); a `ceiling` line per T times cuBLAS's
+dense FP8 GEMM over the same rows and one expert's weights (the card's rate for these shapes). Writes
+`fp8_down_probe.jsonl` to `--out`. A benchmark: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -71,6 +72,15 @@ def probe(rows: list[str], t: int, q8: fp8.Fp8Experts, gen: torch.Generator) -> 
     }
     for name, fn in parts.items():
         emit(rows, kind="part", tokens=t, part=name, us=round(graph_us(fn), 1))
+    ceiling(
+        rows,
+        t,
+        fp8.gather_rows(xq[0], order.long() // TOP_K),
+        xq[1].index_select(0, order // TOP_K),
+        act,
+        row_s,
+        q8,
+    )
 
     def shipped() -> object:
         o, c = moe.group_by_expert(top_i, EXPERTS)
@@ -96,6 +106,33 @@ def probe(rows: list[str], t: int, q8: fp8.Fp8Experts, gen: torch.Generator) -> 
         twin = moe_fp8.experts_pairs_fp8_reference(x, order, counts, top_w, q8, "row_pass")
         line["shipped_vs_twin"] = rel(y_pairs, twin)
         line["cutlass_vs_twin"] = rel(y_sorted.index_select(0, inv), twin)
+    emit(rows, **line)
+
+
+def ceiling(
+    rows: list[str],
+    t: int,
+    xs: torch.Tensor,
+    xs_scale: torch.Tensor,
+    act: torch.Tensor,
+    act_s: torch.Tensor,
+    q8: fp8.Fp8Experts,
+) -> None:
+    """The `ceiling` line: cuBLAS's dense row-scaled FP8 GEMM (`torch._scaled_mm` through
+    `engine.kernels.fp8.linear_fp8`) over all S = T k rows at once against one expert's weights, gate/up
+    (S, H) x (H, 2I) and down (S, I) x (I, H): what the card gives these shapes without groups, gather or
+    epilogue, beside the `part` lines' grouped kernels."""
+    flops = {"gate_up": 2.0 * t * TOP_K * HIDDEN * 2 * INTER, "down": 2.0 * t * TOP_K * INTER * HIDDEN}
+    gate_up = fp8.Fp8Linear(q8.gate_up[0], q8.gate_up_scale[0], None)
+    down = fp8.Fp8Linear(q8.down[0], q8.down_scale[0], None)
+    us = {
+        "gate_up": graph_us(lambda: fp8.linear_fp8(None, gate_up, (xs, xs_scale))),
+        "down": graph_us(lambda: fp8.linear_fp8(None, down, (act, act_s))),
+    }
+    line: dict[str, object] = {"kind": "ceiling", "tokens": t}
+    for name, value in us.items():
+        line[f"{name}_dense_us"] = round(value, 1)
+        line[f"{name}_dense_tflop_s"] = round(flops[name] / value / 1e6, 1)
     emit(rows, **line)
 
 
