@@ -65,23 +65,11 @@ def probe(rows: list[str], t: int, q8: fp8.Fp8Experts, gen: torch.Generator) -> 
         "group": lambda: moe.group_by_expert(top_i, EXPERTS),
         "group_inverse": lambda: moe.group_by_expert_inverse(top_i, EXPERTS),
         "gate_up_row_pass": lambda: moe_fp8.activations_fp8(x, order, counts, top_w, q8, xq=xq),
-        "gate_up_row_pass_pregathered": lambda: moe_fp8.activations_fp8(
-            x, order, counts, top_w, q8, xq=xq, pregather=True
-        ),
-        "gather_rows": lambda: fp8.gather_rows(xq[0], order // TOP_K),
         "down_triton_pairs": lambda: moe_fp8.down_pairs_fp8(act, row_s, order, counts, q8, t, TOP_K),
         "down_cutlass_sorted": lambda: fp8.grouped_mm(act, row_s, q8.down, q8.down_scale, ends),
         "sum_pairs": sum_pairs,
         "sum_inverse": sum_inv,
     }
-    act_g, row_s_g = moe_fp8.activations_fp8(x, order, counts, top_w, q8, xq=xq, pregather=True)
-    emit(
-        rows,
-        kind="pregathered_equal",
-        tokens=t,
-        act=bool(torch.equal(act_g.view(torch.uint8), act.view(torch.uint8))),
-        scales=bool(torch.equal(row_s_g, row_s)),
-    )
     for name, fn in parts.items():
         emit(rows, kind="part", tokens=t, part=name, us=round(graph_us(fn), 1))
     ceiling(

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from engine.kernels.fp8 import FP8, FP8_MAX, Fp8Experts, Quantized, gather_rows, quantize_rows
+from engine.kernels.fp8 import FP8, FP8_MAX, Fp8Experts, Quantized, quantize_rows
 from engine.kernels.moe import fit_block, row_tiles
 from engine.kernels.tiles import MoeTiles, shipped
 
@@ -174,13 +174,10 @@ def activations_fp8(
     *,
     row_pass: bool = True,
     xq: Quantized | None = None,
-    pregather: bool = False,
 ) -> Quantized:
     """The gate/up half of `experts_pairs_fp8` (same arguments): weight * silu(gate(x)) * up(x) of every
     pair in expert order, in e4m3: (S, I) and, with `row_pass`, (S,) float32 scales, one per row (the
-    requantising pass), else (S, I / group) scales, one per row and `group` columns. With `pregather`
-    the e4m3 rows are first gathered into expert order by a pass of their own and the kernel reads them
-    through TMA (the same values; `bench.fp8_down_probe`)."""
+    requantising pass), else (S, I / group) scales, one per row and `group` columns."""
     t, hidden = x.shape
     k = top_w.shape[1]
     experts, two_inter, _ = q8.gate_up.shape
@@ -199,14 +196,10 @@ def activations_fp8(
     gu_k = fit_block(gu.block_k, hidden)
     # one (2 gu_n, gu_k) box of interleaved gate/up rows per k step
     w_gu: object = TensorDescriptor.from_tensor(q8.gate_up, [1, 2 * gu_n, gu_k]) if gu.tma else q8.gate_up
-    a_gu: object = xq_
-    if pregather:
-        a_gu = TensorDescriptor.from_tensor(gather_rows(xq_, order // k), [gu.block_m, gu_k])
     _moe_gate_up_fp8_kernel[(row_tiles(pairs, experts, gu.block_m) * (inter // gu_n),)](
-        a_gu, xs, w_gu, q8.gate_up_scale, order, counts, top_w, act, act_s,
+        xq_, xs, w_gu, q8.gate_up_scale, order, counts, top_w, act, act_s,
         **shapes, top_k=k, group=group, fp8_max=FP8_MAX,
         block_m=gu.block_m, block_n=gu_n, block_k=gu_k, stages=gu.stages, tma=gu.tma, num_warps=gu.warps,
-        a_tma=pregather,
     )  # fmt: skip
     if not row_pass:
         return act, act_s

@@ -47,7 +47,6 @@ def _moe_gate_up_fp8_kernel(
     block_k: tl.constexpr,
     stages: tl.constexpr,
     tma: tl.constexpr,
-    a_tma: tl.constexpr = False,
 ):
     # q[r, n] = e4m3(silu(g) * u * routing weight / s[r, n // group]) for the sorted pair r of expert e,
     # g = x[tok(r)] . W[e, 2 n], u = x[tok(r)] . W[e, 2 n + 1] (dequantised, in float32);
@@ -55,8 +54,6 @@ def _moe_gate_up_fp8_kernel(
     # rows interleaved (`Fp8Experts`): a descriptor in (1, 2 block_n, block_k) boxes with `tma`, else the
     # tensor. A k step is one product of width 2 block_n (the activation tile read once); the
     # accumulator's (gate, up) column pairs sit in one thread, so splitting them moves no data.
-    # With `a_tma`, `x_ptr` is a descriptor over the rows already gathered in expert order ((S, hidden),
-    # (block_m, block_k) boxes; rows past the expert's end are never stored), else x (T, hidden) itself.
     expert, pid_n, row0, row_end = _tile_of_program(counts_ptr, inter // block_n, block_m, e, e_pad)
     if expert >= e:
         return
@@ -65,15 +62,11 @@ def _moe_gate_up_fp8_kernel(
     ks = tl.arange(0, block_k)
     n0 = pid_n * block_n
     cols = 2 * n0 + tl.arange(0, 2 * block_n)  # (2BN,) interleaved weight rows
-    if not a_tma:
-        a_ptrs = x_ptr + tok[:, None] * hidden + ks[None, :]  # (BM, BK)
+    a_ptrs = x_ptr + tok[:, None] * hidden + ks[None, :]  # (BM, BK)
     w_offs = expert.to(tl.int64) * (2 * inter * hidden) + cols[:, None] * hidden + ks[None, :]  # (2BN, BK)
     acc = tl.zeros([block_m, 2 * block_n], dtype=tl.float32)
     for kk in tl.range(0, hidden, block_k, num_stages=stages):
-        if a_tma:  # noqa: SIM108 - a constexpr branch, resolved when Triton compiles
-            a = x_ptr.load([row0, kk])
-        else:
-            a = tl.load(a_ptrs + kk, mask=rmask[:, None], other=0.0)
+        a = tl.load(a_ptrs + kk, mask=rmask[:, None], other=0.0)
         if tma:  # noqa: SIM108 - a constexpr branch, resolved when Triton compiles
             wt = w.load([expert, 2 * n0, kk]).reshape(2 * block_n, block_k)
         else:
