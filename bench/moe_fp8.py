@@ -50,6 +50,11 @@ _SMALL_GATE_UP = (
     (64, 128, 128, 4, 5, True),
     (64, 128, 128, 8, 4, True),
     (64, 256, 128, 8, 3, True),
+    # two or three programs per SM (fewer stages or narrower tiles: registers and shared memory allow it)
+    (64, 64, 128, 4, 3),
+    (64, 64, 128, 4, 3, True),
+    (64, 128, 128, 4, 2, True),
+    (128, 64, 128, 4, 2, True),
 )
 _SMALL_DOWN = (
     (64, 128, 128, 4, 4),
@@ -63,6 +68,9 @@ _SMALL_DOWN = (
     (32, 128, 128, 4, 4),
     (128, 128, 128, 8, 4, True),
     (64, 128, 128, 8, 3, True),
+    (64, 128, 128, 4, 2, True),
+    (64, 64, 128, 4, 3, True),
+    (128, 64, 128, 4, 3, True),
 )
 _LARGE_GATE_UP = (
     (128, 128, 128, 8, 3, True),
@@ -81,6 +89,7 @@ _LARGE_DOWN = (
     (128, 64, 128, 4, 4, True),
     (64, 128, 128, 4, 4, True),
     (128, 256, 128, 8, 2, True),
+    (128, 128, 128, 8, 2, True),
 )
 _BF16_SMALL_DOWN = (
     (64, 128, 64, 4, 4),
