@@ -14,7 +14,15 @@ from engine.kernels.tiles import Tiles
 
 @pytest.mark.parametrize(
     "module",
-    ["bench.experts", "bench.fp8_gemm_probe", "bench.moe_glue", "bench.moe_kernels", "bench.one_request"],
+    [
+        "bench.experts",
+        "bench.fp8_down_probe",
+        "bench.fp8_gemm_probe",
+        "bench.head_probe",
+        "bench.moe_glue",
+        "bench.moe_kernels",
+        "bench.one_request",
+    ],
 )
 def test_gpu_bench_modules_import_without_a_gpu(module: str) -> None:
     assert callable(importlib.import_module(module).main)
