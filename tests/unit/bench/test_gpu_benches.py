@@ -15,6 +15,7 @@ from engine.kernels.tiles import Tiles
 @pytest.mark.parametrize(
     "module",
     [
+        "bench.cuda_ext_probe",
         "bench.experts",
         "bench.fp8_down_probe",
         "bench.fp8_gemm_probe",
