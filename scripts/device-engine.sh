@@ -9,9 +9,8 @@
 # sizes (bench.batch_sizes, $SIZES_ARGS appended), il (bench.gate_up_il, $IL_ARGS appended), copy
 # (bench.copy_probe, $COPY_ARGS appended), gemm (bench.fp8_gemm_probe --child), down (bench.fp8_down_probe,
 # $DOWN_ARGS appended), head (bench.head_probe, $HEAD_ARGS appended), cuda_ext (bench.cuda_ext_probe, with
-# ninja and nvidia-cutlass from .carry/toolchain: `pip download --no-deps -d .carry/toolchain nvidia-cutlass
-# ninja`). Installs .carry's
-# wheels into a site folder under /tmp (no index, no dependencies; built by scripts/device-carry.sh), runs each step under its own
+# ninja and nvidia-cutlass from .carry/toolchain, which `pip download --no-deps -d .carry/toolchain
+# nvidia-cutlass ninja` fills; ninja's wheel for manylinux x86_64). Installs .carry's wheels into a site folder under /tmp (no index, no dependencies; built by scripts/device-carry.sh), runs each step under its own
 # `timeout` with its stderr kept, and packs every result into $OUT/results.tar.gz beside the small ones (the
 # device returns a handful of files). BENCH_TREE=.carry/base runs the bench steps on an earlier commit's
 # packages (scripts/base-tree.sh; its tree has no tests/, so not the tests step).
