@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from bench.report import start
+
 _DECL = "torch::Tensor scale_rows(torch::Tensor x, torch::Tensor s);"
 
 _SOURCE = r"""
@@ -67,9 +69,7 @@ def main() -> int:
 
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
-    args = p.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    _, out, _ = start(p)
     include = cutlass_include()
     version = (include / "cutlass" / "version.h").read_text()
     parts = [re.search(rf"#define CUTLASS_{k} (\d+)", version) for k in ("MAJOR", "MINOR", "PATCH")]

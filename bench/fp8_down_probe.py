@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 
 import torch
 
 from bench.moe_fp8 import rel
-from bench.moe_kernels import EXPERTS, HIDDEN, INTER, TOP_K, kernel_info
+from bench.moe_kernels import EXPERTS, HIDDEN, INTER, TOP_K, kernel_info, random_experts
 from bench.report import emit_line as emit
+from bench.report import start
 from bench.timing import graph_us
 from engine.kernels import elementwise, fp8, moe, moe_fp8
 
@@ -140,16 +140,10 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     p.add_argument("--tokens", default="800,3072,8192,16384,65536")
-    args = p.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows: list[str] = []
+    args, out, rows = start(p)
     emit(rows, **kernel_info())
     gen = torch.Generator(device="cuda").manual_seed(0)
-    gate_up = (torch.randn(EXPERTS, 2 * INTER, HIDDEN, device="cuda", generator=gen) / HIDDEN**0.5).bfloat16()
-    down = (torch.randn(EXPERTS, HIDDEN, INTER, device="cuda", generator=gen) / INTER**0.5).bfloat16()
-    q8 = fp8.quantize_experts(gate_up, down)
-    del gate_up, down
+    q8 = fp8.quantize_experts(*random_experts(gen))
     with torch.inference_mode():
         for t in (int(v) for v in args.tokens.split(",")):
             probe(rows, t, q8, gen)

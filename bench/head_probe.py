@@ -32,6 +32,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench.fullsize import randomize_
 from bench.report import emit_line as emit
+from bench.report import start
 from bench.timing import timing_event
 from engine.batching.collate import collate
 from engine.batching.spans import SpanIndex
@@ -108,10 +109,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     p.add_argument("--records", default="1,4,16")
-    args = p.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows: list[str] = []
+    args, out, rows = start(p)
     emit(rows, kind="info", torch=torch.__version__, gpu=torch.cuda.get_device_name())
     torch.manual_seed(0)
     with torch.device("cuda"):

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from bench.moe_kernels import EXPERTS, HIDDEN, INTER, TOP_K, kernel_info, routed
+from bench.moe_kernels import EXPERTS, HIDDEN, INTER, TOP_K, kernel_info, random_experts, routed
 from bench.report import emit_line as emit
 from bench.timing import graph_us
 from engine.kernels import fp8, moe, moe_fp8
@@ -183,8 +183,7 @@ def main() -> int:
     rows: list[str] = []
     emit(rows, **kernel_info())
     gen = torch.Generator(device="cuda").manual_seed(0)
-    gate_up = (torch.randn(EXPERTS, 2 * INTER, HIDDEN, device="cuda", generator=gen) / HIDDEN**0.5).bfloat16()
-    down = (torch.randn(EXPERTS, HIDDEN, INTER, device="cuda", generator=gen) / INTER**0.5).bfloat16()
+    gate_up, down = random_experts(gen)
     q8 = fp8.quantize_experts(gate_up, down)
     fp8_bytes = q8.gate_up.numel() + q8.down.numel()
     best: dict[str, MoeTiles] = {}

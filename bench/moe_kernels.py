@@ -38,6 +38,13 @@ from engine.kernels.tiles import MoeTiles, Tiles
 HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 128, 8
 
 
+def random_experts(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """One full-size layer's experts, random bf16 on CUDA: gate_up (E, 2I, H) and down (E, H, I)."""
+    gate_up = (torch.randn(EXPERTS, 2 * INTER, HIDDEN, device="cuda", generator=gen) / HIDDEN**0.5).bfloat16()
+    down = (torch.randn(EXPERTS, HIDDEN, INTER, device="cuda", generator=gen) / INTER**0.5).bfloat16()
+    return gate_up, down
+
+
 def routed(t: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(top_w (T, k) float32, order (T k,), counts (E,) int32, inv (T k,)) for uniform routing."""
     top_i = torch.rand(t, EXPERTS, generator=gen, device="cuda").argsort(dim=1)[:, :TOP_K].int()

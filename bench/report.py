@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,6 +18,14 @@ def emit_line(rows: list[str], **row: Any) -> None:
     line = json.dumps(row)
     print(line, flush=True)
     rows.append(line)
+
+
+def start(p: argparse.ArgumentParser) -> tuple[argparse.Namespace, Path, list[str]]:
+    """A probe's start: its arguments parsed, its `--out` folder made, and an empty list for its lines."""
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    return args, out, []
 
 
 @dataclass
