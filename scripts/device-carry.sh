@@ -8,6 +8,7 @@
 #                                native libraries for other platforms removed, every jar re-stored
 #                                uncompressed so that xz compresses the whole set at once)
 #   .carry/whl/*.whl             cp312 / py3 wheels of the Python packages the run imports and the image lacks
+#   .carry/toolchain/*.whl       nvidia-cutlass (CUTLASS/CuTe C++ headers) and ninja, for device-engine.sh cuda_ext
 #   .carry/SIZES.txt             what was built and how big it is
 #
 # Usage: scripts/device-carry.sh            (needs java 17 with jmods, jlink, unzip, zip, xz, the venv's pip)
@@ -45,6 +46,10 @@ modules+=",java.security.sasl,java.sql,java.xml,jdk.unsupported,jdk.management,j
 wheels=(aiokafka async-timeout pydantic pydantic_core pydantic-settings python-dotenv typing-inspection annotated-types
         structlog tenacity typing_extensions fastapi starlette uvicorn annotated-doc backports.zstd
         opentelemetry-api anyio swagger-ui-bundle-v2 httpx httpcore h11 certifi idna)
+
+# CUTLASS 4.2's headers (6.4 MB wheel) and ninja, for torch extensions built on the GPU machine
+toolchain_cutlass=4.2.0.0
+toolchain_ninja=1.13.2
 
 carry="$repo/.carry"
 work="$(mktemp -d /tmp/clef-carry.XXXXXX)"
@@ -107,13 +112,17 @@ for f in "$carry"/whl/*.whl; do  # one interpreter on the device: CPython 3.12, 
     esac
 done
 
+# ---- toolchain: CUTLASS's C++ headers and ninja, for `device-engine.sh cuda_ext` (the GPU machine has nvcc) --
+"$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux2014_x86_64 -d "$carry/toolchain" "nvidia-cutlass==$toolchain_cutlass" "ninja==$toolchain_ninja"
+
 # ---- sizes ----------------------------------------------------------------------------------------------
 {
     echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) from $(git rev-parse --short HEAD)"
     echo "jre modules: $modules"
     echo "jre unpacked: $(du -sh "$work/jre" | cut -f1)   jars unpacked: $(du -sh "$work/kafka" | cut -f1)"
     echo "jars: $(cd "$work/kafka/$name" && ls ./*.jar | sed 's|^\./||' | tr '\n' ' ')"
-    (cd "$carry" && ls -l jre.tar.xz "$name.tar.xz" whl/*.whl | awk '{printf "%10d  %s\n", $5, $9}')
+    (cd "$carry" && ls -l jre.tar.xz "$name.tar.xz" whl/*.whl toolchain/*.whl | awk '{printf "%10d  %s\n", $5, $9}')
     echo "carry total (du -sb): $(du -sb "$carry" | cut -f1) bytes, $(du -sh "$carry" | cut -f1)"
     tracked="$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)"
     echo "repository working tree (tracked files): $tracked bytes"

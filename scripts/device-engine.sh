@@ -9,8 +9,8 @@
 # sizes (bench.batch_sizes, $SIZES_ARGS appended), il (bench.gate_up_il, $IL_ARGS appended), copy
 # (bench.copy_probe, $COPY_ARGS appended), gemm (bench.fp8_gemm_probe --child), down (bench.fp8_down_probe,
 # $DOWN_ARGS appended), head (bench.head_probe, $HEAD_ARGS appended), cuda_ext (bench.cuda_ext_probe, with
-# ninja and nvidia-cutlass from .carry/toolchain, which `pip download --no-deps -d .carry/toolchain
-# nvidia-cutlass ninja` fills; ninja's wheel for manylinux x86_64). Installs .carry's wheels into a site folder under /tmp (no index, no dependencies; built by scripts/device-carry.sh), runs each step under its own
+# ninja and nvidia-cutlass from .carry/toolchain). Installs .carry's wheels into a site folder under /tmp (no
+# index, no dependencies; built by scripts/device-carry.sh), runs each step under its own
 # `timeout` with its stderr kept, and packs every result into $OUT/results.tar.gz beside the small ones (the
 # device returns a handful of files). BENCH_TREE=.carry/base runs the bench steps on an earlier commit's
 # packages (scripts/base-tree.sh; its tree has no tests/, so not the tests step).
@@ -66,7 +66,7 @@ install_av_placeholder(); sys.exit(pytest.main(sys.argv[1:]))' -q -s -m gpu -p n
         down) run down 300 "${module[@]}" bench.fp8_down_probe --out "$tmp/res" ${DOWN_ARGS:-} ;;
         head) run head 400 "${module[@]}" bench.head_probe --out "$tmp/res" ${HEAD_ARGS:-} ;;
         cuda_ext)
-            # ninja and nvidia-cutlass (the CUTLASS/CuTe headers) from .carry/toolchain: pip download --no-deps
+            # ninja and nvidia-cutlass (the CUTLASS/CuTe headers) from .carry/toolchain (scripts/device-carry.sh)
             python3 -m pip install -q --no-index --no-deps --no-compile --target "$tmp/toolchain" "$repo"/.carry/toolchain/*.whl
             PYTHONPATH="$tmp/toolchain:$PYTHONPATH" PATH="$tmp/toolchain/bin:$PATH" \
                 run cuda_ext 500 python3 -m bench.cuda_ext_probe --out "$tmp/res" ;;
