@@ -70,8 +70,8 @@ command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 if ((${#need[@]})); then
     say "installing ${need[*]} with apt-get"
     export DEBIAN_FRONTEND=noninteractive
-    timeout 900 apt-get update -qq >&2
-    timeout 1800 apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+    timed 900 apt-get update -qq >&2
+    timed 1800 apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
 fi
 # Debian's client matches Debian's daemon (a newer client elsewhere on PATH may want buildx)
 docker=/usr/bin/docker
@@ -157,7 +157,7 @@ compose=("$compose_bin" -p clef-router-ci -f docker-compose.yml -f deploy/ci/com
 compose_started=1
 # up -d returns once every service is started, each after its dependencies' conditions (kafka healthy, the
 # topics and the tiny release written, the service ready); bounded
-timeout 900 "${compose[@]}" up -d --no-build --pull never >&2
+timed 900 "${compose[@]}" up -d --no-build --pull never >&2
 "$docker" network ls --format '  network {{.Name}} ({{.Driver}})' >&2
 
 step "waiting for demo-producer to exit"

@@ -16,6 +16,36 @@ if [[ -n "${CLEF_CACHE_DIR:-}" ]]; then
     export MPLCONFIGDIR="${MPLCONFIGDIR:-$clef_cache/matplotlib}"  # else ~/.config/matplotlib (bench tests)
 fi
 
+# timed LIMIT CMD...: CMD under `timeout --signal=INT --kill-after=60 LIMIT`; returns CMD's status (124 when
+# the limit ran out, 137 when it then had to be killed). `timeout` runs CMD in a process group of its own,
+# where a Ctrl-C in the terminal does not reach it (a plain `timeout 3000 pip install ...` ignored Ctrl-C until
+# pip was done): this waits for it in the background instead and passes a SIGINT or SIGTERM on to it (timeout
+# forwards it to CMD). Once CMD has ended it restores the caller's INT and TERM traps and raises the signal
+# again in the calling shell: the caller's own trap runs, or, without one, the shell ends by the signal after
+# its EXIT trap, as it would have with CMD in its foreground. CMD's stdin is /dev/null.
+timed() {
+    local limit=$1 pid rc got="" saved
+    shift
+    saved="$(trap -p INT TERM)"
+    timeout --signal=INT --kill-after=60 "$limit" "$@" &
+    pid=$!
+    trap 'got=INT; kill -INT "$pid" 2>/dev/null || true' INT
+    trap 'got=TERM; kill -TERM "$pid" 2>/dev/null || true' TERM
+    while :; do  # a trapped signal ends `wait` early: wait again until CMD has ended
+        rc=0
+        wait "$pid" || rc=$?
+        kill -0 "$pid" 2>/dev/null || break
+    done
+    trap - INT TERM
+    eval "$saved"
+    if [[ -n "$got" ]]; then
+        kill -s "$got" "$BASHPID"
+        [[ "$got" == INT ]] && return 130
+        return 143
+    fi
+    return "$rc"
+}
+
 # stop_pids NAME=PID...: SIGTERM each process (newest first), wait up to 40 s for each, then SIGKILL.
 # Every script that starts a background process records its pid and calls this from its EXIT trap.
 stop_pids() {

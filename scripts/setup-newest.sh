@@ -21,15 +21,15 @@ if [[ ! -f "$venv/.clef-complete" ]]; then
     rm -rf "$venv"  # incomplete (an interrupted install): start over
     say "creating virtualenv $venv (transformers per constraints-newest.txt)"
     python3 -m venv "$venv"
-    timeout 600 "$venv/bin/python" -m pip install -q --upgrade pip >&2
+    timed 600 "$venv/bin/python" -m pip install -q --upgrade pip >&2
     say "first run: about 5 GB more to install (pip's download cache makes it quicker after setup.sh)"
-    timeout 3000 "$venv/bin/python" -m pip install --progress-bar off -c constraints-newest.txt -e '.[dev]' >&2
+    timed 3000 "$venv/bin/python" -m pip install --progress-bar off -c constraints-newest.txt -e '.[dev]' >&2
     touch "$venv/.clef-complete"
 else
     where="$("$venv/bin/python" -c 'import consumer, os; print(os.path.dirname(os.path.dirname(consumer.__file__)))' 2>/dev/null || true)"
     if [[ "$where" != "$repo" ]]; then
         say "pointing $venv at $repo"
-        timeout 600 "$venv/bin/python" -m pip install -q --no-deps -c constraints-newest.txt -e . >&2
+        timed 600 "$venv/bin/python" -m pip install -q --no-deps -c constraints-newest.txt -e . >&2
     fi
 fi
 echo "$venv"

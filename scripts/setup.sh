@@ -30,8 +30,8 @@ if ((${#need_apt[@]})); then
     if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
         say "installing ${need_apt[*]} with apt-get"
         export DEBIAN_FRONTEND=noninteractive
-        timeout 900 apt-get update -qq >&2
-        timeout 1800 apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >&2
+        timed 900 apt-get update -qq >&2
+        timed 1800 apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >&2
     else
         say "missing: ${need_apt[*]} (install them, e.g. sudo apt-get install ${need_apt[*]})"
         exit 1
@@ -88,9 +88,13 @@ for dist in metadata.distributions():  # the first on sys.path is the one that i
 print(json.dumps(found))
 PY
     python3 devtools/venv_plan.py constraints "$plan_dir/installed.json" constraints.txt >"$plan_dir/constraints.txt"
-    timeout 900 "$venv/bin/python" -m pip install -q --dry-run --report "$plan_dir/report.json" \
-        -c "$plan_dir/constraints.txt" -e '.[dev]' >&2 \
-        || { say "pip could not work out what $venv lacks (pip >= 22.2 is needed for --report)"; exit 1; }
+    timed 900 "$venv/bin/python" -m pip install -q --dry-run --report "$plan_dir/report.json" \
+        -c "$plan_dir/constraints.txt" -e '.[dev]' >&2 || {
+        rc=$?
+        ((rc != 130 && rc != 143)) || exit "$rc"  # interrupted
+        say "pip could not work out what $venv lacks (pip >= 22.2 is needed for --report)"
+        exit 1
+    }
     python3 devtools/venv_plan.py plan "$plan_dir/installed.json" "$plan_dir/report.json" clef-router \
         >"$plan_dir/install.txt" || rc=$?
     if ((rc != 0)); then
@@ -100,13 +104,13 @@ PY
     fi
     if [[ -s "$plan_dir/install.txt" ]]; then
         say "installing $(wc -l <"$plan_dir/install.txt") missing packages into $venv"
-        with_ticker "still installing" timeout 3000 "$venv/bin/python" -m pip install --no-deps \
+        with_ticker "still installing" timed 3000 "$venv/bin/python" -m pip install --no-deps \
             -r "$plan_dir/install.txt" >&2
     else
         say "nothing missing"
     fi
     say "linking $venv to $repo (editable clef-router, no dependencies touched)"
-    timeout 600 "$venv/bin/python" -m pip install -q --no-deps -e . >&2
+    timed 600 "$venv/bin/python" -m pip install -q --no-deps -e . >&2
     echo "$key" >"$venv/.clef-complete"
 }
 
@@ -121,19 +125,19 @@ elif [[ ! -f "$venv/.clef-complete" ]]; then
         python3 -m venv "$venv"
     fi
     say "upgrading pip"
-    timeout 600 "$venv/bin/python" -m pip install -q --upgrade pip >&2
+    timed 600 "$venv/bin/python" -m pip install -q --upgrade pip >&2
     say "installing clef-router with its dependencies into $venv"
     say "first run: about 5 GB to download and install (torch and its CUDA libraries), several minutes;"
     say "pip lists each package as it goes (its download cache: ${PIP_CACHE_DIR:-~/.cache/pip})"
     # no -q: pip's per-package lines (Collecting/Downloading/Installing) are the progress
-    with_ticker "still installing" timeout 3000 "$venv/bin/python" -m pip install -c constraints.txt -e '.[dev]' >&2
+    with_ticker "still installing" timed 3000 "$venv/bin/python" -m pip install -c constraints.txt -e '.[dev]' >&2
     touch "$venv/.clef-complete"
 else
     # same dependencies: only make sure the editable install points at this clone
     where="$("$venv/bin/python" -c 'import consumer, os; print(os.path.dirname(os.path.dirname(consumer.__file__)))' 2>/dev/null || true)"
     if [[ "$where" != "$repo" ]]; then
         say "pointing $venv at $repo"
-        timeout 600 "$venv/bin/python" -m pip install -q --no-deps -c constraints.txt -e . >&2
+        timed 600 "$venv/bin/python" -m pip install -q --no-deps -c constraints.txt -e . >&2
     fi
 fi
 

@@ -36,22 +36,13 @@ echo "== mypy --strict"
 mypy --strict || failed+=(mypy)
 
 echo "== pytest -m 'not gpu'"
-# `timeout` runs pytest in a process group of its own, where a Ctrl-C in the terminal does not reach it:
-# the trap forwards SIGINT/SIGTERM (timeout passes them on), and the loop waits until pytest has ended,
-# so its fixtures stop every broker they started before this script exits.
-timeout --signal=INT --kill-after=60 3600 python -m pytest -m "not gpu" "$@" &
-pytest_pid=$!
-interrupted=""
-trap 'interrupted=1; kill -INT "$pytest_pid" 2>/dev/null || true' INT TERM
-while :; do
-    rc=0
-    wait "$pytest_pid" || rc=$?
-    kill -0 "$pytest_pid" 2>/dev/null || break
-done
-trap - INT TERM
-[[ -z "$interrupted" ]] || { echo "test.sh: interrupted" >&2; exit 130; }
+# `timed` (scripts/env.sh) passes a Ctrl-C on to pytest and waits until it has ended, so its fixtures stop
+# every broker they started before this script exits.
+rc=0
+timed 3600 python -m pytest -m "not gpu" "$@" || rc=$?
 case $rc in
     0) ;;
+    130 | 143) echo "test.sh: interrupted" >&2; exit "$rc" ;;
     5) echo "test.sh: pytest collected no tests; that is a failure" >&2; failed+=("pytest (no tests)") ;;
     124) echo "test.sh: pytest did not finish within 3600 s" >&2; failed+=("pytest (timeout)") ;;
     *) failed+=("pytest (exit $rc)") ;;
@@ -63,11 +54,13 @@ if (($# == 0)); then
     echo "== pytest under the newest transformers 5.x: ${newest_tests[*]}"
     newest="$("$repo/scripts/setup-newest.sh" | tail -n 1)"
     "$newest/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "| transformers", transformers.__version__)'
-    set +e
-    timeout --signal=INT --kill-after=60 1800 "$newest/bin/python" -m pytest -m "not gpu" -p no:cacheprovider "${newest_tests[@]}"
-    rc=$?
-    set -e
-    ((rc == 0)) || failed+=("pytest newest transformers (exit $rc)")
+    rc=0
+    timed 1800 "$newest/bin/python" -m pytest -m "not gpu" -p no:cacheprovider "${newest_tests[@]}" || rc=$?
+    case $rc in
+        0) ;;
+        130 | 143) echo "test.sh: interrupted" >&2; exit "$rc" ;;
+        *) failed+=("pytest newest transformers (exit $rc)") ;;
+    esac
 fi
 
 if ((${#failed[@]})); then
