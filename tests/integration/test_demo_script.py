@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.procs import marked_processes
+
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "scripts" / "demo.sh"
 SAMPLES = ROOT / "consumer" / "samples" / "events.jsonl"
@@ -70,17 +72,7 @@ def _env(tmp_path: Path, mark: str, venv: Path) -> dict[str, str]:
 
 
 def _marked_processes(mark: str) -> list[str]:
-    needle = f"DEMO_TEST_MARK={mark}".encode()
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if needle in (proc / "environ").read_bytes().split(b"\0"):
-                found.append(f"{proc.name}: {(proc / 'cmdline').read_bytes()[:120]!r}")
-        except OSError:  # gone meanwhile, or a kernel thread
-            continue
-    return found
+    return marked_processes("DEMO_TEST_MARK", mark)
 
 
 def test_demo_prints_each_route_topic_and_leaves_nothing(tmp_path: Path, demo_venv: Path) -> None:

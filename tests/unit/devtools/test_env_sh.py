@@ -15,6 +15,8 @@ import time
 import uuid
 from pathlib import Path
 
+from tests.support.procs import marked_processes
+
 ROOT = Path(__file__).resolve().parents[3]
 ENV_SH = ROOT / "scripts" / "env.sh"
 
@@ -33,18 +35,7 @@ def _bash(script: str, mark: str) -> subprocess.Popen[str]:
 
 
 def _marked(mark: str) -> list[str]:
-    """Processes whose environment carries the test's mark (inherited by every descendant)."""
-    needle = f"TIMED_TEST_MARK={mark}".encode()
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if needle in (proc / "environ").read_bytes().split(b"\0"):
-                found.append(proc.name)
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-    return found
+    return marked_processes("TIMED_TEST_MARK", mark)
 
 
 def _finish(proc: subprocess.Popen[str], timeout: float) -> tuple[int, str, str]:
