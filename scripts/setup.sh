@@ -89,12 +89,8 @@ print(json.dumps(found))
 PY
     python3 devtools/venv_plan.py constraints "$plan_dir/installed.json" constraints.txt >"$plan_dir/constraints.txt"
     timed 900 "$venv/bin/python" -m pip install -q --dry-run --report "$plan_dir/report.json" \
-        -c "$plan_dir/constraints.txt" -e '.[dev]' >&2 || {
-        rc=$?
-        ((rc != 130 && rc != 143)) || exit "$rc"  # interrupted
-        say "pip could not work out what $venv lacks (pip >= 22.2 is needed for --report)"
-        exit 1
-    }
+        -c "$plan_dir/constraints.txt" -e '.[dev]' >&2 \
+        || { say "pip could not work out what $venv lacks (pip >= 22.2 is needed for --report)"; exit 1; }
     python3 devtools/venv_plan.py plan "$plan_dir/installed.json" "$plan_dir/report.json" clef-router \
         >"$plan_dir/install.txt" || rc=$?
     if ((rc != 0)); then

@@ -37,12 +37,13 @@ mypy --strict || failed+=(mypy)
 
 echo "== pytest -m 'not gpu'"
 # `timed` (scripts/env.sh) passes a Ctrl-C on to pytest and waits until it has ended, so its fixtures stop
-# every broker they started before this script exits.
+# every broker they started before this script exits; then these traps run
+trap 'echo "test.sh: interrupted" >&2; exit 130' INT
+trap 'echo "test.sh: terminated" >&2; exit 143' TERM
 rc=0
 timed 3600 python -m pytest -m "not gpu" "$@" || rc=$?
 case $rc in
     0) ;;
-    130 | 143) echo "test.sh: interrupted" >&2; exit "$rc" ;;
     5) echo "test.sh: pytest collected no tests; that is a failure" >&2; failed+=("pytest (no tests)") ;;
     124) echo "test.sh: pytest did not finish within 3600 s" >&2; failed+=("pytest (timeout)") ;;
     *) failed+=("pytest (exit $rc)") ;;
@@ -56,11 +57,7 @@ if (($# == 0)); then
     "$newest/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "| transformers", transformers.__version__)'
     rc=0
     timed 1800 "$newest/bin/python" -m pytest -m "not gpu" -p no:cacheprovider "${newest_tests[@]}" || rc=$?
-    case $rc in
-        0) ;;
-        130 | 143) echo "test.sh: interrupted" >&2; exit "$rc" ;;
-        *) failed+=("pytest newest transformers (exit $rc)") ;;
-    esac
+    ((rc == 0)) || failed+=("pytest newest transformers (exit $rc)")
 fi
 
 if ((${#failed[@]})); then
