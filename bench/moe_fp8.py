@@ -90,6 +90,11 @@ _LARGE_DOWN = (
     (64, 128, 128, 4, 4, True),
     (128, 256, 128, 8, 2, True),
     (128, 128, 128, 8, 2, True),
+    # an expert's ~200 rows of a mid-size batch in one row tile: its weights read once
+    (256, 128, 128, 8, 3, True),
+    (256, 128, 128, 8, 4, True),
+    (256, 64, 128, 8, 4, True),
+    (256, 128, 128, 8, 3),
 )
 _BF16_SMALL_DOWN = (
     (64, 128, 64, 4, 4),

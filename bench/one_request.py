@@ -1,4 +1,5 @@
-"""Where one 800-token request's wall time goes on the H200: `Engine.decide` split into its stages.
+"""Where one 800-token request's wall time goes on the H200: `Engine.decide` split into its stages
+(`--records N`: a batch of N such requests, the size of a batch at moderate load).
 
 `python3 -m bench.one_request --out DIR` builds the full-size engine as `bench.experts` does (random bf16
 weights, fast path, CUDA graphs up to 4,096 tokens, routers levelled to near-uniform expert load unless
@@ -13,7 +14,8 @@ times, for one 800-token request, 30 times each (after warm-up), with CUDA synch
 Then the GPU's timeline of `--reps` `decide` calls (torch profiler, CUDA activity, idle between calls):
 per call the span from its first to its last kernel or copy, the busy time inside it, the idle gaps
 between them (launch and dependency latency inside the graph, host time the GPU waits for) and the
-count of kernels; and the largest gaps summed over the calls, by the pair of kernels around them.
+count of kernels; the largest gaps summed over the calls, by the pair of kernels around them; and the GPU
+time per call of the kernels that take the most, by name (`kernel` rows).
 
 Prints JSON lines (p50/p99/min per stage, the timeline) and writes `one_request.jsonl` to `--out`, and
 Python's profile of `--reps` `decide` calls (cumulative time) to `profile_decide.txt`. Not a test.
@@ -61,6 +63,17 @@ def main() -> int:
     p.add_argument(
         "--tiles-from", type=Path, default=None, help="FP8 shapes from bench.moe_fp8's tiles_best.json"
     )
+    p.add_argument(
+        "--records", default="1", help="requests decided together, comma-separated counts (default one)"
+    )
+    p.add_argument("--tokens", type=int, default=800, help="tokens of each request")
+    p.add_argument(
+        "--pdl",
+        choices=("on", "off", "both"),
+        default="on",
+        help="launch the Triton kernels with programmatic dependent launch (`engine.kernels.pdl`), without"
+        " it, or both (on first, then off with the graphs captured again; same weights)",
+    )
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -70,7 +83,10 @@ def main() -> int:
     from bench.experts import biased_engine
     from bench.routing import level
     from bench.workload import make_request
+    from engine.kernels import pdl
 
+    modes = {"on": (True,), "off": (False,), "both": (True, False)}[args.pdl]
+    pdl.use(modes[0])  # before any graph is captured
     engine, biases, buckets = biased_engine()
     rng = random.Random(0)
     probe = [engine.prepare(make_request(rng, engine, 512)).encoded for _ in range(16)]
@@ -83,13 +99,46 @@ def main() -> int:
         emit(rows, kind="tiles", fp8=use_tiles(args.tiles_from))
     if args.fp8 != "off":  # after levelling: the FP8 copies are made from the same weights, graphs recaptured
         engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])
-    one = make_request(random.Random(1), engine, 800)
-    prepared = engine.prepare(one)
-    staged = engine.stage([prepared])
+    for on in modes:
+        if on is not pdl.enabled():
+            pdl.use(on)
+            engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])  # recaptured
+        for records in (int(n) for n in args.records.split(",")):
+            reqs = measure(rows, engine, records, args, out if args.trace else None)
+    (out / "one_request.jsonl").write_text("\n".join(rows) + "\n")
+    # Where `decide`'s host time goes beyond its stages: Python's profiler over `reps` calls (the last batch).
+    profiler = cProfile.Profile()
+    profiler.runcall(lambda: [engine.decide(reqs) for _ in range(args.reps)])
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(45)
+    (out / "profile_decide.txt").write_text(text.getvalue())
+    return 0
+
+
+def measure(
+    rows: list[str], engine: Any, records: int, args: argparse.Namespace, trace: Path | None
+) -> list[Any]:
+    """The `request`, `stage`, `timeline`, `gap` and `kernel` rows of one batch of `records` requests of
+    `args.tokens` tokens; returns the requests."""
+    from bench.workload import make_request
+    from engine.kernels import pdl
+
+    req_rng = random.Random(1)
+    reqs = [make_request(req_rng, engine, args.tokens) for _ in range(records)]
+    prepared = [engine.prepare(r) for r in reqs]
+    staged = engine.stage(prepared)
     result = engine.run(staged)
     model: Any = engine.model
-    batch = model.collate([prepared.encoded])
-    emit(rows, kind="request", tokens=prepared.num_tokens, fp8=args.fp8, levelled=not args.random_router)
+    batch = model.collate([p.encoded for p in prepared])
+    emit(
+        rows,
+        kind="request",
+        records=len(prepared),
+        tokens=sum(p.num_tokens for p in prepared),
+        fp8=args.fp8,
+        levelled=not args.random_router,
+        pdl=pdl.enabled(),
+    )
     box: dict[str, torch.Tensor] = {}
 
     def decoder() -> None:
@@ -101,9 +150,9 @@ def main() -> int:
             model.head(box["h"], model.lexical_table(), batch.index).float().cpu()
 
     stages: dict[str, Callable[[], object]] = {
-        "decide": lambda: engine.decide([one]),
-        "prepare": lambda: engine.prepare(one),
-        "stage": lambda: engine.stage([prepared]),
+        "decide": lambda: engine.decide(reqs),
+        "prepare": lambda: [engine.prepare(r) for r in reqs],
+        "stage": lambda: engine.stage(prepared),
         "run": lambda: engine.run(staged),
         "respond": lambda: engine.respond(result),
         "decoder": decoder,
@@ -111,15 +160,8 @@ def main() -> int:
     }
     for name, fn in stages.items():
         emit(rows, kind="stage", stage=name, **{k: round(v, 2) for k, v in timings(fn, args.reps).items()})
-    timeline(rows, lambda: engine.decide([one]), args.reps, out if args.trace else None)
-    (out / "one_request.jsonl").write_text("\n".join(rows) + "\n")
-    # Where `decide`'s host time goes beyond its stages: Python's profiler over `reps` calls.
-    profiler = cProfile.Profile()
-    profiler.runcall(lambda: [engine.decide([one]) for _ in range(args.reps)])
-    text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(45)
-    (out / "profile_decide.txt").write_text(text.getvalue())
-    return 0
+    timeline(rows, lambda: engine.decide(reqs), args.reps, trace)
+    return reqs
 
 
 CALL_SEPARATOR_S = 0.005
@@ -127,8 +169,9 @@ CALL_SEPARATOR_S = 0.005
 
 
 def timeline(rows: list[str], call: Callable[[], object], reps: int, trace_dir: Path | None) -> None:
-    """Emit the `timeline` row (per-call medians) and the twelve largest `gap` rows (see module doc);
-    with `trace_dir`, also the chrome trace of two more calls there (`decide_trace.json`)."""
+    """Emit the `timeline` row (per-call medians), the twelve largest `gap` rows and the fifteen largest
+    `kernel` rows (see module doc); with `trace_dir`, also the chrome trace of two more calls there
+    (`decide_trace.json`)."""
     from torch.profiler import ProfilerActivity, profile
 
     if trace_dir is not None:
@@ -162,6 +205,17 @@ def timeline(rows: list[str], call: Callable[[], object], reps: int, trace_dir: 
     )
     for (before, after), us in sorted(gaps.items(), key=lambda kv: -kv[1])[:12]:
         emit(rows, kind="gap", before=before, after=after, us_per_call=round(us / len(spans), 1))
+    for name, (us, n) in sorted(by_kernel(events).items(), key=lambda kv: -kv[1][0])[:15]:
+        emit(rows, kind="kernel", name=name, us_per_call=round(us / len(spans), 1), per_call=n / len(spans))
+
+
+def by_kernel(events: list[tuple[float, float, str]]) -> dict[str, tuple[float, int]]:
+    """GPU events (start us, end us, name) summed by name (its first 60 characters): (us, count)."""
+    sums: dict[str, tuple[float, int]] = {}
+    for start, stop, name in events:
+        us, n = sums.get(name[:60], (0.0, 0))
+        sums[name[:60]] = (us + stop - start, n + 1)
+    return sums
 
 
 def per_call(

@@ -5,7 +5,8 @@
 #
 # STEP is one of: tests (pytest -m gpu over tests/gpu, or $GPU_TESTS), kernels (bench.moe_fp8, $KERNELS_ARGS
 # appended, under $KERNELS_LIMIT s), modes
-# (bench.fp8_modes, with $TILES_FROM when set and $MODES_ARGS appended), one (bench.one_request, $ONE_ARGS appended),
+# (bench.fp8_modes, with $TILES_FROM when set and $MODES_ARGS appended), one (bench.one_request, $ONE_ARGS appended,
+# under $ONE_LIMIT s),
 # sizes (bench.batch_sizes, $SIZES_ARGS appended), il (bench.gate_up_il, $IL_ARGS appended), copy
 # (bench.copy_probe, $COPY_ARGS appended), gemm (bench.fp8_gemm_probe --child), down (bench.fp8_down_probe,
 # $DOWN_ARGS appended), head (bench.head_probe, $HEAD_ARGS appended), cuda_ext (bench.cuda_ext_probe, with
@@ -58,7 +59,7 @@ for step in "$@"; do
 install_av_placeholder(); sys.exit(pytest.main(sys.argv[1:]))' -q -s -m gpu -p no:cacheprovider ${GPU_TESTS:-tests/gpu} ;;
         kernels) run kernels "${KERNELS_LIMIT:-300}" "${module[@]}" bench.moe_fp8 --out "$tmp/res" ${KERNELS_ARGS:-} ;;
         modes) run modes "${MODES_LIMIT:-540}" "${module[@]}" bench.fp8_modes --out "$tmp/res" ${TILES_FROM:+--tiles-from "$TILES_FROM"} ${MODES_ARGS:-} ;;
-        one) run one 300 "${module[@]}" bench.one_request --out "$tmp/res" ${ONE_ARGS:-} ;;
+        one) run one "${ONE_LIMIT:-300}" "${module[@]}" bench.one_request --out "$tmp/res" ${ONE_ARGS:-} ;;
         il) run il 300 "${module[@]}" bench.gate_up_il --out "$tmp/res" ${IL_ARGS:-} ;;
         sizes) run sizes 420 "${module[@]}" bench.batch_sizes --out "$tmp/res" ${SIZES_ARGS:-} ;;
         copy) run copy 120 "${module[@]}" bench.copy_probe ${COPY_ARGS:-} ;;
