@@ -67,13 +67,6 @@ def main() -> int:
         "--records", default="1", help="requests decided together, comma-separated counts (default one)"
     )
     p.add_argument("--tokens", type=int, default=800, help="tokens of each request")
-    p.add_argument(
-        "--pdl",
-        choices=("on", "off", "both"),
-        default="on",
-        help="launch the Triton kernels with programmatic dependent launch (`engine.kernels.pdl`), without"
-        " it, or both (on first, then off with the graphs captured again; same weights)",
-    )
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -83,10 +76,7 @@ def main() -> int:
     from bench.experts import biased_engine
     from bench.routing import level
     from bench.workload import make_request
-    from engine.kernels import pdl
 
-    modes = {"on": (True,), "off": (False,), "both": (True, False)}[args.pdl]
-    pdl.use(modes[0])  # before any graph is captured
     engine, biases, buckets = biased_engine()
     rng = random.Random(0)
     probe = [engine.prepare(make_request(rng, engine, 512)).encoded for _ in range(16)]
@@ -99,12 +89,8 @@ def main() -> int:
         emit(rows, kind="tiles", fp8=use_tiles(args.tiles_from))
     if args.fp8 != "off":  # after levelling: the FP8 copies are made from the same weights, graphs recaptured
         engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])
-    for on in modes:
-        if on is not pdl.enabled():
-            pdl.use(on)
-            engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])  # recaptured
-        for records in (int(n) for n in args.records.split(",")):
-            reqs = measure(rows, engine, records, args, out if args.trace else None)
+    for records in (int(n) for n in args.records.split(",")):
+        reqs = measure(rows, engine, records, args, out if args.trace else None)
     (out / "one_request.jsonl").write_text("\n".join(rows) + "\n")
     # Where `decide`'s host time goes beyond its stages: Python's profiler over `reps` calls (the last batch).
     profiler = cProfile.Profile()
@@ -121,7 +107,6 @@ def measure(
     """The `request`, `stage`, `timeline`, `gap` and `kernel` rows of one batch of `records` requests of
     `args.tokens` tokens; returns the requests."""
     from bench.workload import make_request
-    from engine.kernels import pdl
 
     req_rng = random.Random(1)
     reqs = [make_request(req_rng, engine, args.tokens) for _ in range(records)]
@@ -137,7 +122,6 @@ def measure(
         tokens=sum(p.num_tokens for p in prepared),
         fp8=args.fp8,
         levelled=not args.random_router,
-        pdl=pdl.enabled(),
     )
     box: dict[str, torch.Tensor] = {}
 

@@ -21,7 +21,6 @@ import math
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from engine.kernels import pdl
 from engine.kernels.tiles import AttentionTiles, shipped
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs fall back to PyTorch.
@@ -102,6 +101,5 @@ def attention_triton(
         group=group,
         num_warps=tiles.warps,
         num_stages=tiles.stages,
-        **pdl.options(out),
     )
     return out

@@ -21,8 +21,6 @@ Triton's JIT reads kernel arguments without Python annotations, so this module a
 import triton
 import triton.language as tl
 
-from engine.kernels.pdl_triton import after_previous
-
 
 @triton.jit
 def _attend_block(
@@ -84,14 +82,12 @@ def _packed_attention_kernel(
     block_m: tl.constexpr,
     block_n: tl.constexpr,
     group: tl.constexpr,
-    pdl: tl.constexpr = False,
 ):
     # q, o (T, hq, d); k, v (T, hk, d), all contiguous; cu (N+1,) record boundaries on the packed axis.
     # Grid (num_m_blocks, hq / group, N). A program's block_m query rows are block_m / group tokens times
     # `group` query heads of one kv head (row r: token r // group, head r % group), so each key and value
     # block it loads serves `group` heads. The last query blocks of a record, which attend to the most
     # keys, start first.
-    after_previous(pdl)
     mblk = num_m_blocks - 1 - tl.program_id(0)
     head0 = tl.program_id(1) * group
     rec = tl.program_id(2)

@@ -34,7 +34,6 @@ try:  # Triton ships with CUDA builds of torch; CPU-only installs fall back to P
 except ImportError:  # pragma: no cover - depends on the install
     HAVE_TRITON = False
 
-from engine.kernels import pdl
 from engine.kernels.fp8 import FP8, FP8_MAX, Quantized, quantize_rows
 
 _BLOCK = 1024
@@ -94,7 +93,6 @@ def qk_norm_rope(
             d=d,
             heads_pad=triton.next_power_of_2(hq + 2 * hk),
             num_warps=4,
-            **pdl.options(qkv),
         )
     return out
 
@@ -227,7 +225,6 @@ def _sum_rows(
             store_normed=store_normed,
             fp8_max=FP8_MAX,
             num_warps=8,
-            **pdl.options(y),
         )
     return y, n, ((q, qs) if quant else None)
 
@@ -243,6 +240,6 @@ def swiglu_weighted(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     total = s * inter
     if total:
         _swiglu_kernel[(triton.cdiv(total, _BLOCK),)](
-            h, w.contiguous(), out, total, inter=inter, block=_BLOCK, num_warps=4, **pdl.options(h)
+            h, w.contiguous(), out, total, inter=inter, block=_BLOCK, num_warps=4
         )
     return out

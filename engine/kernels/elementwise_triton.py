@@ -8,8 +8,6 @@ without `disallow_untyped_defs` (see pyproject.toml); nothing outside `engine.ke
 import triton
 import triton.language as tl
 
-from engine.kernels.pdl_triton import after_previous
-
 
 @triton.jit
 def _pair_row(rows_ptr, inv_ptr, pair, cols, mask, hidden: tl.constexpr, indexed: tl.constexpr):
@@ -40,7 +38,6 @@ def _sum_rows_kernel(
     quant: tl.constexpr,
     store_normed: tl.constexpr,
     fp8_max: tl.constexpr,
-    pdl: tl.constexpr = False,
 ):
     # One program per token t: d = sum_j rows[r_j] in float32, in j order, with r_j = inv[t k + j] when
     # `indexed` (rows in expert order) or t k + j (pair order; k = 1: a plain (T, H) delta), rounded to
@@ -48,7 +45,6 @@ def _sum_rows_kernel(
     # n = RMSNorm(y) * w (`x_ptr`, `w_ptr`, `n_ptr` are unused without it); else y = d. With `quant` too,
     # n's row quantised to e4m3 as `_row_quant_fp8_kernel` does it: q = n / s, s = amax(|n|) / fp8_max.
     # Without `store_normed` (with `residual` only) n is computed but not stored (`n_ptr` unused).
-    after_previous(pdl)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, block)
     mask = cols < hidden
@@ -85,9 +81,7 @@ def _swiglu_kernel(
     total,
     inter: tl.constexpr,
     block: tl.constexpr,
-    pdl: tl.constexpr = False,
 ):
-    after_previous(pdl)
     idx = tl.program_id(0).to(tl.int64) * block + tl.arange(0, block)
     mask = idx < total
     s = idx // inter
@@ -114,11 +108,9 @@ def _qk_norm_rope_kernel(
     hk: tl.constexpr,
     d: tl.constexpr,
     heads_pad: tl.constexpr,
-    pdl: tl.constexpr = False,
 ):
     # One program per token: all its q, k and v heads as a (heads, d/2) tile, both rotary halves at once.
     # q and k are normalised and rotated, v is copied out of the fused projection.
-    after_previous(pdl)
     t = tl.program_id(0).to(tl.int64)
     half: tl.constexpr = d // 2
     heads = tl.arange(0, heads_pad)[:, None]  # (Hp, 1)

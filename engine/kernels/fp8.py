@@ -31,8 +31,6 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kernels import pdl
-
 try:  # Triton ships with CUDA builds of torch; CPU-only installs fall back to PyTorch.
     import triton
 
@@ -190,14 +188,7 @@ def _quantize_rows_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     s = torch.empty(r, dtype=torch.float32, device=x.device)  # (R,)
     if r:
         _row_quant_fp8_kernel[(r,)](
-            x.contiguous(),
-            q,
-            s,
-            n=n,
-            block=triton.next_power_of_2(n),
-            fp8_max=FP8_MAX,
-            num_warps=4,
-            **pdl.options(x),
+            x.contiguous(), q, s, n=n, block=triton.next_power_of_2(n), fp8_max=FP8_MAX, num_warps=4
         )
     return q, s
 
@@ -218,7 +209,6 @@ def _swiglu_quantized_triton(h: torch.Tensor, w: torch.Tensor) -> tuple[torch.Te
             block=triton.next_power_of_2(inter),
             fp8_max=FP8_MAX,
             num_warps=4,
-            **pdl.options(h),
         )
     return q, s
 

@@ -9,8 +9,6 @@ without `disallow_untyped_defs` (see pyproject.toml); nothing outside `engine.ke
 import triton
 import triton.language as tl
 
-from engine.kernels.pdl_triton import after_previous
-
 
 @triton.jit
 def _row_quant_fp8_kernel(
@@ -20,10 +18,8 @@ def _row_quant_fp8_kernel(
     n: tl.constexpr,
     block: tl.constexpr,
     fp8_max: tl.constexpr,
-    pdl: tl.constexpr = False,
 ):
     # One program per row: amax, scale = amax / fp8_max, q = x / scale rounded to e4m3.
-    after_previous(pdl)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, block)
     mask = cols < n
@@ -42,11 +38,9 @@ def _swiglu_fp8_kernel(
     inter: tl.constexpr,
     block: tl.constexpr,
     fp8_max: tl.constexpr,
-    pdl: tl.constexpr = False,
 ):
     # One program per token-expert row: a = silu(gate) * up * routing weight in float32, then the row's
     # e4m3 quantisation (as `_row_quant_fp8_kernel`), so the down projection reads 1 byte per value.
-    after_previous(pdl)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, block)
     mask = cols < inter

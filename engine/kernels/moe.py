@@ -31,7 +31,7 @@ import os
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from engine.kernels import elementwise, pdl
+from engine.kernels import elementwise
 from engine.kernels.tiles import MoeTiles, shipped
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs fall back to PyTorch.
@@ -103,7 +103,6 @@ def route_topk(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Ten
             normalize=normalize,
             block_rows=rows,
             num_warps=4,
-            **pdl.options(top_w),
         )
     return top_w, top_i
 
@@ -170,7 +169,6 @@ def _group(
         block=block,
         inverse=inverse,
         num_warps=max(4, min(16, block // 512)),
-        **pdl.options(flat),
     )
     return order, counts, ends, slots
 
@@ -295,9 +293,7 @@ def experts_pairs_triton(
         gu_kernel, gu_pipe = _moe_gate_up_tma_kernel, {"stages": gu.stages, "ws": gu.ws}
     else:
         w_gu, gu_kernel, gu_pipe = gate_up_proj, _moe_gate_up_kernel, {"num_stages": gu.stages}
-    gu_kernel[grid](
-        x, w_gu, order, counts, top_w, act, **shapes, top_k=k, **gu_tiles, **gu_pipe, **pdl.options(x)
-    )
+    gu_kernel[grid](x, w_gu, order, counts, top_w, act, **shapes, top_k=k, **gu_tiles, **gu_pipe)
     dn = tl_.down
     dn_n, dn_k = fit_block(dn.block_n, hidden), fit_block(dn.block_k, inter)
     grid = (row_tiles(pairs, experts, dn.block_m) * (hidden // dn_n),)
@@ -308,5 +304,5 @@ def experts_pairs_triton(
         dn_kernel, dn_pipe = _moe_down_tma_kernel, {"stages": dn.stages, "ws": dn.ws}
     else:
         a_dn, w_dn, dn_kernel, dn_pipe = act, down_proj, _moe_down_kernel, {"num_stages": dn.stages}
-    dn_kernel[grid](a_dn, w_dn, order, counts, y, **shapes, **dn_tiles, **dn_pipe, **pdl.options(y))
+    dn_kernel[grid](a_dn, w_dn, order, counts, y, **shapes, **dn_tiles, **dn_pipe)
     return y

@@ -32,7 +32,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from engine.kernels import pdl
 from engine.kernels.fp8 import FP8, FP8_MAX, Fp8Experts, Quantized, quantize_rows
 from engine.kernels.moe import fit_block, row_tiles
 from engine.kernels.tiles import MoeTiles, shipped
@@ -201,13 +200,12 @@ def activations_fp8(
         xq_, xs, w_gu, q8.gate_up_scale, order, counts, top_w, act, act_s,
         **shapes, top_k=k, group=group, fp8_max=FP8_MAX,
         block_m=gu.block_m, block_n=gu_n, block_k=gu_k, stages=gu.stages, tma=gu.tma, num_warps=gu.warps,
-        **pdl.options(act),
     )  # fmt: skip
     if not row_pass:
         return act, act_s
     row_s = torch.empty(pairs, dtype=torch.float32, device=x.device)
     _requant_rows_kernel[(triton.cdiv(pairs, 32),)](
-        act, act_s, row_s, pairs, inter=inter, group=group, block_r=32, num_warps=4, **pdl.options(act)
+        act, act_s, row_s, pairs, inter=inter, group=group, block_r=32, num_warps=4
     )
     return act, row_s
 
@@ -242,6 +240,6 @@ def down_pairs_fp8(
     _moe_down_fp8_kernel[(row_tiles(pairs, experts, dn.block_m) * (hidden // dn_n),)](
         a_dn, act_s, w_dn, q8.down_scale, order, counts, y,
         **shapes, group=group, block_m=dn.block_m, block_n=dn_n, stages=dn.stages, tma=dn.tma,
-        scaling=SCALINGS.index(way), num_warps=dn.warps, **pdl.options(y),
+        scaling=SCALINGS.index(way), num_warps=dn.warps,
     )  # fmt: skip
     return y

@@ -22,7 +22,6 @@ import triton
 import triton.language as tl
 
 from engine.kernels.moe_triton import _tile_of_program, _tile_pairs
-from engine.kernels.pdl_triton import after_previous
 
 
 @triton.jit
@@ -48,7 +47,6 @@ def _moe_gate_up_fp8_kernel(
     block_k: tl.constexpr,
     stages: tl.constexpr,
     tma: tl.constexpr,
-    pdl: tl.constexpr = False,
 ):
     # q[r, n] = e4m3(silu(g) * u * routing weight / s[r, n // group]) for the sorted pair r of expert e,
     # g = x[tok(r)] . W[e, 2 n], u = x[tok(r)] . W[e, 2 n + 1] (dequantised, in float32);
@@ -56,7 +54,6 @@ def _moe_gate_up_fp8_kernel(
     # rows interleaved (`Fp8Experts`): a descriptor in (1, 2 block_n, block_k) boxes with `tma`, else the
     # tensor. A k step is one product of width 2 block_n (the activation tile read once); the
     # accumulator's (gate, up) column pairs sit in one thread, so splitting them moves no data.
-    after_previous(pdl)
     expert, pid_n, row0, row_end = _tile_of_program(counts_ptr, inter // block_n, block_m, e, e_pad)
     if expert >= e:
         return
@@ -124,7 +121,6 @@ def _moe_down_fp8_kernel(
     stages: tl.constexpr,
     tma: tl.constexpr,
     scaling: tl.constexpr,
-    pdl: tl.constexpr = False,
 ):
     # scaling 0 ("group"): out[pair(r), n] = w_scale[e, n] * sum_g s[r, g] * (q[r, g] . W[e, n, g]) for
     # the sorted pair r of expert e, one tensor-core product per group g of columns; q (S, inter) e4m3
@@ -135,7 +131,6 @@ def _moe_down_fp8_kernel(
     # q' = e4m3(q * (s[r, g] / m[r])), m[r] = max_g s[r, g]; then as 1 with s[r] = m[r].
     # With `tma`, `a` and `w` are descriptors in (block_m, group) and (1, block_n, group) boxes (rows past
     # the expert's end belong to the next expert, or are zero-filled past S, and are never stored).
-    after_previous(pdl)
     expert, pid_n, row0, row_end = _tile_of_program(counts_ptr, hidden // block_n, block_m, e, e_pad)
     if expert >= e:
         return
@@ -186,11 +181,9 @@ def _requant_rows_kernel(
     inter: tl.constexpr,
     group: tl.constexpr,
     block_r: tl.constexpr,
-    pdl: tl.constexpr = False,
 ):
     # In place: q[r, g] = e4m3(q[r, g] * (s[r, g] / m[r])) for every group g of row r, m[r] = max_g s[r, g]
     # stored in rs (S,); q (S, inter) e4m3, s (S, inter / group) float32.
-    after_previous(pdl)
     groups: tl.constexpr = inter // group
     r = tl.program_id(0) * block_r + tl.arange(0, block_r)
     rmask = r < rows

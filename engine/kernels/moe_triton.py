@@ -17,8 +17,6 @@ Triton's JIT reads kernel arguments without Python annotations, so this module a
 import triton
 import triton.language as tl
 
-from engine.kernels.pdl_triton import after_previous
-
 
 @triton.jit
 def _tile_of_expert(counts_ptr, pid_m, block_m: tl.constexpr, e: tl.constexpr, e_pad: tl.constexpr):
@@ -93,12 +91,10 @@ def _moe_gate_up_kernel(
     block_m: tl.constexpr,
     block_n: tl.constexpr,
     block_k: tl.constexpr,
-    pdl: tl.constexpr = False,
 ):
     # out[r, n] = silu(g) * u * routing weight, g = x[tok(r)] . W[e, n], u = x[tok(r)] . W[e, inter + n]
     # for the sorted pair r (expert e), x (T, hidden), W (E, 2 inter, hidden), out (S, inter) sorted.
     # The token gather is part of the A load, and SwiGLU is the epilogue: (S, 2 inter) never exists.
-    after_previous(pdl)
     expert, pid_n, row0, row_end = _tile_of_program(counts_ptr, inter // block_n, block_m, e, e_pad)
     if expert >= e:
         return
@@ -136,12 +132,10 @@ def _moe_down_kernel(
     block_m: tl.constexpr,
     block_n: tl.constexpr,
     block_k: tl.constexpr,
-    pdl: tl.constexpr = False,
 ):
     # out[pair(r), n] = a[r] . W[e, n] for the sorted pair r (expert e), a (S, inter) sorted,
     # W (E, hidden, inter), out (S, hidden) in pair order (token * k + j), so the per-token sum that
     # follows reads k contiguous rows per token and no inverse permutation is needed.
-    after_previous(pdl)
     expert, pid_n, row0, row_end = _tile_of_program(counts_ptr, hidden // block_n, block_m, e, e_pad)
     if expert >= e:
         return
@@ -178,11 +172,9 @@ def _moe_gate_up_tma_kernel(
     block_k: tl.constexpr,
     stages: tl.constexpr,
     ws: tl.constexpr,
-    pdl: tl.constexpr = False,
 ):
     # `_moe_gate_up_kernel` with the weight tiles brought in by the tensor-memory accelerator (TMA):
     # `w_desc` describes W (E, 2 inter, hidden) in (1, block_n, block_k) boxes.
-    after_previous(pdl)
     expert, pid_n, row0, row_end = _tile_of_program(counts_ptr, inter // block_n, block_m, e, e_pad)
     if expert >= e:
         return
@@ -217,13 +209,11 @@ def _moe_down_tma_kernel(
     block_k: tl.constexpr,
     stages: tl.constexpr,
     ws: tl.constexpr,
-    pdl: tl.constexpr = False,
 ):
     # `_moe_down_kernel` with both operands brought in by TMA: the tile's rows are contiguous in the
     # expert-sorted activations (`a_desc`, (S, inter) in (block_m, block_k) boxes; rows past the
     # expert's end belong to the next expert or are zero-filled past S, and are never stored) and
     # `w_desc` describes W (E, hidden, inter) in (1, block_n, block_k) boxes.
-    after_previous(pdl)
     expert, pid_n, row0, row_end = _tile_of_program(counts_ptr, hidden // block_n, block_m, e, e_pad)
     if expert >= e:
         return
@@ -249,11 +239,9 @@ def _route_topk_kernel(
     k_pad: tl.constexpr,
     normalize: tl.constexpr,
     block_rows: tl.constexpr,
-    pdl: tl.constexpr = False,
 ):
     # One program per `block_rows` tokens: float32 softmax statistics, k rounds of arg-max (lowest index
     # wins a tie), then the chosen probabilities, renormalised over the k when `normalize`.
-    after_previous(pdl)
     r = tl.program_id(0).to(tl.int64) * block_rows + tl.arange(0, block_rows)[:, None]  # (R, 1)
     c = tl.arange(0, e_pad)[None, :]  # (1, Ep)
     kc = tl.arange(0, k_pad)[None, :]  # (1, kp)
@@ -288,14 +276,12 @@ def _group_by_expert_kernel(
     e: tl.constexpr,
     block: tl.constexpr,
     inverse: tl.constexpr,
-    pdl: tl.constexpr = False,
 ):
     # A counting sort of the S = `pairs` expert ids, one program per expert `ex`: pass 1 counts the ids
     # below ex (where its pairs start in `order`) and equal to it; pass 2 writes the ids of its pairs at
     # start + their running rank, in ascending pair id (a stable sort), and with `inverse` each pair's
     # slot in `inv`. Every program reads all S ids (4 S bytes, L2-resident) twice; the grid is (E,)
     # whatever S, so a CUDA graph can capture it.
-    after_previous(pdl)
     ex = tl.program_id(0)
     offs = tl.arange(0, block)
     below = tl.zeros([block], dtype=tl.int32)
