@@ -39,7 +39,7 @@ from bench.timing import graph_us
 from engine.kernels import fp8, moe, moe_fp8
 from engine.kernels.tiles import MoeTiles, Tiles
 
-# (block_m, block_n, block_k, warps, stages, tma); the down kernel's block_k is the scale group (128), and
+# (block_m, block_n, block_k, warps, stages, tma, ws); the down kernel's block_k is the scale group (128), and
 # the gate/up kernel's stays 128 in both regimes (a record's sums then do not depend on its batch's regime).
 _SMALL_GATE_UP = (
     (64, 128, 128, 4, 4),
@@ -55,6 +55,9 @@ _SMALL_GATE_UP = (
     (64, 64, 128, 4, 3, True),
     (64, 128, 128, 4, 2, True),
     (128, 64, 128, 4, 2, True),
+    (64, 256, 128, 8, 3, True, True),
+    (64, 128, 128, 4, 4, True, True),
+    (64, 128, 128, 4, 5, True, True),
 )
 _SMALL_DOWN = (
     (64, 128, 128, 4, 4),
@@ -71,6 +74,9 @@ _SMALL_DOWN = (
     (64, 128, 128, 4, 2, True),
     (64, 64, 128, 4, 3, True),
     (128, 64, 128, 4, 3, True),
+    (64, 256, 128, 4, 3, True, True),
+    (64, 128, 128, 4, 4, True, True),
+    (64, 128, 128, 4, 6, True, True),
 )
 _LARGE_GATE_UP = (
     (128, 128, 128, 8, 3, True),
@@ -80,6 +86,11 @@ _LARGE_GATE_UP = (
     (128, 128, 128, 8, 5, True),
     (64, 128, 128, 4, 4, True),
     (128, 64, 128, 4, 4, True),
+    # Triton's warp specialisation of the k-loop (a producer partition for the loads)
+    (128, 128, 128, 8, 3, True, True),
+    (128, 128, 128, 8, 4, True, True),
+    (128, 128, 128, 4, 4, True, True),
+    (64, 128, 128, 4, 4, True, True),
 )
 _LARGE_DOWN = (
     (128, 128, 128, 8, 3, True),
@@ -95,6 +106,10 @@ _LARGE_DOWN = (
     (256, 128, 128, 8, 4, True),
     (256, 64, 128, 8, 4, True),
     (256, 128, 128, 8, 3),
+    (128, 256, 128, 8, 3, True, True),
+    (128, 128, 128, 8, 3, True, True),
+    (128, 128, 128, 4, 4, True, True),
+    (64, 128, 128, 4, 4, True, True),
 )
 _BF16_SMALL_DOWN = (
     (64, 128, 64, 4, 4),

@@ -47,6 +47,7 @@ def _moe_gate_up_fp8_kernel(
     block_k: tl.constexpr,
     stages: tl.constexpr,
     tma: tl.constexpr,
+    ws: tl.constexpr = False,
 ):
     # q[r, n] = e4m3(silu(g) * u * routing weight / s[r, n // group]) for the sorted pair r of expert e,
     # g = x[tok(r)] . W[e, 2 n], u = x[tok(r)] . W[e, 2 n + 1] (dequantised, in float32);
@@ -65,7 +66,7 @@ def _moe_gate_up_fp8_kernel(
     a_ptrs = x_ptr + tok[:, None] * hidden + ks[None, :]  # (BM, BK)
     w_offs = expert.to(tl.int64) * (2 * inter * hidden) + cols[:, None] * hidden + ks[None, :]  # (2BN, BK)
     acc = tl.zeros([block_m, 2 * block_n], dtype=tl.float32)
-    for kk in tl.range(0, hidden, block_k, num_stages=stages):
+    for kk in tl.range(0, hidden, block_k, num_stages=stages, warp_specialize=ws):
         a = tl.load(a_ptrs + kk, mask=rmask[:, None], other=0.0)
         if tma:  # noqa: SIM108 - a constexpr branch, resolved when Triton compiles
             wt = w.load([expert, 2 * n0, kk]).reshape(2 * block_n, block_k)
@@ -121,6 +122,7 @@ def _moe_down_fp8_kernel(
     stages: tl.constexpr,
     tma: tl.constexpr,
     scaling: tl.constexpr,
+    ws: tl.constexpr = False,
 ):
     # scaling 0 ("group"): out[pair(r), n] = w_scale[e, n] * sum_g s[r, g] * (q[r, g] . W[e, n, g]) for
     # the sorted pair r of expert e, one tensor-core product per group g of columns; q (S, inter) e4m3
@@ -149,7 +151,7 @@ def _moe_down_fp8_kernel(
             row_s = tl.maximum(row_s, tl.load(s_ptrs + gi, mask=rmask, other=0.0))
     row_s = tl.maximum(row_s, 1e-30)  # masked rows: no division by zero below
     acc = tl.zeros([block_m, block_n], dtype=tl.float32)
-    for gi in tl.range(0, groups, num_stages=stages):
+    for gi in tl.range(0, groups, num_stages=stages, warp_specialize=ws):
         if tma:
             at = a.load([row0, gi * group])
             wt = w.load([expert, n0, gi * group]).reshape(block_n, group)
