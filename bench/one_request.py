@@ -18,7 +18,8 @@ count of kernels; the largest gaps summed over the calls, by the pair of kernels
 time per call of the kernels that take the most, by name (`kernel` rows).
 
 Prints JSON lines (p50/p99/min per stage, the timeline) and writes `one_request.jsonl` to `--out`, and
-Python's profile of `--reps` `decide` calls (cumulative time) to `profile_decide.txt`. Not a test.
+Python's profile of `--reps` `decide` calls (cumulative time) to `profile_decide.txt`; with several
+`--records` counts, the rows of each in turn, and the profile (and `--trace`'s trace) of the last. Not a test.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ Scales, all float32:
 
 Every scale belongs to one row (or one channel of the weights), so a row's result depends only on its
 own input and its expert's weights: batch invariance holds as in bf16. The weights come through TMA
-descriptors when `tma` is set, else through pointer loads. Triton's JIT reads kernel arguments without
+descriptors when `tma` is set, else through pointer loads; `ws` hands the k-loop to Triton's warp
+specialisation (`engine.kernels.tiles.Tiles.ws`). Triton's JIT reads kernel arguments without
 Python annotations, so this module alone is checked without `disallow_untyped_defs` (pyproject.toml).
 """
 
