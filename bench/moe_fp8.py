@@ -39,7 +39,7 @@ from bench.timing import graph_us
 from engine.kernels import fp8, moe, moe_fp8
 from engine.kernels.tiles import MoeTiles, Tiles
 
-# (block_m, block_n, block_k, warps, stages, tma, ws); the down kernel's block_k is the scale group (128), and
+# (block_m, block_n, block_k, warps, stages, tma); the down kernel's block_k is the scale group (128), and
 # the gate/up kernel's stays 128 in both regimes (a record's sums then do not depend on its batch's regime).
 _SMALL_GATE_UP = (
     (64, 128, 128, 4, 4),
@@ -55,9 +55,6 @@ _SMALL_GATE_UP = (
     (64, 64, 128, 4, 3, True),
     (64, 128, 128, 4, 2, True),
     (128, 64, 128, 4, 2, True),
-    (64, 256, 128, 8, 3, True, True),
-    (64, 128, 128, 4, 4, True, True),
-    (64, 128, 128, 4, 5, True, True),
 )
 _SMALL_DOWN = (
     (64, 128, 128, 4, 4),
@@ -74,9 +71,6 @@ _SMALL_DOWN = (
     (64, 128, 128, 4, 2, True),
     (64, 64, 128, 4, 3, True),
     (128, 64, 128, 4, 3, True),
-    (64, 256, 128, 4, 3, True, True),
-    (64, 128, 128, 4, 4, True, True),
-    (64, 128, 128, 4, 6, True, True),
 )
 _LARGE_GATE_UP = (
     (128, 128, 128, 8, 3, True),
@@ -86,16 +80,6 @@ _LARGE_GATE_UP = (
     (128, 128, 128, 8, 5, True),
     (64, 128, 128, 4, 4, True),
     (128, 64, 128, 4, 4, True),
-    # Triton's warp specialisation of the k-loop (a producer partition for the loads)
-    (128, 128, 128, 8, 3, True, True),
-    (128, 128, 128, 8, 4, True, True),
-    (128, 128, 128, 4, 4, True, True),
-    (64, 128, 128, 4, 4, True, True),
-    # 256 rows (an expert's ~200 of a mid-size batch in one tile: its weights read once) by 64 columns;
-    # with the default 128-column group the columns widen to 128 and the registers run out (reported)
-    (256, 64, 128, 8, 3, True),
-    (256, 64, 128, 8, 4, True),
-    (256, 64, 128, 8, 3),
 )
 _LARGE_DOWN = (
     (128, 128, 128, 8, 3, True),
@@ -111,10 +95,6 @@ _LARGE_DOWN = (
     (256, 128, 128, 8, 4, True),
     (256, 64, 128, 8, 4, True),
     (256, 128, 128, 8, 3),
-    (128, 256, 128, 8, 3, True, True),
-    (128, 128, 128, 8, 3, True, True),
-    (128, 128, 128, 4, 4, True, True),
-    (64, 128, 128, 4, 4, True, True),
 )
 _BF16_SMALL_DOWN = (
     (64, 128, 64, 4, 4),
@@ -202,20 +182,11 @@ def main() -> int:
         help="sweep every T, over the candidates of both regimes (default: a regime's first T, and 800 and "
         "65,536)",
     )
-    p.add_argument(
-        "--group",
-        type=int,
-        default=None,
-        help="columns per activation scale instead of tiles.json's (changes the answers slightly): 64 lets a "
-        "gate/up tile be 64 columns wide, so 256-row tiles fit the registers",
-    )
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[str] = []
-    if args.group is not None:
-        moe_fp8.GROUP = args.group  # this process only: every launch and twin reads it through group_for
-    emit(rows, **kernel_info(), group=moe_fp8.GROUP)
+    emit(rows, **kernel_info())
     gen = torch.Generator(device="cuda").manual_seed(0)
     gate_up, down = random_experts(gen)
     q8 = fp8.quantize_experts(gate_up, down)

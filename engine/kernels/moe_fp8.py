@@ -199,8 +199,7 @@ def activations_fp8(
     _moe_gate_up_fp8_kernel[(row_tiles(pairs, experts, gu.block_m) * (inter // gu_n),)](
         xq_, xs, w_gu, q8.gate_up_scale, order, counts, top_w, act, act_s,
         **shapes, top_k=k, group=group, fp8_max=FP8_MAX,
-        block_m=gu.block_m, block_n=gu_n, block_k=gu_k, stages=gu.stages, tma=gu.tma, ws=gu.ws,
-        num_warps=gu.warps,
+        block_m=gu.block_m, block_n=gu_n, block_k=gu_k, stages=gu.stages, tma=gu.tma, num_warps=gu.warps,
     )  # fmt: skip
     if not row_pass:
         return act, act_s
@@ -241,6 +240,6 @@ def down_pairs_fp8(
     _moe_down_fp8_kernel[(row_tiles(pairs, experts, dn.block_m) * (hidden // dn_n),)](
         a_dn, act_s, w_dn, q8.down_scale, order, counts, y,
         **shapes, group=group, block_m=dn.block_m, block_n=dn_n, stages=dn.stages, tma=dn.tma,
-        scaling=SCALINGS.index(way), ws=dn.ws, num_warps=dn.warps,
+        scaling=SCALINGS.index(way), num_warps=dn.warps,
     )  # fmt: skip
     return y

@@ -14,8 +14,7 @@ Scales, all float32:
 
 Every scale belongs to one row (or one channel of the weights), so a row's result depends only on its
 own input and its expert's weights: batch invariance holds as in bf16. The weights come through TMA
-descriptors when `tma` is set, else through pointer loads; `ws` hands the k-loop to Triton's warp
-specialisation (`engine.kernels.tiles.Tiles.ws`). Triton's JIT reads kernel arguments without
+descriptors when `tma` is set, else through pointer loads. Triton's JIT reads kernel arguments without
 Python annotations, so this module alone is checked without `disallow_untyped_defs` (pyproject.toml).
 """
 
@@ -48,7 +47,6 @@ def _moe_gate_up_fp8_kernel(
     block_k: tl.constexpr,
     stages: tl.constexpr,
     tma: tl.constexpr,
-    ws: tl.constexpr = False,
 ):
     # q[r, n] = e4m3(silu(g) * u * routing weight / s[r, n // group]) for the sorted pair r of expert e,
     # g = x[tok(r)] . W[e, 2 n], u = x[tok(r)] . W[e, 2 n + 1] (dequantised, in float32);
@@ -67,7 +65,7 @@ def _moe_gate_up_fp8_kernel(
     a_ptrs = x_ptr + tok[:, None] * hidden + ks[None, :]  # (BM, BK)
     w_offs = expert.to(tl.int64) * (2 * inter * hidden) + cols[:, None] * hidden + ks[None, :]  # (2BN, BK)
     acc = tl.zeros([block_m, 2 * block_n], dtype=tl.float32)
-    for kk in tl.range(0, hidden, block_k, num_stages=stages, warp_specialize=ws):
+    for kk in tl.range(0, hidden, block_k, num_stages=stages):
         a = tl.load(a_ptrs + kk, mask=rmask[:, None], other=0.0)
         if tma:  # noqa: SIM108 - a constexpr branch, resolved when Triton compiles
             wt = w.load([expert, 2 * n0, kk]).reshape(2 * block_n, block_k)
@@ -123,7 +121,6 @@ def _moe_down_fp8_kernel(
     stages: tl.constexpr,
     tma: tl.constexpr,
     scaling: tl.constexpr,
-    ws: tl.constexpr = False,
 ):
     # scaling 0 ("group"): out[pair(r), n] = w_scale[e, n] * sum_g s[r, g] * (q[r, g] . W[e, n, g]) for
     # the sorted pair r of expert e, one tensor-core product per group g of columns; q (S, inter) e4m3
@@ -152,7 +149,7 @@ def _moe_down_fp8_kernel(
             row_s = tl.maximum(row_s, tl.load(s_ptrs + gi, mask=rmask, other=0.0))
     row_s = tl.maximum(row_s, 1e-30)  # masked rows: no division by zero below
     acc = tl.zeros([block_m, block_n], dtype=tl.float32)
-    for gi in tl.range(0, groups, num_stages=stages, warp_specialize=ws):
+    for gi in tl.range(0, groups, num_stages=stages):
         if tma:
             at = a.load([row0, gi * group])
             wt = w.load([expert, n0, gi * group]).reshape(block_n, group)

@@ -34,8 +34,6 @@ def main() -> int:
     tiles = (
         MoeTiles(Tiles(16, 32, 32, 4, 2), Tiles(16, 32, 32, 4, 2)),
         MoeTiles(Tiles(32, 64, 64, 4, 2, tma=True), Tiles(16, 64, 32, 4, 2, tma=True)),
-        # Triton's warp specialisation (the interpreter runs the loop as written: the arguments' path)
-        MoeTiles(Tiles(32, 64, 64, 4, 2, tma=True, ws=True), Tiles(16, 64, 32, 4, 2, tma=True, ws=True)),
     )
     failed = 0
     # (tokens, hidden, inter, experts, k): an empty expert, an expert with more rows than one tile, a
