@@ -25,7 +25,7 @@ import os
 import torch
 
 from bench.moe_fp8 import rel
-from bench.moe_kernels import EXPERTS, HIDDEN, INTER, TOP_K, kernel_info, random_experts
+from bench.moe_kernels import EXPERTS, HIDDEN, INTER, TOP_K, kernel_info, random_experts, uniform_routing
 from bench.report import emit_line as emit
 from bench.report import start
 from bench.timing import graph_us
@@ -34,19 +34,12 @@ from engine.kernels import elementwise, fp8, moe, moe_fp8
 EPS = 1e-6
 
 
-def _routing(t: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """(top_w (T, k) float32 summing to 1 per token, top_i (T, k) int32) of uniform routing."""
-    top_i = torch.rand(t, EXPERTS, generator=gen, device="cuda").argsort(dim=1)[:, :TOP_K].int()
-    top_w = torch.rand(t, TOP_K, generator=gen, device="cuda")
-    return top_w / top_w.sum(dim=1, keepdim=True), top_i.contiguous()
-
-
 def probe(rows: list[str], t: int, q8: fp8.Fp8Experts, gen: torch.Generator) -> None:
     """The `part` and `block` lines of T = `t` tokens."""
     x = torch.randn(t, HIDDEN, device="cuda", generator=gen).bfloat16()
     res = torch.randn(t, HIDDEN, device="cuda", generator=gen).bfloat16()
     norm_w = (1 + 0.1 * torch.randn(HIDDEN, device="cuda", generator=gen)).bfloat16()
-    top_w, top_i = _routing(t, gen)
+    top_w, top_i = uniform_routing(t, gen)
     xq = fp8.quantize_rows(x)
     order, counts = moe.group_by_expert(top_i, EXPERTS)
     order_i, ends, inv = moe.group_by_expert_inverse(top_i, EXPERTS)

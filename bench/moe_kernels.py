@@ -45,11 +45,16 @@ def random_experts(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     return gate_up, down
 
 
-def routed(t: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(top_w (T, k) float32, order (T k,), counts (E,) int32, inv (T k,)) for uniform routing."""
+def uniform_routing(t: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(top_w (T, k) float32 summing to 1 per token, top_i (T, k) int32) of uniform routing."""
     top_i = torch.rand(t, EXPERTS, generator=gen, device="cuda").argsort(dim=1)[:, :TOP_K].int()
     top_w = torch.rand(t, TOP_K, generator=gen, device="cuda")
-    top_w = top_w / top_w.sum(dim=1, keepdim=True)
+    return top_w / top_w.sum(dim=1, keepdim=True), top_i.contiguous()
+
+
+def routed(t: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(top_w (T, k) float32, order (T k,), counts (E,) int32, inv (T k,)) for uniform routing."""
+    top_w, top_i = uniform_routing(t, gen)
     flat = top_i.reshape(-1)
     order = torch.argsort(flat.to(torch.uint8))
     counts = torch.histc(flat, bins=EXPERTS, min=0, max=EXPERTS - 1).int()
