@@ -10,7 +10,8 @@
 # sizes (bench.batch_sizes, $SIZES_ARGS appended), il (bench.gate_up_il, $IL_ARGS appended), copy
 # (bench.copy_probe, $COPY_ARGS appended), gemm (bench.fp8_gemm_probe --child), down (bench.fp8_down_probe,
 # $DOWN_ARGS appended), head (bench.head_probe, $HEAD_ARGS appended), cuda_ext (bench.cuda_ext_probe, with
-# ninja and nvidia-cutlass from .carry/toolchain). Installs .carry's wheels into a site folder under /tmp (no
+# ninja and nvidia-cutlass from .carry/toolchain), sm90 (bench.gate_up_sm90_probe, the same toolchain, $SM90_ARGS
+# appended, under $SM90_LIMIT s). Installs .carry's wheels into a site folder under /tmp (no
 # index, no dependencies; built by scripts/device-carry.sh), runs each step under its own
 # `timeout` with its stderr kept, and packs every result into $OUT/results.tar.gz beside the small ones (the
 # device returns a handful of files). BENCH_TREE=.carry/base runs the bench steps on an earlier commit's
@@ -37,6 +38,11 @@ run() {  # run NAME LIMIT CMD...: one step, its output in $tmp/res/NAME.log
     echo "device-engine: $name exit $rc at $((SECONDS - began)) s" >&2
     tail -n 4 "$tmp/res/$name.log" >&2
     tar -C "$tmp/res" -czf "$out/results.tar.gz" .  # after every step: a call cut short keeps what ran
+}
+
+toolchain() {  # ninja and nvidia-cutlass (the CUTLASS/CuTe headers) from .carry/toolchain (scripts/device-carry.sh)
+    [[ -d "$tmp/toolchain" ]] || python3 -m pip install -q --no-index --no-deps --no-compile --target "$tmp/toolchain" \
+        "$repo"/.carry/toolchain/*.whl
 }
 
 # PyAV is missing there: bench.e2e's placeholder stands in for it (nothing run here decodes media)
@@ -67,10 +73,13 @@ install_av_placeholder(); sys.exit(pytest.main(sys.argv[1:]))' -q -s -m gpu -p n
         down) run down 300 "${module[@]}" bench.fp8_down_probe --out "$tmp/res" ${DOWN_ARGS:-} ;;
         head) run head 400 "${module[@]}" bench.head_probe --out "$tmp/res" ${HEAD_ARGS:-} ;;
         cuda_ext)
-            # ninja and nvidia-cutlass (the CUTLASS/CuTe headers) from .carry/toolchain (scripts/device-carry.sh)
-            python3 -m pip install -q --no-index --no-deps --no-compile --target "$tmp/toolchain" "$repo"/.carry/toolchain/*.whl
+            toolchain
             PYTHONPATH="$tmp/toolchain:$PYTHONPATH" PATH="$tmp/toolchain/bin:$PATH" \
                 run cuda_ext 500 python3 -m bench.cuda_ext_probe --out "$tmp/res" ;;
+        sm90)
+            toolchain
+            PYTHONPATH="$tmp/toolchain:$PYTHONPATH" PATH="$tmp/toolchain/bin:$PATH" \
+                run sm90 "${SM90_LIMIT:-300}" "${module[@]}" bench.gate_up_sm90_probe --out "$tmp/res" ${SM90_ARGS:-} ;;
         *) echo "device-engine: unknown step $step" >&2; exit 2 ;;
     esac
 done

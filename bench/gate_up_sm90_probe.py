@@ -1,0 +1,135 @@
+"""`python3 -m bench.gate_up_sm90_probe`: the FP8 gate/up GEMM as a two-CTA-cluster CUDA kernel
+(`engine.kernels.moe_fp8_sm90`) against the shipped Triton kernel, on one full-size layer.
+
+One layer as `bench.moe_fp8` builds it (128 experts, random bf16 quantised to e4m3; uniform routing, the
+levelled load). It builds the extension first (a `build` line: seconds), then per T of `--tokens` prints,
+as JSON lines, microseconds per call (CUDA graph replays, median of 20):
+
+- `gate_up`: the Triton kernel at the shipped regime's shapes and at each regime's, the CUDA kernel, and
+  how far apart their outputs are: the share of equal e4m3 bytes, and the relative difference of the
+  dequantised activations and of the scales;
+- `block`: the whole expert block (gate/up, down, no sum) as shipped, and with the CUDA gate/up followed by
+  the Triton down kernel ("row_fused", the same values as the shipped "row_pass"), their outputs' relative
+  difference, and each one's distance from the float32 twin (T <= 8,192).
+
+Writes `gate_up_sm90_probe.jsonl` to `--out`. A benchmark: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from bench.moe_fp8 import rel
+from bench.moe_kernels import EXPERTS, HIDDEN, TOP_K, kernel_info, random_experts, uniform_routing
+from bench.report import emit_line as emit
+from bench.report import start
+from bench.timing import graph_us
+from engine.kernels import fp8, moe, moe_fp8, moe_fp8_sm90
+from engine.kernels.tiles import MoeTiles
+
+
+def dequantised(act: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """(S, I) float32 from e4m3 rows and their (S, I / 128) scales."""
+    s, inter = act.shape
+    return (act.float().view(s, inter // moe_fp8_sm90.GROUP, -1) * scales[..., None]).view(s, inter)
+
+
+def where_apart(a: torch.Tensor, b: torch.Tensor, counts: torch.Tensor) -> dict[str, object]:
+    """Where two (S, I) activations differ by more than 5% of a row's norm: how many rows, and how those rows
+    spread over the four 64-row quarters of a 256-row pair tile and over four 32-channel quarters of each
+    128-channel block (what a wrong fragment, stage or CTA of the kernel would show)."""
+    row_rel = (a - b).norm(dim=1) / b.norm(dim=1).clamp_min(1e-30)
+    bad = row_rel > 0.05
+    starts = torch.cumsum(counts, 0) - counts  # (E,) first sorted row of each expert
+    expert = torch.repeat_interleave(torch.arange(counts.numel(), device=a.device), counts.long())
+    in_tile = (torch.arange(a.shape[0], device=a.device) - starts[expert]) % 256
+    quarters = torch.bincount(in_tile[bad] // 64, minlength=4)
+    col_bad = ((a - b).abs() > 0.05 * b.abs().amax(dim=1, keepdim=True))[bad]  # (bad rows, I)
+    col_quarters = col_bad.reshape(col_bad.shape[0], -1, 4, 32).sum(dim=(0, 1, 3))
+    return {
+        "bad_rows": int(bad.sum()),
+        "bad_row_quarters": quarters.tolist(),
+        "bad_col_quarters": col_quarters.tolist(),
+    }
+
+
+def probe(
+    rows: list[str], t: int, q8: fp8.Fp8Experts, ext: moe_fp8_sm90.Extension, gen: torch.Generator
+) -> None:
+    """The `gate_up` and `block` lines of T = `t` tokens."""
+    x = torch.randn(t, HIDDEN, device="cuda", generator=gen).bfloat16()
+    top_w, top_i = uniform_routing(t, gen)
+    xq = fp8.quantize_rows(x)
+    order, counts = moe.group_by_expert(top_i, EXPERTS)
+    act_t, s_t = moe_fp8.activations_fp8(x, order, counts, top_w, q8, row_pass=False, xq=xq)
+    act_c, s_c = moe_fp8_sm90.gate_up_fp8(ext, x, order, counts, top_w, q8, xq=xq)
+    torch.cuda.synchronize()
+    regime = "large" if moe_fp8.tiles_for(t * TOP_K, EXPERTS) is moe_fp8.LARGE else "small"
+
+    def triton(tiles: MoeTiles | None) -> fp8.Quantized:
+        return moe_fp8.activations_fp8(x, order, counts, top_w, q8, tiles, row_pass=False, xq=xq)
+
+    emit(
+        rows,
+        kind="gate_up",
+        tokens=t,
+        regime=regime,
+        triton_us=round(graph_us(lambda: triton(None)), 1),
+        triton_small_us=round(graph_us(lambda: triton(moe_fp8.SMALL)), 1),
+        triton_large_us=round(graph_us(lambda: triton(moe_fp8.LARGE)), 1),
+        cuda_us=round(graph_us(lambda: moe_fp8_sm90.gate_up_fp8(ext, x, order, counts, top_w, q8, xq=xq)), 1),
+        bytes_equal=round(float((act_t.view(torch.uint8) == act_c.view(torch.uint8)).float().mean()), 6),
+        act_rel=rel(dequantised(act_c, s_c), dequantised(act_t, s_t)),
+        scale_rel=rel(s_c, s_t),
+        **where_apart(dequantised(act_c, s_c), dequantised(act_t, s_t), counts),
+    )
+
+    def cuda_block() -> torch.Tensor:
+        a, s = moe_fp8_sm90.gate_up_fp8(ext, x, order, counts, top_w, q8, xq=xq)
+        return moe_fp8.down_pairs_fp8(a, s, order, counts, q8, t, TOP_K, way="row_fused")
+
+    def shipped() -> torch.Tensor:
+        return moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, xq=xq)
+
+    y_shipped = shipped()
+    y_cuda = cuda_block()
+    line: dict[str, object] = {
+        "kind": "block",
+        "tokens": t,
+        "shipped_us": round(graph_us(shipped), 1),
+        "cuda_gate_up_us": round(graph_us(cuda_block), 1),
+        "ways_rel": rel(y_cuda, y_shipped),
+    }
+    if t <= 8192:
+        twin = moe_fp8.experts_pairs_fp8_reference(x, order, counts, top_w, q8, "row_pass")
+        line["shipped_vs_twin"] = rel(y_shipped, twin)
+        line["cuda_vs_twin"] = rel(y_cuda, twin)
+    emit(rows, **line)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    p.add_argument("--tokens", default="1,64,800,1536,3072,4096,6144,16384,65536")
+    p.add_argument("--build-dir", default="/tmp/clef-sm90-ext")
+    args, out, rows = start(p)
+    emit(rows, **kernel_info())
+    began = time.perf_counter()
+    ext = moe_fp8_sm90.build(Path(args.build_dir))
+    emit(rows, kind="build", seconds=round(time.perf_counter() - began, 1))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q8 = fp8.quantize_experts(*random_experts(gen))
+    with torch.inference_mode():
+        for t in (int(v) for v in args.tokens.split(",")):
+            probe(rows, t, q8, ext, gen)
+            (out / "gate_up_sm90_probe.jsonl").write_text("\n".join(rows) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,79 @@
+// Torch binding of the CUDA gate/up kernel (moe_gate_up_fp8_sm90.cu): checks the tensors, encodes the weights'
+// TMA descriptor and launches on the current stream. Built by engine/kernels/moe_fp8_sm90.py.
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <cudaTypedefs.h>
+
+#include "moe_gate_up_fp8_sm90.h"
+
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+    if (fn == nullptr) {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult status;
+        C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &status));
+        TORCH_CHECK(status == cudaDriverEntryPointSuccess && p != nullptr, "cuTensorMapEncodeTiled not found");
+        fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    }
+    return fn;
+}
+
+void check(const torch::Tensor& t, c10::ScalarType dtype, int64_t dims, const char* name) {
+    TORCH_CHECK(t.is_cuda() && t.is_contiguous(), name, " must be a contiguous CUDA tensor");
+    TORCH_CHECK(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ", dtype);
+    TORCH_CHECK(t.dim() == dims, name, " must have ", dims, " dimensions");
+}
+
+// q (S, I) e4m3 and q_scale (S, I / 128) float32 from x (T, H) e4m3, x_scale (T,), w (E, 2I, H) e4m3 with
+// w_scale (E, 2I), order (S,) and counts (E,) int32, top_w (T, k) float32.
+void gate_up_fp8(torch::Tensor x, torch::Tensor x_scale, torch::Tensor w, torch::Tensor w_scale,
+                 torch::Tensor order, torch::Tensor counts, torch::Tensor top_w, torch::Tensor q,
+                 torch::Tensor q_scale) {
+    check(x, at::kFloat8_e4m3fn, 2, "x");
+    check(x_scale, at::kFloat, 1, "x_scale");
+    check(w, at::kFloat8_e4m3fn, 3, "w");
+    check(w_scale, at::kFloat, 2, "w_scale");
+    check(order, at::kInt, 1, "order");
+    check(counts, at::kInt, 1, "counts");
+    check(top_w, at::kFloat, 2, "top_w");
+    check(q, at::kFloat8_e4m3fn, 2, "q");
+    check(q_scale, at::kFloat, 2, "q_scale");
+    const int64_t tokens = x.size(0), hidden = x.size(1), experts = w.size(0), inter = w.size(1) / 2;
+    const int64_t pairs = order.size(0), top_k = top_w.size(1);
+    TORCH_CHECK(hidden % clef::kBlockK == 0 && inter % clef::kGroup == 0, "H and I must be multiples of 128");
+    TORCH_CHECK(w.size(2) == hidden && counts.size(0) == experts && top_w.size(0) == tokens && pairs == tokens * top_k,
+                "inconsistent shapes");
+    TORCH_CHECK(x_scale.size(0) == tokens && w_scale.size(0) == experts && w_scale.size(1) == 2 * inter,
+                "inconsistent scale shapes");
+    TORCH_CHECK(q.size(0) == pairs && q.size(1) == inter && q_scale.size(0) == pairs &&
+                q_scale.size(1) == inter / clef::kGroup, "inconsistent output shapes");
+    TORCH_CHECK(tokens * hidden < (int64_t{1} << 32) - 1, "x too large for 32-bit offsets");
+    if (pairs == 0) return;
+
+    CUtensorMap map;
+    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(hidden), static_cast<cuuint64_t>(2 * inter),
+                                static_cast<cuuint64_t>(experts)};
+    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(hidden), static_cast<cuuint64_t>(2 * inter * hidden)};
+    const cuuint32_t box[3] = {clef::kBlockK, clef::kBlockN / 2, 1};
+    const cuuint32_t elem[3] = {1, 1, 1};
+    const CUresult res = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, w.data_ptr(), dims, strides, box,
+                                        elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    TORCH_CHECK(res == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed: ", static_cast<int>(res));
+    const clef::GateUpArgs args{
+        static_cast<const uint8_t*>(x.data_ptr()), x_scale.data_ptr<float>(), w_scale.data_ptr<float>(),
+        order.data_ptr<int>(), counts.data_ptr<int>(), top_w.data_ptr<float>(),
+        static_cast<uint8_t*>(q.data_ptr()), q_scale.data_ptr<float>(), pairs,
+        static_cast<int>(hidden), static_cast<int>(inter), static_cast<int>(experts), static_cast<int>(top_k)};
+    C10_CUDA_CHECK(clef::launch_gate_up_fp8(map, args, at::cuda::getCurrentCUDAStream()));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.def("gate_up_fp8", &gate_up_fp8,
+          "FP8 expert gate/up GEMM, SwiGLU and per-128-channel quantisation, two-CTA clusters (sm_90a)");
+}

@@ -1,0 +1,84 @@
+"""The FP8 expert block's gate/up GEMM as a CUDA kernel for Hopper (sm_90a), for mid-size batches.
+
+`csrc/moe_gate_up_fp8_sm90.cu`: two CTAs of a cluster take one expert's two 128-row tiles and share its
+256-row weight tile, each loading half of it through TMA and multicasting it to both (Triton 3.6 cannot
+multicast: BENCHMARKS.md, "Engine, round twelve"). A warp-specialised pipeline: one warpgroup gathers the
+token rows with cp.async and issues the weight TMA, two multiply with wgmma. The outputs are those of
+`engine.kernels.moe_fp8.activations_fp8(..., row_pass=False)` with a 128-channel scale group: (S, I) e4m3
+and (S, I / 128) float32 scales, rows in expert order.
+
+Contract: `build` compiles the extension with torch's builder (nvcc and ninja needed; about half a minute)
+into `build_dir` and returns it; `gate_up_fp8` takes contiguous CUDA tensors on a Hopper GPU with H and I
+multiples of 128, no host sync, a static grid (CUDA-graph capturable). Not wired into the engine: measured
+by `bench.gate_up_sm90_probe`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, cast
+
+import torch
+
+from engine.kernels.fp8 import FP8, Fp8Experts, Quantized, quantize_rows
+
+CSRC = Path(__file__).parent / "csrc"
+GROUP = 128
+"""Channels per activation scale: half the kernel's 256 interleaved weight rows."""
+
+
+class Extension(Protocol):
+    """The compiled module's one function (`csrc/moe_fp8_sm90_ext.cpp`)."""
+
+    def gate_up_fp8(
+        self,
+        x: torch.Tensor,
+        x_scale: torch.Tensor,
+        w: torch.Tensor,
+        w_scale: torch.Tensor,
+        order: torch.Tensor,
+        counts: torch.Tensor,
+        top_w: torch.Tensor,
+        q: torch.Tensor,
+        q_scale: torch.Tensor,
+    ) -> None: ...
+
+
+def build(build_dir: Path, *, verbose: bool = False) -> Extension:
+    """Compile (or reuse a build in `build_dir`) and load the extension for sm_90a."""
+    from torch.utils import cpp_extension
+
+    build_dir.mkdir(parents=True, exist_ok=True)
+    module = cpp_extension.load(
+        name="clef_moe_fp8_sm90",
+        sources=[str(CSRC / "moe_fp8_sm90_ext.cpp"), str(CSRC / "moe_gate_up_fp8_sm90.cu")],
+        extra_cflags=["-O3", "-std=c++17"],
+        # an explicit -gencode keeps torch from adding sm_90 without the "a" features (wgmma, setmaxnreg)
+        extra_cuda_cflags=["-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a"],
+        build_directory=str(build_dir),
+        verbose=verbose,
+    )
+    return cast(Extension, module)
+
+
+def gate_up_fp8(
+    ext: Extension,
+    x: torch.Tensor,
+    order: torch.Tensor,
+    counts: torch.Tensor,
+    top_w: torch.Tensor,
+    q8: Fp8Experts,
+    xq: Quantized | None = None,
+) -> Quantized:
+    """`activations_fp8(x, order, counts, top_w, q8, row_pass=False, xq=xq)` through the CUDA kernel: the
+    same arguments (`order`, `counts` int32; `top_w` (T, k) float32), (S, I) e4m3 and (S, I / 128) scales."""
+    t = x.shape[0]
+    inter = q8.gate_up.shape[1] // 2
+    pairs = t * top_w.shape[1]
+    act = torch.empty(pairs, inter, dtype=FP8, device=x.device)  # expert order
+    act_s = torch.empty(pairs, inter // GROUP, dtype=torch.float32, device=x.device)
+    if not t:
+        return act, act_s
+    xq_, xs = xq if xq is not None else quantize_rows(x)
+    ext.gate_up_fp8(xq_, xs, q8.gate_up, q8.gate_up_scale, order, counts, top_w, act, act_s)
+    return act, act_s
