@@ -3,7 +3,7 @@
 #
 #   device tool:  command  bash scripts/device-engine.sh STEP...      carry  [".carry"]
 #
-# STEP is one of: tests (pytest -m gpu over tests/gpu, or $GPU_TESTS), kernels (bench.moe_fp8, $KERNELS_ARGS
+# STEP is one of: tests (pytest -m gpu over tests/gpu, or $GPU_TESTS, under $TESTS_LIMIT s), kernels (bench.moe_fp8, $KERNELS_ARGS
 # appended, under $KERNELS_LIMIT s), modes
 # (bench.fp8_modes, with $TILES_FROM when set and $MODES_ARGS appended), one (bench.one_request, $ONE_ARGS appended,
 # under $ONE_LIMIT s),
@@ -61,7 +61,9 @@ for step in "$@"; do
     case $step in
         tests)
             # with the placeholder, the media tests fail for want of real PyAV
-            run tests 300 python3 -c 'import sys, pytest; from bench.e2e import install_av_placeholder
+            toolchain  # ninja for the CUDA extension's tests
+            PYTHONPATH="$tmp/toolchain:$PYTHONPATH" PATH="$tmp/toolchain/bin:$PATH" \
+                run tests "${TESTS_LIMIT:-300}" python3 -c 'import sys, pytest; from bench.e2e import install_av_placeholder
 install_av_placeholder(); sys.exit(pytest.main(sys.argv[1:]))' -q -s -m gpu -p no:cacheprovider ${GPU_TESTS:-tests/gpu} ;;
         kernels) run kernels "${KERNELS_LIMIT:-300}" "${module[@]}" bench.moe_fp8 --out "$tmp/res" ${KERNELS_ARGS:-} ;;
         modes) run modes "${MODES_LIMIT:-540}" "${module[@]}" bench.fp8_modes --out "$tmp/res" ${TILES_FROM:+--tiles-from "$TILES_FROM"} ${MODES_ARGS:-} ;;

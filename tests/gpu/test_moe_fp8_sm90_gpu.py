@@ -1,0 +1,114 @@
+"""GPU: the CUDA gate/up kernel of the FP8 expert block (`engine.kernels.moe_fp8_sm90`, two-CTA clusters,
+sm_90a) against the Triton kernel it would replace and against float32 arithmetic.
+
+Builds the extension once (nvcc and ninja needed: `scripts/device-engine.sh tests` puts ninja on PATH)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from engine.kernels import fp8, moe, moe_fp8, moe_fp8_sm90
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+E, HIDDEN, INTER, TOP_K = 8, 256, 384, 2
+
+
+@pytest.fixture(scope="module")
+def ext(tmp_path_factory: pytest.TempPathFactory) -> moe_fp8_sm90.Extension:
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs a Hopper GPU (sm_90a)")
+    if shutil.which("ninja") is None:
+        pytest.skip("needs ninja on PATH to build the extension")
+    return moe_fp8_sm90.build(Path(tmp_path_factory.mktemp("sm90")))
+
+
+def _layer(gen: torch.Generator) -> fp8.Fp8Experts:
+    gate_up = (torch.randn(E, 2 * INTER, HIDDEN, device="cuda", generator=gen) / HIDDEN**0.5).bfloat16()
+    down = (torch.randn(E, HIDDEN, INTER, device="cuda", generator=gen) / INTER**0.5).bfloat16()
+    return fp8.quantize_experts(gate_up, down)
+
+
+def _routing(t: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    # (top_w (T, k) float32, top_i (T, k) int32): expert 0 takes every token (over 256 rows from T = 257 on:
+    # three row tiles, the third pair tile's second CTA empty), expert 5 none, the rest at random
+    rest = torch.tensor([1, 2, 3, 4, 6, 7], device="cuda")
+    second = rest[torch.randint(0, 6, (t,), device="cuda", generator=gen)]
+    top_i = torch.stack([torch.zeros_like(second), second], dim=1).int()
+    top_w = torch.rand(t, TOP_K, device="cuda", generator=gen)
+    return top_w / top_w.sum(dim=1, keepdim=True), top_i
+
+
+def _dequantised(act: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    s, inter = act.shape
+    return (act.float().view(s, inter // 128, 128) * scales[..., None]).view(s, inter)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("tokens", [1, 40, 300, 700])
+def test_sm90_gate_up_matches_the_triton_kernel_and_float32(ext: moe_fp8_sm90.Extension, tokens: int) -> None:
+    """Same e4m3 activations and scales as the Triton kernel up to rounding (the exponential and division
+    differ in their last bits), and within e4m3 quantisation of float32 SwiGLU from the same operands."""
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    q8 = _layer(gen)
+    x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).bfloat16()
+    top_w, top_i = _routing(tokens, gen)
+    order, counts = moe.group_by_expert(top_i, E)
+    xq = fp8.quantize_rows(x)
+    act, act_s = moe_fp8_sm90.gate_up_fp8(ext, x, order, counts, top_w, q8, xq=xq)
+    ref, ref_s = moe_fp8.activations_fp8(x, order, counts, top_w, q8, row_pass=False, xq=xq)
+    assert act_s.shape == ref_s.shape == (tokens * TOP_K, INTER // 128)
+    equal = float((act.view(torch.uint8) == ref.view(torch.uint8)).float().mean())
+    rel_triton = _rel(_dequantised(act, act_s), _dequantised(ref, ref_s))
+    # float32: x[tok] . W^T with both scales, SwiGLU, routing weight, in expert order
+    pairs = order.long()
+    xf = xq[0].float() * xq[1][:, None]
+    w = q8.gate_up.float() * q8.gate_up_scale[..., None]  # (E, 2I, H), rows interleaved
+    expert = torch.repeat_interleave(torch.arange(E, device="cuda"), counts.long())
+    h = torch.einsum("sh,snh->sn", xf[pairs // TOP_K], w[expert])
+    exact = F.silu(h[:, 0::2]) * h[:, 1::2] * top_w.reshape(-1)[pairs][:, None]
+    rel_exact = _rel(_dequantised(act, act_s), exact)
+    print(f"T={tokens}: bytes equal {equal:.5f}, rel to Triton {rel_triton:.2e}, to float32 {rel_exact:.2e}")
+    assert torch.allclose(act_s, ref_s, rtol=1e-4, atol=0.0)
+    assert equal >= 0.98
+    assert rel_triton <= 5e-3
+    assert rel_exact <= 6e-2
+
+
+def test_sm90_gate_up_replays_in_a_cuda_graph(ext: moe_fp8_sm90.Extension) -> None:
+    """Captured in a CUDA graph, replays give the eager call's bytes, new inputs included."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q8 = _layer(gen)
+    x = torch.randn(300, HIDDEN, device="cuda", generator=gen).bfloat16()
+    top_w, top_i = _routing(300, gen)
+    order, counts = moe.group_by_expert(top_i, E)
+    eager = moe_fp8_sm90.gate_up_fp8(ext, x, order, counts, top_w, q8)
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        moe_fp8_sm90.gate_up_fp8(ext, x, order, counts, top_w, q8)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, out_s = moe_fp8_sm90.gate_up_fp8(ext, x, order, counts, top_w, q8)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.uint8), eager[0].view(torch.uint8))
+    assert torch.equal(out_s, eager[1])
+    x.copy_(torch.randn(300, HIDDEN, device="cuda", generator=gen).bfloat16())
+    graph.replay()
+    again = moe_fp8_sm90.gate_up_fp8(ext, x, order, counts, top_w, q8)
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.uint8), again[0].view(torch.uint8))
+    assert not torch.equal(out.view(torch.uint8), eager[0].view(torch.uint8))
