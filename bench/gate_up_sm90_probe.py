@@ -1,5 +1,5 @@
-"""`python3 -m bench.gate_up_sm90_probe`: the FP8 gate/up GEMM as a two-CTA-cluster CUDA kernel
-(`engine.kernels.moe_fp8_sm90`) against the shipped Triton kernel, on one full-size layer.
+"""`python3 -m bench.gate_up_sm90_probe`: the FP8 expert GEMMs as two-CTA-cluster CUDA kernels
+(`engine.kernels.moe_fp8_sm90`) against the shipped Triton kernels, on one full-size layer.
 
 One layer as `bench.moe_fp8` builds it (128 experts, random bf16 quantised to e4m3; uniform routing, the
 levelled load). It builds the extension first (a `build` line: seconds), then per T of `--tokens` prints,
@@ -8,9 +8,12 @@ as JSON lines, microseconds per call (CUDA graph replays, median of 20):
 - `gate_up`: the Triton kernel at the shipped regime's shapes and at each regime's, the CUDA kernel, and
   how far apart their outputs are: the share of equal e4m3 bytes, and the relative difference of the
   dequantised activations and of the scales;
-- `block`: the whole expert block (gate/up, down, no sum) as shipped, and with the CUDA gate/up followed by
-  the Triton down kernel ("row_fused", the same values as the shipped "row_pass"), their outputs' relative
-  difference, and each one's distance from the float32 twin (T <= 8,192).
+- `down`: the Triton down kernel ("row_pass") and the CUDA one on the same row-scaled activations, the share
+  of equal outputs and their relative difference;
+- `block`: the whole expert block (gate/up, down, no sum) as shipped; with the CUDA gate/up followed by the
+  Triton down kernel ("row_fused", the same values as the shipped "row_pass"); with both CUDA kernels and
+  the requantising pass between; each one's relative difference from the shipped block, and the shipped and
+  all-CUDA blocks' distance from the float32 twin (T <= 8,192).
 
 Writes `gate_up_sm90_probe.jsonl` to `--out`. A benchmark: it asserts nothing.
 """
@@ -89,26 +92,47 @@ def probe(
         **where_apart(dequantised(act_c, s_c), dequantised(act_t, s_t), counts),
     )
 
-    def cuda_block() -> torch.Tensor:
-        a, s = moe_fp8_sm90.gate_up_fp8(ext, x, order, counts, top_w, q8, xq=xq)
-        return moe_fp8.down_pairs_fp8(a, s, order, counts, q8, t, TOP_K, way="row_fused")
+    act_r, row_s = moe_fp8.activations_fp8(x, order, counts, top_w, q8, row_pass=True, xq=xq)
+
+    def down_triton() -> torch.Tensor:
+        return moe_fp8.down_pairs_fp8(act_r, row_s, order, counts, q8, t, TOP_K, way="row_pass")
+
+    d_t = down_triton()
+    d_c = moe_fp8_sm90.down_fp8(ext, act_r, row_s, order, counts, q8)
+    emit(
+        rows,
+        kind="down",
+        tokens=t,
+        triton_us=round(graph_us(down_triton), 1),
+        cuda_us=round(graph_us(lambda: moe_fp8_sm90.down_fp8(ext, act_r, row_s, order, counts, q8)), 1),
+        equal=round(float((d_t == d_c).float().mean()), 6),
+        rel=rel(d_c, d_t),
+    )
 
     def shipped() -> torch.Tensor:
         return moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, xq=xq)
 
-    y_shipped = shipped()
-    y_cuda = cuda_block()
+    def cuda_gate_up() -> torch.Tensor:
+        a, s = moe_fp8_sm90.gate_up_fp8(ext, x, order, counts, top_w, q8, xq=xq)
+        return moe_fp8.down_pairs_fp8(a, s, order, counts, q8, t, TOP_K, way="row_fused")
+
+    def cuda_both() -> torch.Tensor:
+        return moe_fp8_sm90.experts_pairs_fp8(ext, x, order, counts, top_w, q8, xq=xq)
+
+    y_shipped, y_gate_up, y_both = shipped(), cuda_gate_up(), cuda_both()
     line: dict[str, object] = {
         "kind": "block",
         "tokens": t,
         "shipped_us": round(graph_us(shipped), 1),
-        "cuda_gate_up_us": round(graph_us(cuda_block), 1),
-        "ways_rel": rel(y_cuda, y_shipped),
+        "cuda_gate_up_us": round(graph_us(cuda_gate_up), 1),
+        "cuda_both_us": round(graph_us(cuda_both), 1),
+        "gate_up_rel": rel(y_gate_up, y_shipped),
+        "both_rel": rel(y_both, y_shipped),
     }
     if t <= 8192:
         twin = moe_fp8.experts_pairs_fp8_reference(x, order, counts, top_w, q8, "row_pass")
         line["shipped_vs_twin"] = rel(y_shipped, twin)
-        line["cuda_vs_twin"] = rel(y_cuda, twin)
+        line["cuda_both_vs_twin"] = rel(y_both, twin)
     emit(rows, **line)
 
 

@@ -203,11 +203,19 @@ def activations_fp8(
     )  # fmt: skip
     if not row_pass:
         return act, act_s
-    row_s = torch.empty(pairs, dtype=torch.float32, device=x.device)
-    _requant_rows_kernel[(triton.cdiv(pairs, 32),)](
-        act, act_s, row_s, pairs, inter=inter, group=group, block_r=32, num_warps=4
-    )
-    return act, row_s
+    return act, requant_rows(act, act_s)
+
+
+def requant_rows(act: torch.Tensor, act_s: torch.Tensor) -> torch.Tensor:
+    """In place, each row of `act` (S, I) e4m3 brought from its (S, I / group) group scales `act_s` to one
+    scale, the largest of them, which it returns (S,) float32 (the "row_pass" pass)."""
+    pairs, inter = act.shape
+    row_s = torch.empty(pairs, dtype=torch.float32, device=act.device)
+    if pairs:
+        _requant_rows_kernel[(triton.cdiv(pairs, 32),)](
+            act, act_s, row_s, pairs, inter=inter, group=inter // act_s.shape[1], block_r=32, num_warps=4
+        )
+    return row_s
 
 
 def down_pairs_fp8(

@@ -1,16 +1,20 @@
-"""The FP8 expert block's gate/up GEMM as a CUDA kernel for Hopper (sm_90a), for mid-size batches.
+"""The FP8 expert block's two GEMMs as CUDA kernels for Hopper (sm_90a), for mid-size batches.
 
-`csrc/moe_gate_up_fp8_sm90.cu`: two CTAs of a cluster take one expert's two 128-row tiles and share its
-256-row weight tile, each loading half of it through TMA and multicasting it to both (Triton 3.6 cannot
-multicast: BENCHMARKS.md, "Engine, round twelve"). A warp-specialised pipeline: one warpgroup gathers the
-token rows with cp.async and issues the weight TMA, two multiply with wgmma. The outputs are those of
-`engine.kernels.moe_fp8.activations_fp8(..., row_pass=False)` with a 128-channel scale group: (S, I) e4m3
-and (S, I / 128) float32 scales, rows in expert order.
+`csrc/moe_gate_up_fp8_sm90.cu` and `csrc/moe_down_fp8_sm90.cu`: two CTAs of a cluster take one expert's two
+128-row tiles and share its 256-row weight tile, each loading half of it through TMA and multicasting it to
+both (Triton 3.6 cannot multicast: BENCHMARKS.md, "Engine, round twelve"). Warp-specialised pipelines: one
+warpgroup loads (the gate/up kernel gathers the token rows with cp.async), two multiply with wgmma.
+
+- `gate_up_fp8`: the outputs of `engine.kernels.moe_fp8.activations_fp8(..., row_pass=False)` with a
+  128-channel scale group: (S, I) e4m3 and (S, I / 128) float32 scales, rows in expert order.
+- `down_fp8`: `down_pairs_fp8(..., way="row_pass")` on row-scaled activations: (T k, H) bf16 in pair order.
+- `experts_pairs_fp8`: the block, gate/up, the Triton requantising pass, down: the values of
+  `engine.kernels.moe_fp8.experts_pairs_fp8` up to the gate/up epilogue's rounding.
 
 Contract: `build` compiles the extension with torch's builder (nvcc and ninja needed; about half a minute)
-into `build_dir` and returns it; `gate_up_fp8` takes contiguous CUDA tensors on a Hopper GPU with H and I
-multiples of 128, no host sync, a static grid (CUDA-graph capturable). Not wired into the engine: measured
-by `bench.gate_up_sm90_probe`.
+into `build_dir` and returns it; the kernels take contiguous CUDA tensors on a Hopper GPU with H a multiple
+of 256 and I of 128, no host sync, static grids (CUDA-graph capturable). Not wired into the engine:
+measured by `bench.gate_up_sm90_probe`.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ from typing import Protocol, cast
 import torch
 
 from engine.kernels.fp8 import FP8, Fp8Experts, Quantized, quantize_rows
+from engine.kernels.moe_fp8 import requant_rows
 
 CSRC = Path(__file__).parent / "csrc"
 GROUP = 128
-"""Channels per activation scale: half the kernel's 256 interleaved weight rows."""
+"""Channels per activation scale: half the gate/up kernel's 256 interleaved weight rows."""
+SOURCES = ("moe_fp8_sm90_ext.cpp", "moe_gate_up_fp8_sm90.cu", "moe_down_fp8_sm90.cu")
 
 
 class Extension(Protocol):
@@ -43,6 +49,17 @@ class Extension(Protocol):
         q_scale: torch.Tensor,
     ) -> None: ...
 
+    def down_fp8(
+        self,
+        q: torch.Tensor,
+        row_scale: torch.Tensor,
+        w: torch.Tensor,
+        w_scale: torch.Tensor,
+        order: torch.Tensor,
+        counts: torch.Tensor,
+        y: torch.Tensor,
+    ) -> None: ...
+
 
 def build(build_dir: Path, *, verbose: bool = False) -> Extension:
     """Compile (or reuse a build in `build_dir`) and load the extension for sm_90a."""
@@ -51,7 +68,7 @@ def build(build_dir: Path, *, verbose: bool = False) -> Extension:
     build_dir.mkdir(parents=True, exist_ok=True)
     module = cpp_extension.load(
         name="clef_moe_fp8_sm90",
-        sources=[str(CSRC / "moe_fp8_sm90_ext.cpp"), str(CSRC / "moe_gate_up_fp8_sm90.cu")],
+        sources=[str(CSRC / name) for name in SOURCES],
         extra_cflags=["-O3", "-std=c++17"],
         # an explicit -gencode keeps torch from adding sm_90 without the "a" features (wgmma, setmaxnreg)
         extra_cuda_cflags=["-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a"],
@@ -82,3 +99,33 @@ def gate_up_fp8(
     xq_, xs = xq if xq is not None else quantize_rows(x)
     ext.gate_up_fp8(xq_, xs, q8.gate_up, q8.gate_up_scale, order, counts, top_w, act, act_s)
     return act, act_s
+
+
+def down_fp8(
+    ext: Extension,
+    act: torch.Tensor,
+    row_s: torch.Tensor,
+    order: torch.Tensor,
+    counts: torch.Tensor,
+    q8: Fp8Experts,
+) -> torch.Tensor:
+    """`down_pairs_fp8(act, row_s, order, counts, q8, T, k, way="row_pass")` through the CUDA kernel: `act`
+    (S, I) e4m3 in expert order with one scale per row `row_s` (S,) -> (S, H) bf16 in pair order."""
+    y = torch.empty(act.shape[0], q8.down.shape[1], dtype=torch.bfloat16, device=act.device)
+    ext.down_fp8(act, row_s, q8.down, q8.down_scale, order, counts, y)
+    return y
+
+
+def experts_pairs_fp8(
+    ext: Extension,
+    x: torch.Tensor,
+    order: torch.Tensor,
+    counts: torch.Tensor,
+    top_w: torch.Tensor,
+    q8: Fp8Experts,
+    xq: Quantized | None = None,
+) -> torch.Tensor:
+    """`engine.kernels.moe_fp8.experts_pairs_fp8` (same arguments) with both GEMMs through the CUDA kernels
+    and the Triton requantising pass between: (T k, H) bf16 in pair order."""
+    act, act_s = gate_up_fp8(ext, x, order, counts, top_w, q8, xq)
+    return down_fp8(ext, act, requant_rows(act, act_s), order, counts, q8)

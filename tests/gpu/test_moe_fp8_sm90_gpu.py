@@ -86,6 +86,28 @@ def test_sm90_gate_up_matches_the_triton_kernel_and_float32(ext: moe_fp8_sm90.Ex
     assert rel_exact <= 6e-2
 
 
+@pytest.mark.parametrize("tokens", [1, 40, 300, 700])
+def test_sm90_down_and_block_match_the_triton_kernels(ext: moe_fp8_sm90.Extension, tokens: int) -> None:
+    """The CUDA down kernel gives the Triton kernel's bf16 rows ("row_pass") on the same activations, and the
+    all-CUDA block stays as close to the float32 twin as the shipped one."""
+    gen = torch.Generator(device="cuda").manual_seed(100 + tokens)
+    q8 = _layer(gen)
+    x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).bfloat16()
+    top_w, top_i = _routing(tokens, gen)
+    order, counts = moe.group_by_expert(top_i, E)
+    act, row_s = moe_fp8.activations_fp8(x, order, counts, top_w, q8, row_pass=True)
+    ref = moe_fp8.down_pairs_fp8(act, row_s, order, counts, q8, tokens, TOP_K, way="row_pass")
+    out = moe_fp8_sm90.down_fp8(ext, act, row_s, order, counts, q8)
+    equal = float((out == ref).float().mean())
+    rel_down = _rel(out.float(), ref.float())
+    twin = moe_fp8.experts_pairs_fp8_reference(x, order, counts, top_w, q8, "row_pass").float()
+    shipped = _rel(moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8).float(), twin)
+    cuda = _rel(moe_fp8_sm90.experts_pairs_fp8(ext, x, order, counts, top_w, q8).float(), twin)
+    print(f"T={tokens}: down equal {equal:.5f}, rel {rel_down:.2e}; block to twin: shipped {shipped:.2e}, cuda {cuda:.2e}")
+    assert rel_down <= 1e-3
+    assert cuda <= max(2 * shipped, 1e-2)
+
+
 def test_sm90_gate_up_replays_in_a_cuda_graph(ext: moe_fp8_sm90.Extension) -> None:
     """Captured in a CUDA graph, replays give the eager call's bytes, new inputs included."""
     gen = torch.Generator(device="cuda").manual_seed(1)

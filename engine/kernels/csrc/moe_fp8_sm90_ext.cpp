@@ -1,11 +1,11 @@
-// Torch binding of the CUDA gate/up kernel (moe_gate_up_fp8_sm90.cu): checks the tensors, encodes the weights'
-// TMA descriptor and launches on the current stream. Built by engine/kernels/moe_fp8_sm90.py.
+// Torch binding of the CUDA expert kernels (moe_gate_up_fp8_sm90.cu, moe_down_fp8_sm90.cu): checks the tensors,
+// encodes the TMA descriptors and launches on the current stream. Built by engine/kernels/moe_fp8_sm90.py.
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <cudaTypedefs.h>
 
-#include "moe_gate_up_fp8_sm90.h"
+#include "moe_fp8_sm90.h"
 
 namespace {
 
@@ -19,6 +19,19 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
         fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
     }
     return fn;
+}
+
+// A 128-byte-swizzled uint8 tensor map over `t`'s bytes: `rank` dims (innermost first) in boxes of `box`.
+CUtensorMap tensor_map(const torch::Tensor& t, int rank, const cuuint64_t* dims, const cuuint32_t* box) {
+    CUtensorMap map;
+    cuuint64_t strides[2];
+    for (int i = 0; i + 1 < rank; ++i) strides[i] = (i == 0 ? dims[0] : strides[i - 1] * dims[i]);
+    const cuuint32_t elem[3] = {1, 1, 1};
+    const CUresult res = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, rank, t.data_ptr(), dims, strides, box,
+                                        elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    TORCH_CHECK(res == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed: ", static_cast<int>(res));
+    return map;
 }
 
 void check(const torch::Tensor& t, c10::ScalarType dtype, int64_t dims, const char* name) {
@@ -53,16 +66,10 @@ void gate_up_fp8(torch::Tensor x, torch::Tensor x_scale, torch::Tensor w, torch:
     TORCH_CHECK(tokens * hidden < (int64_t{1} << 32) - 1, "x too large for 32-bit offsets");
     if (pairs == 0) return;
 
-    CUtensorMap map;
     const cuuint64_t dims[3] = {static_cast<cuuint64_t>(hidden), static_cast<cuuint64_t>(2 * inter),
                                 static_cast<cuuint64_t>(experts)};
-    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(hidden), static_cast<cuuint64_t>(2 * inter * hidden)};
     const cuuint32_t box[3] = {clef::kBlockK, clef::kBlockN / 2, 1};
-    const cuuint32_t elem[3] = {1, 1, 1};
-    const CUresult res = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, w.data_ptr(), dims, strides, box,
-                                        elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    TORCH_CHECK(res == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed: ", static_cast<int>(res));
+    const CUtensorMap map = tensor_map(w, 3, dims, box);
     const clef::GateUpArgs args{
         static_cast<const uint8_t*>(x.data_ptr()), x_scale.data_ptr<float>(), w_scale.data_ptr<float>(),
         order.data_ptr<int>(), counts.data_ptr<int>(), top_w.data_ptr<float>(),
@@ -71,9 +78,41 @@ void gate_up_fp8(torch::Tensor x, torch::Tensor x_scale, torch::Tensor w, torch:
     C10_CUDA_CHECK(clef::launch_gate_up_fp8(map, args, at::cuda::getCurrentCUDAStream()));
 }
 
+// y (S, H) bf16 in pair order from q (S, I) e4m3 in expert order with row_scale (S,), w (E, H, I) e4m3 with
+// w_scale (E, H), order (S,) and counts (E,) int32.
+void down_fp8(torch::Tensor q, torch::Tensor row_scale, torch::Tensor w, torch::Tensor w_scale, torch::Tensor order,
+              torch::Tensor counts, torch::Tensor y) {
+    check(q, at::kFloat8_e4m3fn, 2, "q");
+    check(row_scale, at::kFloat, 1, "row_scale");
+    check(w, at::kFloat8_e4m3fn, 3, "w");
+    check(w_scale, at::kFloat, 2, "w_scale");
+    check(order, at::kInt, 1, "order");
+    check(counts, at::kInt, 1, "counts");
+    check(y, at::kBFloat16, 2, "y");
+    const int64_t pairs = q.size(0), inter = q.size(1), experts = w.size(0), hidden = w.size(1);
+    TORCH_CHECK(hidden % clef::kBlockN == 0 && inter % clef::kBlockK == 0, "H must be a multiple of 256, I of 128");
+    TORCH_CHECK(w.size(2) == inter && w_scale.size(0) == experts && w_scale.size(1) == hidden &&
+                counts.size(0) == experts && order.size(0) == pairs && row_scale.size(0) == pairs,
+                "inconsistent shapes");
+    TORCH_CHECK(y.size(0) == pairs && y.size(1) == hidden, "y must be (S, H)");
+    if (pairs == 0) return;
+    const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(inter), static_cast<cuuint64_t>(pairs)};
+    const cuuint32_t a_box[2] = {clef::kBlockK, clef::kBlockM};
+    const cuuint64_t w_dims[3] = {static_cast<cuuint64_t>(inter), static_cast<cuuint64_t>(hidden),
+                                  static_cast<cuuint64_t>(experts)};
+    const cuuint32_t w_box[3] = {clef::kBlockK, clef::kBlockN / 2, 1};
+    const CUtensorMap a_map = tensor_map(q, 2, a_dims, a_box);
+    const CUtensorMap w_map = tensor_map(w, 3, w_dims, w_box);
+    const clef::DownArgs args{row_scale.data_ptr<float>(), w_scale.data_ptr<float>(), order.data_ptr<int>(),
+                              counts.data_ptr<int>(), reinterpret_cast<__nv_bfloat16*>(y.data_ptr()), pairs,
+                              static_cast<int>(hidden), static_cast<int>(inter), static_cast<int>(experts)};
+    C10_CUDA_CHECK(clef::launch_down_fp8(a_map, w_map, args, at::cuda::getCurrentCUDAStream()));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("gate_up_fp8", &gate_up_fp8,
           "FP8 expert gate/up GEMM, SwiGLU and per-128-channel quantisation, two-CTA clusters (sm_90a)");
+    m.def("down_fp8", &down_fp8, "FP8 expert down GEMM on row-scaled activations, two-CTA clusters (sm_90a)");
 }

@@ -21,16 +21,15 @@
 // The grid is static (CUDA-graph capturable): x runs over an upper bound of the 256-row pair tiles
 // (two CTAs each), y over the 128-channel column blocks; clusters past the last pair tile exit at once.
 
-#include "moe_gate_up_fp8_sm90.h"
 
 #include <cuda_fp8.h>
 
+#include "sm90_common.cuh"
+
 namespace {
 
-using clef::kBlockK;
-using clef::kBlockM;
-using clef::kBlockN;
-using clef::kGroup;
+using namespace clef;  // NOLINT: the helpers and tile constants of sm90_common.cuh
+
 constexpr int kStages = 4;
 constexpr int kABytes = kBlockM * kBlockK;
 constexpr int kBBytes = kBlockN * kBlockK;
@@ -38,151 +37,6 @@ constexpr int kStageBytes = kABytes + kBBytes;
 constexpr int kThreads = 384;
 constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + room to align the stages to 1024 bytes
 constexpr float kFp8Max = 448.0f;
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ uint32_t cluster_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
-}
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done = 0;
-    while (!done) {
-        asm volatile(
-            "{\n\t.reg .pred p;\n\t"
-            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-            "selp.u32 %0, 1, 0, p;\n\t}"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    }
-}
-
-// Arrive on the barrier at the same shared-memory offset in CTA `cta` of this cluster.
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) {
-    asm volatile(
-        "{\n\t.reg .b32 remote;\n\t"
-        "mapa.shared::cluster.u32 remote, %0, %1;\n\t"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n\t}" ::"r"(bar),
-        "r"(cta)
-        : "memory");
-}
-
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-}
-
-// One arrival on `bar` once every cp.async this thread issued so far has landed.
-__device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
-}
-
-// A (1, 128, 128) box of the (E, 2I, H) weights at (expert, row, k) into `dst` of every CTA of the
-// cluster, each CTA's barrier at `bar`'s offset counting the bytes.
-__device__ __forceinline__ void tma_load_multicast(
-    uint32_t dst, const CUtensorMap* map, uint32_t bar, int k, int row, int expert) {
-    const uint16_t mask = 0x3;
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-        " [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(dst),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(k), "r"(row), "r"(expert), "h"(mask)
-        : "memory");
-}
-
-// wgmma shared-memory descriptor of a K-major tile in the 128-byte swizzle: 8-row groups 1024 bytes apart.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
-    uint64_t d = static_cast<uint64_t>((addr & 0x3FFFF) >> 4);
-    d |= static_cast<uint64_t>(1) << 16;            // leading byte offset (unused by this layout)
-    d |= static_cast<uint64_t>(1024 >> 4) << 32;    // stride byte offset
-    d |= static_cast<uint64_t>(1) << 62;            // 128-byte swizzle
-    return d;
-}
-
-__device__ __forceinline__ void fence_operands(float (&d)[128]) {
-#pragma unroll
-    for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// d (64 x 256 float32, wgmma's fragment) += A (64 x 32 e4m3) . B (256 x 32 e4m3)^T, or = when !accumulate.
-__device__ __forceinline__ void wgmma_64x256x32(float (&d)[128], uint64_t a, uint64_t b, uint32_t accumulate) {
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "setp.ne.b32 p, %130, 0;\n\t"
-        "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-        "}, %128, %129, p, 1, 1;\n\t}"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(a), "l"(b), "r"(accumulate));
-}
-
-struct Tile {
-    int expert;   // >= experts: past the last pair tile
-    int row0;     // first sorted row of the pair tile
-    int row_end;  // end row of the expert
-};
-
-// The pair tile `p` (256 sorted rows of one expert) by a scan of the per-expert pair-tile counts; warp 0.
-__device__ Tile find_tile(const int* __restrict__ counts, int experts, int p) {
-    const int lane = threadIdx.x & 31;
-    int carry_tiles = 0, carry_rows = 0;
-    for (int base = 0; base < experts; base += 32) {
-        const int e = base + lane;
-        const int c = e < experts ? counts[e] : 0;
-        const int t = (c + 2 * kBlockM - 1) / (2 * kBlockM);
-        int tiles = t, rows = c;
-#pragma unroll
-        for (int off = 1; off < 32; off <<= 1) {
-            const int a = __shfl_up_sync(0xffffffffu, tiles, off);
-            const int b = __shfl_up_sync(0xffffffffu, rows, off);
-            if (lane >= off) {
-                tiles += a;
-                rows += b;
-            }
-        }
-        const int tile_end = carry_tiles + tiles, row_end = carry_rows + rows;
-        const unsigned hit = __ballot_sync(0xffffffffu, p >= tile_end - t && p < tile_end);
-        if (hit) {
-            const int src = __ffs(hit) - 1;
-            const int first = __shfl_sync(0xffffffffu, tile_end - t, src);
-            const int end = __shfl_sync(0xffffffffu, row_end, src);
-            const int count = __shfl_sync(0xffffffffu, c, src);
-            return Tile{base + src, end - count + (p - first) * 2 * kBlockM, end};
-        }
-        carry_tiles = __shfl_sync(0xffffffffu, tile_end, 31);
-        carry_rows = __shfl_sync(0xffffffffu, row_end, 31);
-    }
-    return Tile{experts, 0, 0};
-}
 
 __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
     const __grid_constant__ CUtensorMap w_map,

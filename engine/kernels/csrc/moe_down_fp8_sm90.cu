@@ -1,0 +1,177 @@
+// The FP8 expert block's down GEMM for Hopper (sm_90a) as a CUDA kernel, the companion of
+// moe_gate_up_fp8_sm90.cu: two CTAs of a cluster take an expert's two 128-row tiles and share its weight tile
+// (each loads half through TMA and multicasts it to both).
+//
+// Same contract and arithmetic as _moe_down_fp8_kernel with scaling "row_pass":
+//   y[pair(r), n] = bf16((q[r] . W[e, n]) * row_scale[r] * w_scale[e, n]) for the sorted pair r of expert e,
+// q (S, I) e4m3 rows in expert order requantised to one float32 scale per row (row_scale, floored at 1e-30),
+// W (E, H, I) e4m3 with one float32 scale per expert and output channel; y (S, H) bf16 in pair order.
+//
+// Roles (384 threads, one CTA per SM): thread 0 issues the TMA loads (the activation tile, and this CTA's half
+// of the weight tile multicast to the cluster); warpgroups 1 and 2 each multiply 64 rows by the 256 weight
+// rows with wgmma (m64n256k32) and store their rows through shared memory in 16-byte pieces. Rows of the tile
+// past the expert's end belong to the next expert (or are zero-filled past S) and are never stored.
+
+#include "sm90_common.cuh"
+
+namespace {
+
+using namespace clef;  // NOLINT: the helpers and tile constants of sm90_common.cuh
+
+constexpr int kStages = 4;
+constexpr int kABytes = kBlockM * kBlockK;
+constexpr int kBBytes = kBlockN * kBlockK;
+constexpr int kStageBytes = kABytes + kBBytes;
+constexpr int kThreads = 384;
+constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + room to align the stages to 1024 bytes
+constexpr int kRowBytes = kBlockN * 2;                    // one bf16 output row of the tile
+
+__global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
+    const __grid_constant__ CUtensorMap a_map,
+    const __grid_constant__ CUtensorMap w_map,
+    const float* __restrict__ row_scale,
+    const float* __restrict__ w_scale,
+    const int* __restrict__ order,
+    const int* __restrict__ counts,
+    __nv_bfloat16* __restrict__ y,
+    int hidden,
+    int inter,
+    int experts) {
+    extern __shared__ uint8_t smem_raw[];
+    __shared__ __align__(8) uint64_t full_bar[kStages];
+    __shared__ __align__(8) uint64_t empty_bar[kStages];
+    __shared__ Tile tile;
+
+    const int tid = threadIdx.x;
+    const uint32_t rank = cluster_rank();
+    const int nblk = blockIdx.y;
+    if (tid < 32) {
+        const Tile t = find_tile(counts, experts, static_cast<int>(blockIdx.x >> 1));
+        if (tid == 0) tile = t;
+    }
+    __syncthreads();
+    const int expert = tile.expert;
+    if (expert >= experts) return;  // both CTAs of the cluster see the same pair tile
+    const int row0 = tile.row0 + static_cast<int>(rank) * kBlockM;
+    const int row_end = tile.row_end;
+
+    const uint32_t raw = smem_addr(smem_raw);
+    const uint32_t stages = (raw + 1023u) & ~1023u;
+    uint8_t* const stages_ptr = smem_raw + (stages - raw);
+    if (tid == 0) {
+        for (int s = 0; s < kStages; ++s) {
+            mbar_init(smem_addr(&full_bar[s]), 1);   // thread 0's expect_tx; the bytes do the rest
+            mbar_init(smem_addr(&empty_bar[s]), 4);  // 2 consumer warpgroups x 2 CTAs
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    cluster_sync();
+
+    const int ksteps = inter / kBlockK;
+    if (tid < 128) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (tid == 0) {
+            for (int it = 0; it < ksteps; ++it) {
+                const int s = it % kStages;
+                const uint32_t full = smem_addr(&full_bar[s]);
+                mbar_wait(smem_addr(&empty_bar[s]), ((it / kStages) & 1) ^ 1);
+                const uint32_t a_dst = stages + s * kStageBytes;
+                mbar_expect_tx(full, kABytes + kBBytes);
+                tma_load_2d(a_dst, &a_map, full, it * kBlockK, row0);
+                tma_load_multicast(a_dst + kABytes + rank * (kBBytes / 2), &w_map, full, it * kBlockK,
+                                   nblk * kBlockN + static_cast<int>(rank) * (kBlockN / 2), expert);
+            }
+        }
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+        const int wg = (tid - 128) >> 7;  // rows 64 wg .. 64 wg + 63 of the tile
+        const int t = tid & 127;
+        float d[128];
+#pragma unroll
+        for (int i = 0; i < 128; ++i) d[i] = 0.0f;
+        fence_operands(d);
+        for (int it = 0; it < ksteps; ++it) {
+            const int s = it % kStages;
+            mbar_wait(smem_addr(&full_bar[s]), (it / kStages) & 1);
+            const uint32_t a = stages + s * kStageBytes + wg * 64 * kBlockK;
+            const uint32_t b = stages + s * kStageBytes + kABytes;
+            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+            for (int kk = 0; kk < kBlockK / 32; ++kk) {
+                wgmma_64x256x32(d, smem_desc(a + kk * 32), smem_desc(b + kk * 32), (it > 0 || kk > 0) ? 1u : 0u);
+            }
+            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+            if (it > 0 && t == 0) {  // the previous step's products are done: its stage is free
+                const uint32_t prev = smem_addr(&empty_bar[(it - 1) % kStages]);
+                mbar_arrive_cluster(prev, 0);
+                mbar_arrive_cluster(prev, 1);
+            }
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        fence_operands(d);
+        // Both consumer warpgroups are past every stage (and every load has landed): the stages are free to
+        // stage the output, 32 KB a warpgroup.
+        asm volatile("bar.sync 3, 256;" ::: "memory");
+
+        // Fragment: thread t holds rows 16 (t / 32) + (t % 32) / 4 + 8 h, columns 8 j + 2 (t % 4) + c as
+        // d[4 j + 2 h + c]. Staged rows are 512 bytes, their 16-byte pieces swizzled by the row's low bits.
+        const int warp = t >> 5, lane = t & 31, quad = lane & 3;
+        const float* ws = w_scale + static_cast<int64_t>(expert) * hidden + nblk * kBlockN;
+        uint8_t* const out_tile = stages_ptr + wg * 64 * kRowBytes;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = 16 * warp + (lane >> 2) + 8 * h;
+            const int row = row0 + wg * 64 + r;
+            const float rs = row < row_end ? fmaxf(row_scale[row], 1e-30f) : 0.0f;
+#pragma unroll
+            for (int j = 0; j < 32; ++j) {
+                const int col = 8 * j + 2 * quad;
+                const __nv_bfloat162 v = __floats2bfloat162_rn(d[4 * j + 2 * h] * rs * ws[col],
+                                                               d[4 * j + 2 * h + 1] * rs * ws[col + 1]);
+                *reinterpret_cast<__nv_bfloat162*>(out_tile + r * kRowBytes + ((j ^ (r & 7)) << 4) + 4 * quad) = v;
+            }
+        }
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+#pragma unroll 4
+        for (int i = 0; i < 16; ++i) {
+            const int piece_id = t + 128 * i;
+            const int r = piece_id >> 5, piece = piece_id & 31;
+            const int row = row0 + wg * 64 + r;
+            if (row < row_end) {
+                const int64_t pair = order[row];
+                const uint4 v = *reinterpret_cast<const uint4*>(out_tile + r * kRowBytes + ((piece ^ (r & 7)) << 4));
+                *reinterpret_cast<uint4*>(y + pair * hidden + nblk * kBlockN + piece * 8) = v;
+            }
+        }
+    }
+    cluster_sync();  // no CTA leaves while its peer may still write into its shared memory or barriers
+}
+
+}  // namespace
+
+cudaError_t clef::launch_down_fp8(const CUtensorMap& a_map, const CUtensorMap& w_map, const DownArgs& a,
+                                  cudaStream_t stream) {
+    static bool configured = false;
+    if (!configured) {
+        const cudaError_t err =
+            cudaFuncSetAttribute(down_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+        if (err != cudaSuccess) return err;
+        configured = true;
+    }
+    const int64_t pair_tiles = (a.pairs + int64_t{a.experts} * (2 * kBlockM - 1)) / (2 * kBlockM);  // upper bound
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(2 * pair_tiles), static_cast<unsigned>(a.hidden / kBlockN), 1);
+    cfg.blockDim = dim3(kThreads, 1, 1);
+    cfg.dynamicSmemBytes = kSmemBytes;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, down_fp8_kernel, a_map, w_map, a.row_scale, a.w_scale, a.order, a.counts, a.y,
+                              a.hidden, a.inter, a.experts);
+}

@@ -1,0 +1,50 @@
+// The seam between the CUDA expert kernels (moe_gate_up_fp8_sm90.cu, moe_down_fp8_sm90.cu, compiled by nvcc) and
+// their torch binding (moe_fp8_sm90_ext.cpp): raw pointers and sizes, checked by the binding.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace clef {
+
+constexpr int kBlockM = 128;         // sorted rows per CTA (two of them share a weight tile)
+constexpr int kBlockN = 256;         // weight rows per tile (gate/up: interleaved, 128 channels)
+constexpr int kBlockK = 128;         // e4m3 bytes of k per pipeline stage
+constexpr int kGroup = kBlockN / 2;  // channels per activation scale of the gate/up output
+
+struct GateUpArgs {
+    const uint8_t* x;       // (T, H) e4m3 rows
+    const float* x_scale;   // (T,)
+    const float* w_scale;   // (E, 2I), interleaved as the weight rows
+    const int* order;       // (S,) pair ids sorted by expert
+    const int* counts;      // (E,)
+    const float* top_w;     // (S,) routing weight per pair id
+    uint8_t* q;             // (S, I) e4m3, expert order
+    float* q_scale;         // (S, I / kGroup)
+    int64_t pairs;          // S = T k
+    int hidden, inter, experts, top_k;
+};
+
+// `w_map`: the (E, 2I, H) e4m3 weights as a 3-D uint8 tensor map in (1, kBlockN / 2, kBlockK) boxes with the
+// 128-byte swizzle. Launches on `stream`; returns the launch's error.
+cudaError_t launch_gate_up_fp8(const CUtensorMap& w_map, const GateUpArgs& args, cudaStream_t stream);
+
+struct DownArgs {
+    const float* row_scale;  // (S,) one scale per activation row (the requantising pass)
+    const float* w_scale;    // (E, H)
+    const int* order;        // (S,)
+    const int* counts;       // (E,)
+    __nv_bfloat16* y;        // (S, H) bf16, pair order
+    int64_t pairs;
+    int hidden, inter, experts;
+};
+
+// `a_map`: the (S, I) e4m3 activations as a 2-D uint8 tensor map in (kBlockM, kBlockK) boxes; `w_map`: the
+// (E, H, I) e4m3 down weights as a 3-D one in (1, kBlockN / 2, kBlockK) boxes; both with the 128-byte swizzle.
+cudaError_t launch_down_fp8(const CUtensorMap& a_map, const CUtensorMap& w_map, const DownArgs& args,
+                            cudaStream_t stream);
+
+}  // namespace clef
