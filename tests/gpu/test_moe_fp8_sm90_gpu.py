@@ -103,7 +103,7 @@ def test_sm90_down_and_block_match_the_triton_kernels(ext: moe_fp8_sm90.Extensio
     twin = moe_fp8.experts_pairs_fp8_reference(x, order, counts, top_w, q8, "row_pass").float()
     shipped = _rel(moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8).float(), twin)
     cuda = _rel(moe_fp8_sm90.experts_pairs_fp8(ext, x, order, counts, top_w, q8).float(), twin)
-    print(f"T={tokens}: down equal {equal:.5f}, rel {rel_down:.2e}; block to twin: shipped {shipped:.2e}, cuda {cuda:.2e}")
+    print(f"T={tokens}: down equal {equal:.5f}, rel {rel_down:.2e}; to the twin: {shipped:.2e} / {cuda:.2e}")
     assert rel_down <= 1e-3
     assert cuda <= max(2 * shipped, 1e-2)
 
