@@ -31,6 +31,7 @@ import os
 import pstats
 import random
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -68,6 +69,12 @@ def main() -> int:
         "--records", default="1", help="requests decided together, comma-separated counts (default one)"
     )
     p.add_argument("--tokens", type=int, default=800, help="tokens of each request")
+    p.add_argument(
+        "--sm90",
+        action="store_true",
+        help="with --fp8: measure again with the FP8 experts of mid-size and large calls through the CUDA"
+        " cluster kernels (engine.kernels.moe_fp8_sm90; nvcc and ninja needed), same process",
+    )
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -92,6 +99,14 @@ def main() -> int:
         engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])
     for records in (int(n) for n in args.records.split(",")):
         reqs = measure(rows, engine, records, args, out if args.trace else None)
+    if args.sm90 and args.fp8 != "off":
+        from engine.kernels import moe_fp8_sm90
+
+        ext = moe_fp8_sm90.build(Path(tempfile.gettempdir()) / "clef-sm90-ext")
+        engine.model.use_sm90_experts(ext)
+        engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])  # graphs recaptured
+        for records in (int(n) for n in args.records.split(",")):
+            reqs = measure(rows, engine, records, args, None, sm90=True)
     (out / "one_request.jsonl").write_text("\n".join(rows) + "\n")
     # Where `decide`'s host time goes beyond its stages: Python's profiler over `reps` calls (the last batch).
     profiler = cProfile.Profile()
@@ -103,10 +118,17 @@ def main() -> int:
 
 
 def measure(
-    rows: list[str], engine: Any, records: int, args: argparse.Namespace, trace: Path | None
+    rows: list[str],
+    engine: Any,
+    records: int,
+    args: argparse.Namespace,
+    trace: Path | None,
+    *,
+    sm90: bool = False,
 ) -> list[Any]:
     """The `request`, `stage`, `timeline`, `gap` and `kernel` rows of one batch of `records` requests of
-    `args.tokens` tokens; returns the requests."""
+    `args.tokens` tokens (`sm90`: the FP8 experts through `engine.kernels.moe_fp8_sm90`, marked on the
+    `request` row); returns the requests."""
     from bench.workload import make_request
 
     req_rng = random.Random(1)
@@ -123,6 +145,7 @@ def measure(
         tokens=sum(p.num_tokens for p in prepared),
         fp8=args.fp8,
         levelled=not args.random_router,
+        sm90=sm90,
     )
     box: dict[str, torch.Tensor] = {}
 

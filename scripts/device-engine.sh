@@ -67,7 +67,10 @@ for step in "$@"; do
 install_av_placeholder(); sys.exit(pytest.main(sys.argv[1:]))' -q -s -m gpu -p no:cacheprovider ${GPU_TESTS:-tests/gpu} ;;
         kernels) run kernels "${KERNELS_LIMIT:-300}" "${module[@]}" bench.moe_fp8 --out "$tmp/res" ${KERNELS_ARGS:-} ;;
         modes) run modes "${MODES_LIMIT:-540}" "${module[@]}" bench.fp8_modes --out "$tmp/res" ${TILES_FROM:+--tiles-from "$TILES_FROM"} ${MODES_ARGS:-} ;;
-        one) run one "${ONE_LIMIT:-300}" "${module[@]}" bench.one_request --out "$tmp/res" ${ONE_ARGS:-} ;;
+        one)
+            toolchain  # ninja, for --sm90
+            PYTHONPATH="$tmp/toolchain:$PYTHONPATH" PATH="$tmp/toolchain/bin:$PATH" \
+                run one "${ONE_LIMIT:-300}" "${module[@]}" bench.one_request --out "$tmp/res" ${ONE_ARGS:-} ;;
         il) run il 300 "${module[@]}" bench.gate_up_il --out "$tmp/res" ${IL_ARGS:-} ;;
         sizes) run sizes 420 "${module[@]}" bench.batch_sizes --out "$tmp/res" ${SIZES_ARGS:-} ;;
         copy) run copy 120 "${module[@]}" bench.copy_probe ${COPY_ARGS:-} ;;

@@ -31,6 +31,14 @@ CSRC = Path(__file__).parent / "csrc"
 GROUP = 128
 """Channels per activation scale: half the gate/up kernel's 256 interleaved weight rows."""
 SOURCES = ("moe_fp8_sm90_ext.cpp", "moe_gate_up_fp8_sm90.cu", "moe_down_fp8_sm90.cu")
+FROM_ROWS_PER_EXPERT = 64
+"""Average rows per expert from which `takes` hands a call to these kernels (two 128-row tiles share a weight
+tile, so fewer rows leave the cluster's second CTA idle)."""
+
+
+def takes(pairs: int, experts: int, hidden: int, inter: int) -> bool:
+    """Whether a call of `pairs` token-expert pairs over `experts` experts of these sizes runs here."""
+    return hidden % 256 == 0 and inter % GROUP == 0 and pairs >= FROM_ROWS_PER_EXPERT * experts
 
 
 class Extension(Protocol):

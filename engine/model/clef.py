@@ -19,6 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.batching.collate import Layout, ModelBatch, collate
 from engine.device import configure_cublaslt
+from engine.kernels import moe_fp8_sm90
 from engine.model.decoder import PackedTextDecoder, varlen_available
 from engine.model.graphs import GraphedDecoder
 from engine.model.head import JointSchemaHead
@@ -126,6 +127,14 @@ class ClefOmniModel(nn.Module):
             time.monotonic() - built,
         )
         return True
+
+    def use_sm90_experts(self, ext: moe_fp8_sm90.Extension | None) -> None:
+        """Run the FP8 experts of the calls `moe_fp8_sm90.takes` through `ext`'s CUDA cluster kernels (a
+        built `engine.kernels.moe_fp8_sm90` extension; benches), or through Triton for every call (None).
+        Needs the fast path; graphs captured before replay the old kernels (call `enable_fast_path` again)."""
+        if self._fast is None:
+            raise RuntimeError("use_sm90_experts needs the fast path (enable_fast_path first)")
+        self._fast.sm90_experts = ext
 
     @property
     def text_model(self) -> Any:

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from engine.kernels import attention, elementwise, moe, moe_fp8
+from engine.kernels import attention, elementwise, moe, moe_fp8, moe_fp8_sm90
 from engine.kernels import fp8 as fp8_mode
 from engine.kernels.fp8 import Quantized
 from engine.model.pacer import LaunchPacer
@@ -99,6 +99,9 @@ class PackedTextDecoder:
         self.fused_experts = True
         """bf16 experts through `engine.kernels.moe`'s fused Triton kernels (False: gather, CUTLASS grouped
         GEMMs, SwiGLU and combine). Recapture graphs after switching."""
+        self.sm90_experts: moe_fp8_sm90.Extension | None = None
+        """FP8 experts through the CUDA cluster kernels (`engine.kernels.moe_fp8_sm90`) for calls that
+        `moe_fp8_sm90.takes` (None: the Triton kernels for every call). Recapture graphs after switching."""
         for layer in text_model.layers:
             att = layer.self_attn
             w = torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight], dim=0)
@@ -234,7 +237,11 @@ class PackedTextDecoder:
         fused = self.fused_experts and x.is_cuda
         if q8 is not None and fused and moe_fp8.supported(x.shape[1], inter):
             order, counts = moe.group_by_expert(top_i, num_experts)  # (S,) by expert, (E,)
-            y8 = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, xq=xq)
+            ext = self.sm90_experts
+            if ext is not None and moe_fp8_sm90.takes(top_w.numel(), num_experts, x.shape[1], inter):
+                y8 = moe_fp8_sm90.experts_pairs_fp8(ext, x, order, counts, top_w, q8, xq=xq)
+            else:
+                y8 = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, xq=xq)
             return y8, None  # (T k, hidden) pair order
         if q8 is None and fused and moe.supported(x.shape[1], inter):
             # gather, SwiGLU and the inverse permutation inside two Triton GEMMs (`engine.kernels.moe`)
