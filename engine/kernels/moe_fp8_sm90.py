@@ -77,9 +77,9 @@ def build(build_dir: Path, *, verbose: bool = False) -> Extension:
     module = cpp_extension.load(
         name="clef_moe_fp8_sm90",
         sources=[str(CSRC / name) for name in SOURCES],
-        extra_cflags=["-O3", "-std=c++17"],
+        extra_cflags=["-O3"],
         # an explicit -gencode keeps torch from adding sm_90 without the "a" features (wgmma, setmaxnreg)
-        extra_cuda_cflags=["-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a"],
+        extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"],
         build_directory=str(build_dir),
         verbose=verbose,
     )
