@@ -5,11 +5,12 @@ One layer as `bench.moe_fp8` builds it (128 experts, random bf16 quantised to e4
 levelled load). It builds the extension first (a `build` line: seconds), then per T of `--tokens` prints,
 as JSON lines, microseconds per call (CUDA graph replays, median of 20):
 
-- `gate_up`: the Triton kernel at the shipped regime's shapes and at each regime's, the CUDA kernel, and
+- `gate_up`: the Triton kernel at the shipped regime's shapes and at each regime's, the CUDA kernel
+  (persistent: as many clusters as fit, each looping over work items; and `each`: one cluster per item), and
   how far apart their outputs are: the share of equal e4m3 bytes, and the relative difference of the
   dequantised activations and of the scales;
-- `down`: the Triton down kernel ("row_pass") and the CUDA one on the same row-scaled activations, the share
-  of equal outputs and their relative difference;
+- `down`: the Triton down kernel ("row_pass") and the CUDA one (both ways) on the same row-scaled
+  activations, the share of equal outputs and their relative difference;
 - `block`: the whole expert block (gate/up, down, no sum) as shipped; with the CUDA gate/up followed by the
   Triton down kernel ("row_fused", the same values as the shipped "row_pass"); with both CUDA kernels and
   the requantising pass between; each one's relative difference from the shipped block, and the shipped and
@@ -34,6 +35,9 @@ from bench.report import start
 from bench.timing import graph_us
 from engine.kernels import fp8, moe, moe_fp8, moe_fp8_sm90
 from engine.kernels.tiles import MoeTiles
+
+EACH = 1 << 30
+"""`clusters` for one two-CTA cluster per work item (not persistent)."""
 
 
 def dequantised(act: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -74,6 +78,9 @@ def probe(
     torch.cuda.synchronize()
     regime = "large" if moe_fp8.tiles_for(t * TOP_K, EXPERTS) is moe_fp8.LARGE else "small"
 
+    def cuda(clusters: int) -> fp8.Quantized:
+        return moe_fp8_sm90.gate_up_fp8(ext, x, order, counts, top_w, q8, xq=xq, clusters=clusters)
+
     def triton(tiles: MoeTiles | None) -> fp8.Quantized:
         return moe_fp8.activations_fp8(x, order, counts, top_w, q8, tiles, row_pass=False, xq=xq)
 
@@ -85,7 +92,8 @@ def probe(
         triton_us=round(graph_us(lambda: triton(None)), 1),
         triton_small_us=round(graph_us(lambda: triton(moe_fp8.SMALL)), 1),
         triton_large_us=round(graph_us(lambda: triton(moe_fp8.LARGE)), 1),
-        cuda_us=round(graph_us(lambda: moe_fp8_sm90.gate_up_fp8(ext, x, order, counts, top_w, q8, xq=xq)), 1),
+        cuda_us=round(graph_us(lambda: cuda(0)), 1),
+        cuda_each_us=round(graph_us(lambda: cuda(EACH)), 1),
         bytes_equal=round(float((act_t.view(torch.uint8) == act_c.view(torch.uint8)).float().mean()), 6),
         act_rel=rel(dequantised(act_c, s_c), dequantised(act_t, s_t)),
         scale_rel=rel(s_c, s_t),
@@ -105,6 +113,9 @@ def probe(
         tokens=t,
         triton_us=round(graph_us(down_triton), 1),
         cuda_us=round(graph_us(lambda: moe_fp8_sm90.down_fp8(ext, act_r, row_s, order, counts, q8)), 1),
+        cuda_each_us=round(
+            graph_us(lambda: moe_fp8_sm90.down_fp8(ext, act_r, row_s, order, counts, q8, clusters=EACH)), 1
+        ),
         equal=round(float((d_t == d_c).float().mean()), 6),
         rel=rel(d_c, d_t),
     )

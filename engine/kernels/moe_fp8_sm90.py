@@ -55,6 +55,7 @@ class Extension(Protocol):
         top_w: torch.Tensor,
         q: torch.Tensor,
         q_scale: torch.Tensor,
+        clusters: int,
     ) -> None: ...
 
     def down_fp8(
@@ -66,6 +67,7 @@ class Extension(Protocol):
         order: torch.Tensor,
         counts: torch.Tensor,
         y: torch.Tensor,
+        clusters: int,
     ) -> None: ...
 
 
@@ -94,9 +96,12 @@ def gate_up_fp8(
     top_w: torch.Tensor,
     q8: Fp8Experts,
     xq: Quantized | None = None,
+    clusters: int = 0,
 ) -> Quantized:
     """`activations_fp8(x, order, counts, top_w, q8, row_pass=False, xq=xq)` through the CUDA kernel: the
-    same arguments (`order`, `counts` int32; `top_w` (T, k) float32), (S, I) e4m3 and (S, I / 128) scales."""
+    same arguments (`order`, `counts` int32; `top_w` (T, k) float32), (S, I) e4m3 and (S, I / 128) scales.
+    `clusters`: 0 runs as many two-CTA clusters as fit at once, each looping over its work items
+    (persistent); N > 0 at most N (a large N: one cluster per item)."""
     t = x.shape[0]
     inter = q8.gate_up.shape[1] // 2
     pairs = t * top_w.shape[1]
@@ -105,7 +110,7 @@ def gate_up_fp8(
     if not t:
         return act, act_s
     xq_, xs = xq if xq is not None else quantize_rows(x)
-    ext.gate_up_fp8(xq_, xs, q8.gate_up, q8.gate_up_scale, order, counts, top_w, act, act_s)
+    ext.gate_up_fp8(xq_, xs, q8.gate_up, q8.gate_up_scale, order, counts, top_w, act, act_s, clusters)
     return act, act_s
 
 
@@ -116,11 +121,13 @@ def down_fp8(
     order: torch.Tensor,
     counts: torch.Tensor,
     q8: Fp8Experts,
+    clusters: int = 0,
 ) -> torch.Tensor:
     """`down_pairs_fp8(act, row_s, order, counts, q8, T, k, way="row_pass")` through the CUDA kernel: `act`
-    (S, I) e4m3 in expert order with one scale per row `row_s` (S,) -> (S, H) bf16 in pair order."""
+    (S, I) e4m3 in expert order with one scale per row `row_s` (S,) -> (S, H) bf16 in pair order.
+    `clusters` as `gate_up_fp8`'s."""
     y = torch.empty(act.shape[0], q8.down.shape[1], dtype=torch.bfloat16, device=act.device)
-    ext.down_fp8(act, row_s, q8.down, q8.down_scale, order, counts, y)
+    ext.down_fp8(act, row_s, q8.down, q8.down_scale, order, counts, y, clusters)
     return y
 
 
@@ -132,8 +139,9 @@ def experts_pairs_fp8(
     top_w: torch.Tensor,
     q8: Fp8Experts,
     xq: Quantized | None = None,
+    clusters: int = 0,
 ) -> torch.Tensor:
     """`engine.kernels.moe_fp8.experts_pairs_fp8` (same arguments) with both GEMMs through the CUDA kernels
-    and the Triton requantising pass between: (T k, H) bf16 in pair order."""
-    act, act_s = gate_up_fp8(ext, x, order, counts, top_w, q8, xq)
-    return down_fp8(ext, act, requant_rows(act, act_s), order, counts, q8)
+    and the Triton requantising pass between: (T k, H) bf16 in pair order. `clusters` as `gate_up_fp8`'s."""
+    act, act_s = gate_up_fp8(ext, x, order, counts, top_w, q8, xq, clusters)
+    return down_fp8(ext, act, requant_rows(act, act_s), order, counts, q8, clusters)

@@ -12,19 +12,21 @@
 // rows with wgmma (m64n256k32) and store their rows through shared memory in 16-byte pieces. Rows of the tile
 // past the expert's end belong to the next expert (or are zero-filled past S) and are never stored.
 
+#include <algorithm>
+
 #include "sm90_common.cuh"
 
 namespace {
 
 using namespace clef;  // NOLINT: the helpers and tile constants of sm90_common.cuh
 
-constexpr int kStages = 4;
+constexpr int kStages = 3;
 constexpr int kABytes = kBlockM * kBlockK;
 constexpr int kBBytes = kBlockN * kBlockK;
 constexpr int kStageBytes = kABytes + kBBytes;
 constexpr int kThreads = 384;
-constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + room to align the stages to 1024 bytes
-constexpr int kRowBytes = kBlockN * 2;                    // one bf16 output row of the tile
+constexpr int kRowBytes = kBlockN * 2;  // one bf16 output row of the tile
+constexpr int kSmemBytes = kStages * kStageBytes + kBlockM * kRowBytes + 1024;  // stages, staging, alignment
 
 __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
     const __grid_constant__ CUtensorMap a_map,
@@ -36,28 +38,19 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
     __nv_bfloat16* __restrict__ y,
     int hidden,
     int inter,
-    int experts) {
+    int experts,
+    int work) {
     extern __shared__ uint8_t smem_raw[];
     __shared__ __align__(8) uint64_t full_bar[kStages];
     __shared__ __align__(8) uint64_t empty_bar[kStages];
-    __shared__ Tile tile;
 
     const int tid = threadIdx.x;
     const uint32_t rank = cluster_rank();
-    const int nblk = blockIdx.y;
-    if (tid < 32) {
-        const Tile t = find_tile(counts, experts, static_cast<int>(blockIdx.x >> 1));
-        if (tid == 0) tile = t;
-    }
-    __syncthreads();
-    const int expert = tile.expert;
-    if (expert >= experts) return;  // both CTAs of the cluster see the same pair tile
-    const int row0 = tile.row0 + static_cast<int>(rank) * kBlockM;
-    const int row_end = tile.row_end;
-
+    const int cluster = static_cast<int>(blockIdx.x >> 1), clusters = static_cast<int>(gridDim.x >> 1);
+    const int nblocks = hidden / kBlockN;
     const uint32_t raw = smem_addr(smem_raw);
     const uint32_t stages = (raw + 1023u) & ~1023u;
-    uint8_t* const stages_ptr = smem_raw + (stages - raw);
+    uint8_t* const staging = smem_raw + (stages - raw) + kStages * kStageBytes;  // the output tile, 64 KB
     if (tid == 0) {
         for (int s = 0; s < kStages; ++s) {
             mbar_init(smem_addr(&full_bar[s]), 1);   // thread 0's expect_tx; the bytes do the rest
@@ -68,80 +61,106 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
     cluster_sync();
 
     const int ksteps = inter / kBlockK;
+    // Work item w: pair tile w / nblocks, column block w % nblocks; pair tiles past the last one end the loop.
     if (tid < 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-        if (tid == 0) {
-            for (int it = 0; it < ksteps; ++it) {
-                const int s = it % kStages;
-                const uint32_t full = smem_addr(&full_bar[s]);
-                mbar_wait(smem_addr(&empty_bar[s]), ((it / kStages) & 1) ^ 1);
-                const uint32_t a_dst = stages + s * kStageBytes;
-                mbar_expect_tx(full, kABytes + kBBytes);
-                tma_load_2d(a_dst, &a_map, full, it * kBlockK, row0);
-                tma_load_multicast(a_dst + kABytes + rank * (kBBytes / 2), &w_map, full, it * kBlockK,
-                                   nblk * kBlockN + static_cast<int>(rank) * (kBlockN / 2), expert);
+        if (tid < 32) {  // warp 0 finds the tiles, its first lane issues the loads
+            int it = 0;
+            for (int w = cluster; w < work; w += clusters) {
+                const int nblk = w % nblocks;
+                const Tile tile = find_tile(counts, experts, w / nblocks);
+                if (tile.expert >= experts) break;
+                const int row0 = tile.row0 + static_cast<int>(rank) * kBlockM;
+                for (int ks = 0; ks < ksteps; ++ks, ++it) {
+                    const int s = it % kStages;
+                    if (tid == 0) {
+                        const uint32_t full = smem_addr(&full_bar[s]);
+                        mbar_wait(smem_addr(&empty_bar[s]), ((it / kStages) & 1) ^ 1);
+                        const uint32_t a_dst = stages + s * kStageBytes;
+                        mbar_expect_tx(full, kABytes + kBBytes);
+                        tma_load_2d(a_dst, &a_map, full, ks * kBlockK, row0);
+                        tma_load_multicast(a_dst + kABytes + rank * (kBBytes / 2), &w_map, full, ks * kBlockK,
+                                           nblk * kBlockN + static_cast<int>(rank) * (kBlockN / 2), tile.expert);
+                    }
+                }
+                __syncwarp();
             }
         }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
         const int wg = (tid - 128) >> 7;  // rows 64 wg .. 64 wg + 63 of the tile
         const int t = tid & 127;
+        const int warp = t >> 5, lane = t & 31, quad = lane & 3;
+        uint8_t* const out_tile = staging + wg * 64 * kRowBytes;
         float d[128];
 #pragma unroll
         for (int i = 0; i < 128; ++i) d[i] = 0.0f;
         fence_operands(d);
-        for (int it = 0; it < ksteps; ++it) {
-            const int s = it % kStages;
-            mbar_wait(smem_addr(&full_bar[s]), (it / kStages) & 1);
-            const uint32_t a = stages + s * kStageBytes + wg * 64 * kBlockK;
-            const uint32_t b = stages + s * kStageBytes + kABytes;
-            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        int it = 0;
+        for (int w = cluster; w < work; w += clusters) {
+            const int nblk = w % nblocks;
+            const Tile tile = find_tile(counts, experts, w / nblocks);
+            if (tile.expert >= experts) break;
+            const int row0 = tile.row0 + static_cast<int>(rank) * kBlockM;
+            for (int ks = 0; ks < ksteps; ++ks, ++it) {
+                const int s = it % kStages;
+                mbar_wait(smem_addr(&full_bar[s]), (it / kStages) & 1);
+                const uint32_t a = stages + s * kStageBytes + wg * 64 * kBlockK;
+                const uint32_t b = stages + s * kStageBytes + kABytes;
+                asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-            for (int kk = 0; kk < kBlockK / 32; ++kk) {
-                wgmma_64x256x32(d, smem_desc(a + kk * 32), smem_desc(b + kk * 32), (it > 0 || kk > 0) ? 1u : 0u);
+                for (int kk = 0; kk < kBlockK / 32; ++kk) {
+                    wgmma_64x256x32(d, smem_desc(a + kk * 32), smem_desc(b + kk * 32), (ks > 0 || kk > 0) ? 1u : 0u);
+                }
+                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+                asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+                if (ks > 0 && t == 0) {  // the previous step's products are done: its stage is free
+                    const uint32_t prev = smem_addr(&empty_bar[(it - 1) % kStages]);
+                    mbar_arrive_cluster(prev, 0);
+                    mbar_arrive_cluster(prev, 1);
+                }
             }
-            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-            asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-            if (it > 0 && t == 0) {  // the previous step's products are done: its stage is free
-                const uint32_t prev = smem_addr(&empty_bar[(it - 1) % kStages]);
-                mbar_arrive_cluster(prev, 0);
-                mbar_arrive_cluster(prev, 1);
+            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+            fence_operands(d);
+            if (t == 0) {  // the item's last stage
+                const uint32_t last = smem_addr(&empty_bar[(it - 1) % kStages]);
+                mbar_arrive_cluster(last, 0);
+                mbar_arrive_cluster(last, 1);
             }
-        }
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-        fence_operands(d);
-        // Both consumer warpgroups are past every stage (and every load has landed): the stages are free to
-        // stage the output, 32 KB a warpgroup.
-        asm volatile("bar.sync 3, 256;" ::: "memory");
 
-        // Fragment: thread t holds rows 16 (t / 32) + (t % 32) / 4 + 8 h, columns 8 j + 2 (t % 4) + c as
-        // d[4 j + 2 h + c]. Staged rows are 512 bytes, their 16-byte pieces swizzled by the row's low bits.
-        const int warp = t >> 5, lane = t & 31, quad = lane & 3;
-        const float* ws = w_scale + static_cast<int64_t>(expert) * hidden + nblk * kBlockN;
-        uint8_t* const out_tile = stages_ptr + wg * 64 * kRowBytes;
+            // Fragment: thread t holds rows 16 (t / 32) + (t % 32) / 4 + 8 h, columns 8 j + 2 (t % 4) + c as
+            // d[4 j + 2 h + c]. Staged rows are 512 bytes, their 16-byte pieces swizzled by the row's low bits.
+            const float* ws = w_scale + static_cast<int64_t>(tile.expert) * hidden + nblk * kBlockN;
+            asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");  // the last item's staging is read
+            float rs[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = 16 * warp + (lane >> 2) + 8 * h;
-            const int row = row0 + wg * 64 + r;
-            const float rs = row < row_end ? fmaxf(row_scale[row], 1e-30f) : 0.0f;
+            for (int h = 0; h < 2; ++h) {
+                const int row = row0 + wg * 64 + 16 * warp + (lane >> 2) + 8 * h;
+                rs[h] = row < tile.row_end ? fmaxf(row_scale[row], 1e-30f) : 0.0f;
+            }
 #pragma unroll
             for (int j = 0; j < 32; ++j) {
                 const int col = 8 * j + 2 * quad;
-                const __nv_bfloat162 v = __floats2bfloat162_rn(d[4 * j + 2 * h] * rs * ws[col],
-                                                               d[4 * j + 2 * h + 1] * rs * ws[col + 1]);
-                *reinterpret_cast<__nv_bfloat162*>(out_tile + r * kRowBytes + ((j ^ (r & 7)) << 4) + 4 * quad) = v;
+                const float w0 = ws[col], w1 = ws[col + 1];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = 16 * warp + (lane >> 2) + 8 * h;
+                    const __nv_bfloat162 v =
+                        __floats2bfloat162_rn(d[4 * j + 2 * h] * rs[h] * w0, d[4 * j + 2 * h + 1] * rs[h] * w1);
+                    *reinterpret_cast<__nv_bfloat162*>(out_tile + r * kRowBytes + ((j ^ (r & 7)) << 4) + 4 * quad) = v;
+                }
             }
-        }
-        asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+            asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
 #pragma unroll 4
-        for (int i = 0; i < 16; ++i) {
-            const int piece_id = t + 128 * i;
-            const int r = piece_id >> 5, piece = piece_id & 31;
-            const int row = row0 + wg * 64 + r;
-            if (row < row_end) {
-                const int64_t pair = order[row];
-                const uint4 v = *reinterpret_cast<const uint4*>(out_tile + r * kRowBytes + ((piece ^ (r & 7)) << 4));
-                *reinterpret_cast<uint4*>(y + pair * hidden + nblk * kBlockN + piece * 8) = v;
+            for (int i = 0; i < 16; ++i) {
+                const int piece_id = t + 128 * i;
+                const int r = piece_id >> 5, piece = piece_id & 31;
+                const int row = row0 + wg * 64 + r;
+                if (row < tile.row_end) {
+                    const int64_t pair = order[row];
+                    const uint4 v = *reinterpret_cast<const uint4*>(out_tile + r * kRowBytes + ((piece ^ (r & 7)) << 4));
+                    *reinterpret_cast<uint4*>(y + pair * hidden + nblk * kBlockN + piece * 8) = v;
+                }
             }
         }
     }
@@ -152,26 +171,29 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
 
 cudaError_t clef::launch_down_fp8(const CUtensorMap& a_map, const CUtensorMap& w_map, const DownArgs& a,
                                   cudaStream_t stream) {
-    static bool configured = false;
-    if (!configured) {
-        const cudaError_t err =
-            cudaFuncSetAttribute(down_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-        if (err != cudaSuccess) return err;
-        configured = true;
-    }
-    const int64_t pair_tiles = (a.pairs + int64_t{a.experts} * (2 * kBlockM - 1)) / (2 * kBlockM);  // upper bound
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(2 * pair_tiles), static_cast<unsigned>(a.hidden / kBlockN), 1);
-    cfg.blockDim = dim3(kThreads, 1, 1);
-    cfg.dynamicSmemBytes = kSmemBytes;
-    cfg.stream = stream;
+    static int fit = 0;  // two-CTA clusters that fit on the GPU at once
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = 2;
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.blockDim = dim3(kThreads, 1, 1);
+    cfg.dynamicSmemBytes = kSmemBytes;
+    cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
+    if (fit == 0) {
+        cudaError_t err = cudaFuncSetAttribute(down_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+        cfg.gridDim = dim3(2, 1, 1);
+        if (err == cudaSuccess) err = cudaOccupancyMaxActiveClusters(&fit, down_fp8_kernel, &cfg);
+        if (err != cudaSuccess) return err;
+        if (fit < 1) return cudaErrorInvalidConfiguration;
+    }
+    const int64_t pair_tiles = (a.pairs + int64_t{a.experts} * (2 * kBlockM - 1)) / (2 * kBlockM);  // upper bound
+    const int64_t work = pair_tiles * (a.hidden / kBlockN);
+    const int64_t clusters = std::min<int64_t>(work, a.clusters > 0 ? a.clusters : fit);
+    cfg.gridDim = dim3(static_cast<unsigned>(2 * clusters), 1, 1);
     return cudaLaunchKernelEx(&cfg, down_fp8_kernel, a_map, w_map, a.row_scale, a.w_scale, a.order, a.counts, a.y,
-                              a.hidden, a.inter, a.experts);
+                              a.hidden, a.inter, a.experts, static_cast<int>(work));
 }

@@ -15,6 +15,10 @@ constexpr int kBlockN = 256;         // weight rows per tile (gate/up: interleav
 constexpr int kBlockK = 128;         // e4m3 bytes of k per pipeline stage
 constexpr int kGroup = kBlockN / 2;  // channels per activation scale of the gate/up output
 
+// Both kernels run (pair tile, column block) work items, a pair tile being 256 sorted rows of one expert (two
+// CTAs of 128), over a static upper bound of the pair tiles; each cluster takes items cluster, cluster +
+// clusters, ... so that, with fewer clusters than items, a CTA's loader runs ahead into its next item while its
+// multipliers finish the last one.
 struct GateUpArgs {
     const uint8_t* x;       // (T, H) e4m3 rows
     const float* x_scale;   // (T,)
@@ -26,6 +30,7 @@ struct GateUpArgs {
     float* q_scale;         // (S, I / kGroup)
     int64_t pairs;          // S = T k
     int hidden, inter, experts, top_k;
+    int clusters;           // at most this many two-CTA clusters, each looping over work items; 0: as many as fit
 };
 
 // `w_map`: the (E, 2I, H) e4m3 weights as a 3-D uint8 tensor map in (1, kBlockN / 2, kBlockK) boxes with the
@@ -40,6 +45,7 @@ struct DownArgs {
     __nv_bfloat16* y;        // (S, H) bf16, pair order
     int64_t pairs;
     int hidden, inter, experts;
+    int clusters;            // as GateUpArgs::clusters
 };
 
 // `a_map`: the (S, I) e4m3 activations as a 2-D uint8 tensor map in (kBlockM, kBlockK) boxes; `w_map`: the

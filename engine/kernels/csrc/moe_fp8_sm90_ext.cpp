@@ -5,6 +5,8 @@
 #include <c10/cuda/CUDAException.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
+
 #include "moe_fp8_sm90.h"
 
 namespace {
@@ -34,6 +36,12 @@ CUtensorMap tensor_map(const torch::Tensor& t, int rank, const cuuint64_t* dims,
     return map;
 }
 
+// The kernels' `clusters` argument: 0 as many as fit at once (persistent), else at most that many.
+int clamp_clusters(int64_t clusters) {
+    TORCH_CHECK(clusters >= 0, "clusters must be >= 0");
+    return static_cast<int>(std::min<int64_t>(clusters, int64_t{1} << 30));
+}
+
 void check(const torch::Tensor& t, c10::ScalarType dtype, int64_t dims, const char* name) {
     TORCH_CHECK(t.is_cuda() && t.is_contiguous(), name, " must be a contiguous CUDA tensor");
     TORCH_CHECK(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ", dtype);
@@ -41,10 +49,10 @@ void check(const torch::Tensor& t, c10::ScalarType dtype, int64_t dims, const ch
 }
 
 // q (S, I) e4m3 and q_scale (S, I / 128) float32 from x (T, H) e4m3, x_scale (T,), w (E, 2I, H) e4m3 with
-// w_scale (E, 2I), order (S,) and counts (E,) int32, top_w (T, k) float32.
+// w_scale (E, 2I), order (S,) and counts (E,) int32, top_w (T, k) float32; `clusters` as clamp_clusters.
 void gate_up_fp8(torch::Tensor x, torch::Tensor x_scale, torch::Tensor w, torch::Tensor w_scale,
                  torch::Tensor order, torch::Tensor counts, torch::Tensor top_w, torch::Tensor q,
-                 torch::Tensor q_scale) {
+                 torch::Tensor q_scale, int64_t clusters) {
     check(x, at::kFloat8_e4m3fn, 2, "x");
     check(x_scale, at::kFloat, 1, "x_scale");
     check(w, at::kFloat8_e4m3fn, 3, "w");
@@ -74,14 +82,15 @@ void gate_up_fp8(torch::Tensor x, torch::Tensor x_scale, torch::Tensor w, torch:
         static_cast<const uint8_t*>(x.data_ptr()), x_scale.data_ptr<float>(), w_scale.data_ptr<float>(),
         order.data_ptr<int>(), counts.data_ptr<int>(), top_w.data_ptr<float>(),
         static_cast<uint8_t*>(q.data_ptr()), q_scale.data_ptr<float>(), pairs,
-        static_cast<int>(hidden), static_cast<int>(inter), static_cast<int>(experts), static_cast<int>(top_k)};
+        static_cast<int>(hidden), static_cast<int>(inter), static_cast<int>(experts), static_cast<int>(top_k),
+        clamp_clusters(clusters)};
     C10_CUDA_CHECK(clef::launch_gate_up_fp8(map, args, at::cuda::getCurrentCUDAStream()));
 }
 
 // y (S, H) bf16 in pair order from q (S, I) e4m3 in expert order with row_scale (S,), w (E, H, I) e4m3 with
-// w_scale (E, H), order (S,) and counts (E,) int32.
+// w_scale (E, H), order (S,) and counts (E,) int32; `clusters` as clamp_clusters.
 void down_fp8(torch::Tensor q, torch::Tensor row_scale, torch::Tensor w, torch::Tensor w_scale, torch::Tensor order,
-              torch::Tensor counts, torch::Tensor y) {
+              torch::Tensor counts, torch::Tensor y, int64_t clusters) {
     check(q, at::kFloat8_e4m3fn, 2, "q");
     check(row_scale, at::kFloat, 1, "row_scale");
     check(w, at::kFloat8_e4m3fn, 3, "w");
@@ -105,7 +114,8 @@ void down_fp8(torch::Tensor q, torch::Tensor row_scale, torch::Tensor w, torch::
     const CUtensorMap w_map = tensor_map(w, 3, w_dims, w_box);
     const clef::DownArgs args{row_scale.data_ptr<float>(), w_scale.data_ptr<float>(), order.data_ptr<int>(),
                               counts.data_ptr<int>(), reinterpret_cast<__nv_bfloat16*>(y.data_ptr()), pairs,
-                              static_cast<int>(hidden), static_cast<int>(inter), static_cast<int>(experts)};
+                              static_cast<int>(hidden), static_cast<int>(inter), static_cast<int>(experts),
+                              clamp_clusters(clusters)};
     C10_CUDA_CHECK(clef::launch_down_fp8(a_map, w_map, args, at::cuda::getCurrentCUDAStream()));
 }
 

@@ -24,6 +24,8 @@
 
 #include <cuda_fp8.h>
 
+#include <algorithm>
+
 #include "sm90_common.cuh"
 
 namespace {
@@ -35,7 +37,7 @@ constexpr int kABytes = kBlockM * kBlockK;
 constexpr int kBBytes = kBlockN * kBlockK;
 constexpr int kStageBytes = kABytes + kBBytes;
 constexpr int kThreads = 384;
-constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + room to align the stages to 1024 bytes
+constexpr int kSmemBytes = kStages * kStageBytes + kBlockM * kBlockK + 1024;  // stages, staging, alignment
 constexpr float kFp8Max = 448.0f;
 
 __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
@@ -51,28 +53,19 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
     int hidden,
     int inter,
     int experts,
-    int top_k) {
+    int top_k,
+    int work) {
     extern __shared__ uint8_t smem_raw[];
     __shared__ __align__(8) uint64_t full_bar[kStages];
     __shared__ __align__(8) uint64_t empty_bar[kStages];
-    __shared__ Tile tile;
 
     const int tid = threadIdx.x;
     const uint32_t rank = cluster_rank();
-    const int nblk = blockIdx.y;
-    if (tid < 32) {
-        const Tile t = find_tile(counts, experts, static_cast<int>(blockIdx.x >> 1));
-        if (tid == 0) tile = t;
-    }
-    __syncthreads();
-    const int expert = tile.expert;
-    if (expert >= experts) return;  // both CTAs of the cluster see the same pair tile
-    const int row0 = tile.row0 + static_cast<int>(rank) * kBlockM;
-    const int row_end = tile.row_end;
-
+    const int cluster = static_cast<int>(blockIdx.x >> 1), clusters = static_cast<int>(gridDim.x >> 1);
+    const int nblocks = inter / kGroup;
     const uint32_t raw = smem_addr(smem_raw);
     const uint32_t stages = (raw + 1023u) & ~1023u;
-    uint8_t* const stages_ptr = smem_raw + (stages - raw);
+    uint8_t* const staging = smem_raw + (stages - raw) + kStages * kStageBytes;  // the output tile, 16 KB
     if (tid == 0) {
         for (int s = 0; s < kStages; ++s) {
             mbar_init(smem_addr(&full_bar[s]), kBlockM + 1);  // every loader thread, + thread 0's expect_tx
@@ -83,113 +76,143 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
     cluster_sync();
 
     const int ksteps = hidden / kBlockK;
+    // Work item w: pair tile w / nblocks, column block w % nblocks. Pair tiles past the last one end the loop
+    // (w only grows), for every warp of both CTAs alike.
     if (tid < 128) {
         // Loader: thread tid gathers 16-byte piece (tid % 8) of rows tid / 8 + 16 i.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         const int piece = tid & 7, r_first = tid >> 3;
         const uint32_t swz = static_cast<uint32_t>((piece ^ (r_first & 7)) << 4);
-        uint32_t src[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int row = row0 + r_first + 16 * i;
-            src[i] = row < row_end
-                ? static_cast<uint32_t>(order[row] / top_k) * static_cast<uint32_t>(hidden) + piece * 16
-                : 0xFFFFFFFFu;
-        }
-        for (int it = 0; it < ksteps; ++it) {
-            const int s = it % kStages;
-            const uint32_t phase = (it / kStages) & 1;
-            const uint32_t full = smem_addr(&full_bar[s]);
-            mbar_wait(smem_addr(&empty_bar[s]), phase ^ 1);
-            const uint32_t a_dst = stages + s * kStageBytes;
-            if (tid == 0) {
-                mbar_expect_tx(full, kBBytes);
-                tma_load_multicast(a_dst + kABytes + rank * (kBBytes / 2), &w_map, full, it * kBlockK,
-                                   nblk * kBlockN + static_cast<int>(rank) * (kBlockN / 2), expert);
-            }
+        int it = 0;  // pipeline step, across work items
+        for (int w = cluster; w < work; w += clusters) {
+            const int nblk = w % nblocks;
+            const Tile tile = find_tile(counts, experts, w / nblocks);
+            if (tile.expert >= experts) break;
+            const int row0 = tile.row0 + static_cast<int>(rank) * kBlockM;
+            uint32_t src[8];
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
-                if (src[i] != 0xFFFFFFFFu) {
-                    cp_async_16(a_dst + (r_first + 16 * i) * kBlockK + swz, x + src[i] + it * kBlockK);
-                }
+                const int row = row0 + r_first + 16 * i;
+                src[i] = row < tile.row_end
+                    ? static_cast<uint32_t>(order[row] / top_k) * static_cast<uint32_t>(hidden) + piece * 16
+                    : 0xFFFFFFFFu;
             }
-            cp_async_arrive(full);
+            for (int ks = 0; ks < ksteps; ++ks, ++it) {
+                const int s = it % kStages;
+                const uint32_t full = smem_addr(&full_bar[s]);
+                mbar_wait(smem_addr(&empty_bar[s]), ((it / kStages) & 1) ^ 1);
+                const uint32_t a_dst = stages + s * kStageBytes;
+                if (tid == 0) {
+                    mbar_expect_tx(full, kBBytes);
+                    tma_load_multicast(a_dst + kABytes + rank * (kBBytes / 2), &w_map, full, ks * kBlockK,
+                                       nblk * kBlockN + static_cast<int>(rank) * (kBlockN / 2), tile.expert);
+                }
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    if (src[i] != 0xFFFFFFFFu) {
+                        cp_async_16(a_dst + (r_first + 16 * i) * kBlockK + swz, x + src[i] + ks * kBlockK);
+                    }
+                }
+                cp_async_arrive(full);
+            }
         }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
         const int wg = (tid - 128) >> 7;  // rows 64 wg .. 64 wg + 63 of the tile
         const int t = tid & 127;
+        const int warp = t >> 5, lane = t & 31, quad = lane & 3;
+        uint8_t* const out_tile = staging + wg * 64 * kBlockK;
         float d[128];
 #pragma unroll
         for (int i = 0; i < 128; ++i) d[i] = 0.0f;
         fence_operands(d);
-        for (int it = 0; it < ksteps; ++it) {
-            const int s = it % kStages;
-            mbar_wait(smem_addr(&full_bar[s]), (it / kStages) & 1);
-            // the loaders' cp.async writes (generic proxy) before the tensor cores' reads (async proxy)
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            const uint32_t a = stages + s * kStageBytes + wg * 64 * kBlockK;
-            const uint32_t b = stages + s * kStageBytes + kABytes;
-            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        int it = 0;
+        for (int w = cluster; w < work; w += clusters) {
+            const int nblk = w % nblocks;
+            const Tile tile = find_tile(counts, experts, w / nblocks);
+            if (tile.expert >= experts) break;
+            const int row0 = tile.row0 + static_cast<int>(rank) * kBlockM;
+            for (int ks = 0; ks < ksteps; ++ks, ++it) {
+                const int s = it % kStages;
+                mbar_wait(smem_addr(&full_bar[s]), (it / kStages) & 1);
+                // the loaders' cp.async writes (generic proxy) before the tensor cores' reads (async proxy)
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                const uint32_t a = stages + s * kStageBytes + wg * 64 * kBlockK;
+                const uint32_t b = stages + s * kStageBytes + kABytes;
+                asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-            for (int kk = 0; kk < kBlockK / 32; ++kk) {
-                wgmma_64x256x32(d, smem_desc(a + kk * 32), smem_desc(b + kk * 32), (it > 0 || kk > 0) ? 1u : 0u);
+                for (int kk = 0; kk < kBlockK / 32; ++kk) {
+                    wgmma_64x256x32(d, smem_desc(a + kk * 32), smem_desc(b + kk * 32), (ks > 0 || kk > 0) ? 1u : 0u);
+                }
+                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+                asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+                if (ks > 0 && t == 0) {  // the previous step's products are done: its stage is free
+                    const uint32_t prev = smem_addr(&empty_bar[(it - 1) % kStages]);
+                    mbar_arrive_cluster(prev, 0);
+                    mbar_arrive_cluster(prev, 1);
+                }
             }
-            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-            asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-            if (it > 0 && t == 0) {  // the previous step's products are done: its stage is free
-                const uint32_t prev = smem_addr(&empty_bar[(it - 1) % kStages]);
-                mbar_arrive_cluster(prev, 0);
-                mbar_arrive_cluster(prev, 1);
+            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+            fence_operands(d);
+            if (t == 0) {  // the item's last stage
+                const uint32_t last = smem_addr(&empty_bar[(it - 1) % kStages]);
+                mbar_arrive_cluster(last, 0);
+                mbar_arrive_cluster(last, 1);
             }
-        }
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-        fence_operands(d);
 
-        // Epilogue. Fragment: thread t holds rows 16 (t / 32) + (t % 32) / 4 + 8 h, columns
-        // 8 j + 2 (t % 4) + c as d[4 j + 2 h + c]; c = 0 is a gate row, c = 1 its up row (channel 4 j + t % 4).
-        const int warp = t >> 5, lane = t & 31, quad = lane & 3;
-        const float* ws = w_scale + static_cast<int64_t>(expert) * 2 * inter + nblk * kBlockN;
-        uint8_t* const out_tile = stages_ptr + wg * 64 * kBlockK;  // stage 0's A rows of this warpgroup
-        const int groups = inter / kGroup;
+            // Epilogue. Fragment: thread t holds rows 16 (t / 32) + (t % 32) / 4 + 8 h, columns
+            // 8 j + 2 (t % 4) + c as d[4 j + 2 h + c]; c = 0 is a gate row, c = 1 its up row (channel 4 j + t % 4).
+            const float* ws = w_scale + static_cast<int64_t>(tile.expert) * 2 * inter + nblk * kBlockN;
+            asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");  // the last item's staging is read
+            int rows[2];
+            float xs[2], rw[2], amax[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = 16 * warp + (lane >> 2) + 8 * h;  // row within the warpgroup's 64
-            const int row = row0 + wg * 64 + r;
-            const bool ok = row < row_end;
-            const int pair = ok ? order[row] : 0;
-            const float xs = ok ? x_scale[pair / top_k] : 0.0f;
-            const float rw = ok ? top_w[pair] : 0.0f;
-            float amax = 0.0f;
+            for (int h = 0; h < 2; ++h) {
+                rows[h] = 16 * warp + (lane >> 2) + 8 * h;  // row within the warpgroup's 64
+                const int row = row0 + wg * 64 + rows[h];
+                const bool ok = row < tile.row_end;
+                const int pair = ok ? order[row] : 0;
+                xs[h] = ok ? x_scale[pair / top_k] : 0.0f;
+                rw[h] = ok ? top_w[pair] : 0.0f;
+            }
 #pragma unroll
             for (int j = 0; j < 32; ++j) {
                 const int col = 8 * j + 2 * quad;
-                const float g = d[4 * j + 2 * h] * xs * ws[col];
-                const float u = d[4 * j + 2 * h + 1] * xs * ws[col + 1];
-                const float act = g / (1.0f + __expf(-g)) * u * rw;
-                d[4 * j + 2 * h] = act;
-                amax = fmaxf(amax, fabsf(act));
-            }
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-            const float scale = fmaxf(amax, 1e-12f) / kFp8Max;
+                const float wg_ = ws[col], wu = ws[col + 1];
 #pragma unroll
-            for (int j = 0; j < 32; ++j) {
-                const int ch = 4 * j + quad;
-                const __nv_fp8_storage_t v = __nv_cvt_float_to_fp8(d[4 * j + 2 * h] / scale, __NV_SATFINITE, __NV_E4M3);
-                out_tile[r * kBlockK + (ch ^ ((r & 7) << 4))] = v;
+                for (int h = 0; h < 2; ++h) {
+                    const float g = d[4 * j + 2 * h] * xs[h] * wg_;
+                    const float u = d[4 * j + 2 * h + 1] * xs[h] * wu;
+                    const float act = g / (1.0f + __expf(-g)) * u * rw[h];
+                    d[4 * j + 2 * h] = act;  // the gate slot holds the activation from here on
+                    amax[h] = fmaxf(amax[h], fabsf(act));
+                }
             }
-            if (ok && quad == 0) q_scale[static_cast<int64_t>(row) * groups + nblk] = scale;
-        }
-        asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int piece_id = t + 128 * i;
-            const int r = piece_id >> 3, piece = piece_id & 7;
-            const int row = row0 + wg * 64 + r;
-            if (row < row_end) {
-                const uint4 v = *reinterpret_cast<const uint4*>(out_tile + r * kBlockK + ((piece ^ (r & 7)) << 4));
-                *reinterpret_cast<uint4*>(q + static_cast<int64_t>(row) * inter + nblk * kGroup + piece * 16) = v;
+            for (int h = 0; h < 2; ++h) {
+                float m = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                const float scale = fmaxf(m, 1e-12f) / kFp8Max;
+                const int r = rows[h];
+#pragma unroll
+                for (int j = 0; j < 32; ++j) {
+                    const int ch = 4 * j + quad;
+                    out_tile[r * kBlockK + (ch ^ ((r & 7) << 4))] =
+                        __nv_cvt_float_to_fp8(d[4 * j + 2 * h] / scale, __NV_SATFINITE, __NV_E4M3);
+                }
+                const int row = row0 + wg * 64 + r;
+                if (row < tile.row_end && quad == 0) q_scale[static_cast<int64_t>(row) * nblocks + nblk] = scale;
+            }
+            asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int piece_id = t + 128 * i;
+                const int r = piece_id >> 3, piece = piece_id & 7;
+                const int row = row0 + wg * 64 + r;
+                if (row < tile.row_end) {
+                    const uint4 v = *reinterpret_cast<const uint4*>(out_tile + r * kBlockK + ((piece ^ (r & 7)) << 4));
+                    *reinterpret_cast<uint4*>(q + static_cast<int64_t>(row) * inter + nblk * kGroup + piece * 16) = v;
+                }
             }
         }
     }
@@ -199,26 +222,29 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
 }  // namespace
 
 cudaError_t clef::launch_gate_up_fp8(const CUtensorMap& w_map, const GateUpArgs& a, cudaStream_t stream) {
-    static bool configured = false;
-    if (!configured) {
-        const cudaError_t err =
-            cudaFuncSetAttribute(gate_up_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-        if (err != cudaSuccess) return err;
-        configured = true;
-    }
-    const int64_t pair_tiles = (a.pairs + int64_t{a.experts} * (2 * kBlockM - 1)) / (2 * kBlockM);  // upper bound
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(2 * pair_tiles), static_cast<unsigned>(a.inter / kGroup), 1);
-    cfg.blockDim = dim3(kThreads, 1, 1);
-    cfg.dynamicSmemBytes = kSmemBytes;
-    cfg.stream = stream;
+    static int fit = 0;  // two-CTA clusters that fit on the GPU at once
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = 2;
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.blockDim = dim3(kThreads, 1, 1);
+    cfg.dynamicSmemBytes = kSmemBytes;
+    cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, gate_up_fp8_kernel, w_map, a.x, a.x_scale, a.w_scale, a.order, a.counts,
-                              a.top_w, a.q, a.q_scale, a.hidden, a.inter, a.experts, a.top_k);
+    if (fit == 0) {
+        cudaError_t err = cudaFuncSetAttribute(gate_up_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+        cfg.gridDim = dim3(2, 1, 1);
+        if (err == cudaSuccess) err = cudaOccupancyMaxActiveClusters(&fit, gate_up_fp8_kernel, &cfg);
+        if (err != cudaSuccess) return err;
+        if (fit < 1) return cudaErrorInvalidConfiguration;
+    }
+    const int64_t pair_tiles = (a.pairs + int64_t{a.experts} * (2 * kBlockM - 1)) / (2 * kBlockM);  // upper bound
+    const int64_t work = pair_tiles * (a.inter / kGroup);
+    const int64_t clusters = std::min<int64_t>(work, a.clusters > 0 ? a.clusters : fit);
+    cfg.gridDim = dim3(static_cast<unsigned>(2 * clusters), 1, 1);
+    return cudaLaunchKernelEx(&cfg, gate_up_fp8_kernel, w_map, a.x, a.x_scale, a.w_scale, a.order, a.counts, a.top_w,
+                              a.q, a.q_scale, a.hidden, a.inter, a.experts, a.top_k, static_cast<int>(work));
 }
