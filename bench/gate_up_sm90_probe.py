@@ -57,7 +57,7 @@ def where_apart(a: torch.Tensor, b: torch.Tensor, counts: torch.Tensor) -> dict[
     in_tile = (torch.arange(a.shape[0], device=a.device) - starts[expert]) % 256
     quarters = torch.bincount(in_tile[bad] // 64, minlength=4)
     col_bad = ((a - b).abs() > 0.05 * b.abs().amax(dim=1, keepdim=True))[bad]  # (bad rows, I)
-    col_quarters = col_bad.reshape(col_bad.shape[0], -1, 4, 32).sum(dim=(0, 1, 3))
+    col_quarters = col_bad.reshape(col_bad.shape[0], a.shape[1] // 128, 4, 32).sum(dim=(0, 1, 3))
     return {
         "bad_rows": int(bad.sum()),
         "bad_row_quarters": quarters.tolist(),
