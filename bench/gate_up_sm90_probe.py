@@ -2,15 +2,19 @@
 (`engine.kernels.moe_fp8_sm90`) against the shipped Triton kernels, on one full-size layer.
 
 One layer as `bench.moe_fp8` builds it (128 experts, random bf16 quantised to e4m3; uniform routing, the
-levelled load). It builds the extension first (a `build` line: seconds), then per T of `--tokens` prints,
+levelled load). It builds the extension first (a `build` line: seconds, and how many clusters of each
+kernel fit), then per T of `--tokens` prints,
 as JSON lines, microseconds per call (CUDA graph replays, median of 20):
 
 - `gate_up`: the Triton kernel at the shipped regime's shapes and at each regime's, the CUDA kernel
-  (persistent: as many clusters as fit, each looping over work items; and `each`: one cluster per item), and
+  (persistent: as many clusters as fit, each looping over work items; `each`: one cluster per item; `solo`:
+  lone CTAs, no multicast), and
   how far apart their outputs are: the share of equal e4m3 bytes, and the relative difference of the
   dequantised activations and of the scales;
 - `down`: the Triton down kernel ("row_pass") and the CUDA one (both ways) on the same row-scaled
   activations, the share of equal outputs and their relative difference;
+- `sweep` (T in `--sweep`): both CUDA kernels at 1, 4, 16, 33 and as many clusters as fit (0), with
+  clusters and `solo` (lone CTAs, no multicast);
 - `block`: the whole expert block (gate/up, down, no sum) as shipped; with the CUDA gate/up followed by the
   Triton down kernel ("row_fused", the same values as the shipped "row_pass"); with both CUDA kernels and
   the requantising pass between; each one's relative difference from the shipped block, and the shipped and
@@ -66,9 +70,14 @@ def where_apart(a: torch.Tensor, b: torch.Tensor, counts: torch.Tensor) -> dict[
 
 
 def probe(
-    rows: list[str], t: int, q8: fp8.Fp8Experts, ext: moe_fp8_sm90.Extension, gen: torch.Generator
+    rows: list[str],
+    t: int,
+    q8: fp8.Fp8Experts,
+    ext: moe_fp8_sm90.Extension,
+    gen: torch.Generator,
+    sweep: frozenset[int] = frozenset(),
 ) -> None:
-    """The `gate_up` and `block` lines of T = `t` tokens."""
+    """The `gate_up`, `down` and `block` lines of T = `t` tokens; with `t` in `sweep`, the `sweep` lines."""
     x = torch.randn(t, HIDDEN, device="cuda", generator=gen).bfloat16()
     top_w, top_i = uniform_routing(t, gen)
     xq = fp8.quantize_rows(x)
@@ -78,8 +87,8 @@ def probe(
     torch.cuda.synchronize()
     regime = "large" if moe_fp8.tiles_for(t * TOP_K, EXPERTS) is moe_fp8.LARGE else "small"
 
-    def cuda(clusters: int) -> fp8.Quantized:
-        return moe_fp8_sm90.gate_up_fp8(ext, x, order, counts, top_w, q8, xq=xq, clusters=clusters)
+    def cuda(clusters: int, *, solo: bool = False) -> fp8.Quantized:
+        return moe_fp8_sm90.gate_up_fp8(ext, x, order, counts, top_w, q8, xq=xq, clusters=clusters, solo=solo)
 
     def triton(tiles: MoeTiles | None) -> fp8.Quantized:
         return moe_fp8.activations_fp8(x, order, counts, top_w, q8, tiles, row_pass=False, xq=xq)
@@ -94,6 +103,7 @@ def probe(
         triton_large_us=round(graph_us(lambda: triton(moe_fp8.LARGE)), 1),
         cuda_us=round(graph_us(lambda: cuda(0)), 1),
         cuda_each_us=round(graph_us(lambda: cuda(EACH)), 1),
+        cuda_solo_us=round(graph_us(lambda: cuda(0, solo=True)), 1),
         bytes_equal=round(float((act_t.view(torch.uint8) == act_c.view(torch.uint8)).float().mean()), 6),
         act_rel=rel(dequantised(act_c, s_c), dequantised(act_t, s_t)),
         scale_rel=rel(s_c, s_t),
@@ -105,6 +115,9 @@ def probe(
     def down_triton() -> torch.Tensor:
         return moe_fp8.down_pairs_fp8(act_r, row_s, order, counts, q8, t, TOP_K, way="row_pass")
 
+    def down_cuda(clusters: int, *, solo: bool = False) -> torch.Tensor:
+        return moe_fp8_sm90.down_fp8(ext, act_r, row_s, order, counts, q8, clusters=clusters, solo=solo)
+
     d_t = down_triton()
     d_c = moe_fp8_sm90.down_fp8(ext, act_r, row_s, order, counts, q8)
     emit(
@@ -113,9 +126,8 @@ def probe(
         tokens=t,
         triton_us=round(graph_us(down_triton), 1),
         cuda_us=round(graph_us(lambda: moe_fp8_sm90.down_fp8(ext, act_r, row_s, order, counts, q8)), 1),
-        cuda_each_us=round(
-            graph_us(lambda: moe_fp8_sm90.down_fp8(ext, act_r, row_s, order, counts, q8, clusters=EACH)), 1
-        ),
+        cuda_each_us=round(graph_us(lambda: down_cuda(EACH)), 1),
+        cuda_solo_us=round(graph_us(lambda: down_cuda(0, solo=True)), 1),
         equal=round(float((d_t == d_c).float().mean()), 6),
         rel=rel(d_c, d_t),
     )
@@ -140,6 +152,18 @@ def probe(
         "gate_up_rel": rel(y_gate_up, y_shipped),
         "both_rel": rel(y_both, y_shipped),
     }
+    if t in sweep:
+        for clusters in (1, 4, 16, 33, 0):
+            for solo in (False, True):
+                emit(
+                    rows,
+                    kind="sweep",
+                    tokens=t,
+                    clusters=clusters,
+                    solo=solo,
+                    gate_up_us=round(graph_us(lambda: cuda(clusters, solo=solo)), 1),  # noqa: B023
+                    down_us=round(graph_us(lambda: down_cuda(clusters, solo=solo)), 1),  # noqa: B023
+                )
     if t <= 8192:
         twin = moe_fp8.experts_pairs_fp8_reference(x, order, counts, top_w, q8, "row_pass")
         line["shipped_vs_twin"] = rel(y_shipped, twin)
@@ -152,16 +176,19 @@ def main() -> int:
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     p.add_argument("--tokens", default="1,64,800,1536,3072,4096,6144,16384,65536")
     p.add_argument("--build-dir", default="/tmp/clef-sm90-ext")
+    p.add_argument("--sweep", default="64,3072,65536", help="token counts that get the `sweep` lines")
     args, out, rows = start(p)
     emit(rows, **kernel_info())
     began = time.perf_counter()
     ext = moe_fp8_sm90.build(Path(args.build_dir))
-    emit(rows, kind="build", seconds=round(time.perf_counter() - began, 1))
+    gate_up_fit, down_fit = ext.clusters_fit()
+    emit(rows, kind="build", seconds=round(time.perf_counter() - began, 1), fit=[gate_up_fit, down_fit])
+    sweep = frozenset(int(v) for v in args.sweep.split(",") if v)
     gen = torch.Generator(device="cuda").manual_seed(0)
     q8 = fp8.quantize_experts(*random_experts(gen))
     with torch.inference_mode():
         for t in (int(v) for v in args.tokens.split(",")):
-            probe(rows, t, q8, ext, gen)
+            probe(rows, t, q8, ext, gen, sweep)
             (out / "gate_up_sm90_probe.jsonl").write_text("\n".join(rows) + "\n")
     return 0
 

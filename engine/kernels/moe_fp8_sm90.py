@@ -56,6 +56,7 @@ class Extension(Protocol):
         q: torch.Tensor,
         q_scale: torch.Tensor,
         clusters: int,
+        solo: bool,
     ) -> None: ...
 
     def down_fp8(
@@ -68,7 +69,10 @@ class Extension(Protocol):
         counts: torch.Tensor,
         y: torch.Tensor,
         clusters: int,
+        solo: bool,
     ) -> None: ...
+
+    def clusters_fit(self) -> tuple[int, int]: ...
 
 
 def build(build_dir: Path, *, verbose: bool = False) -> Extension:
@@ -97,11 +101,13 @@ def gate_up_fp8(
     q8: Fp8Experts,
     xq: Quantized | None = None,
     clusters: int = 0,
+    solo: bool = False,
 ) -> Quantized:
     """`activations_fp8(x, order, counts, top_w, q8, row_pass=False, xq=xq)` through the CUDA kernel: the
     same arguments (`order`, `counts` int32; `top_w` (T, k) float32), (S, I) e4m3 and (S, I / 128) scales.
     `clusters`: 0 runs as many two-CTA clusters as fit at once, each looping over its work items
-    (persistent); N > 0 at most N (a large N: one cluster per item)."""
+    (persistent); N > 0 at most N (a large N: one cluster per item). `solo`: no clusters, twice as many lone
+    CTAs each loading its whole weight tile (no multicast)."""
     t = x.shape[0]
     inter = q8.gate_up.shape[1] // 2
     pairs = t * top_w.shape[1]
@@ -110,7 +116,7 @@ def gate_up_fp8(
     if not t:
         return act, act_s
     xq_, xs = xq if xq is not None else quantize_rows(x)
-    ext.gate_up_fp8(xq_, xs, q8.gate_up, q8.gate_up_scale, order, counts, top_w, act, act_s, clusters)
+    ext.gate_up_fp8(xq_, xs, q8.gate_up, q8.gate_up_scale, order, counts, top_w, act, act_s, clusters, solo)
     return act, act_s
 
 
@@ -122,12 +128,13 @@ def down_fp8(
     counts: torch.Tensor,
     q8: Fp8Experts,
     clusters: int = 0,
+    solo: bool = False,
 ) -> torch.Tensor:
     """`down_pairs_fp8(act, row_s, order, counts, q8, T, k, way="row_pass")` through the CUDA kernel: `act`
     (S, I) e4m3 in expert order with one scale per row `row_s` (S,) -> (S, H) bf16 in pair order.
-    `clusters` as `gate_up_fp8`'s."""
+    `clusters` and `solo` as `gate_up_fp8`'s."""
     y = torch.empty(act.shape[0], q8.down.shape[1], dtype=torch.bfloat16, device=act.device)
-    ext.down_fp8(act, row_s, q8.down, q8.down_scale, order, counts, y, clusters)
+    ext.down_fp8(act, row_s, q8.down, q8.down_scale, order, counts, y, clusters, solo)
     return y
 
 
@@ -140,8 +147,10 @@ def experts_pairs_fp8(
     q8: Fp8Experts,
     xq: Quantized | None = None,
     clusters: int = 0,
+    solo: bool = False,
 ) -> torch.Tensor:
     """`engine.kernels.moe_fp8.experts_pairs_fp8` (same arguments) with both GEMMs through the CUDA kernels
-    and the Triton requantising pass between: (T k, H) bf16 in pair order. `clusters` as `gate_up_fp8`'s."""
-    act, act_s = gate_up_fp8(ext, x, order, counts, top_w, q8, xq, clusters)
-    return down_fp8(ext, act, requant_rows(act, act_s), order, counts, q8, clusters)
+    and the Triton requantising pass between: (T k, H) bf16 in pair order. `clusters` and `solo` as
+    `gate_up_fp8`'s."""
+    act, act_s = gate_up_fp8(ext, x, order, counts, top_w, q8, xq, clusters, solo)
+    return down_fp8(ext, act, requant_rows(act, act_s), order, counts, q8, clusters, solo)

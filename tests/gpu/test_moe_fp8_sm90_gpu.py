@@ -72,6 +72,9 @@ def test_sm90_gate_up_matches_the_triton_kernel_and_float32(ext: moe_fp8_sm90.Ex
     each, each_s = moe_fp8_sm90.gate_up_fp8(ext, x, order, counts, top_w, q8, xq=xq, clusters=1 << 30)
     assert torch.equal(each.view(torch.uint8), act.view(torch.uint8))  # persistent or not, same bytes
     assert torch.equal(each_s, act_s)
+    solo, solo_s = moe_fp8_sm90.gate_up_fp8(ext, x, order, counts, top_w, q8, xq=xq, solo=True)
+    assert torch.equal(solo.view(torch.uint8), act.view(torch.uint8))  # lone CTAs, no multicast
+    assert torch.equal(solo_s, act_s)
     one, one_s = moe_fp8_sm90.gate_up_fp8(ext, x, order, counts, top_w, q8, xq=xq, clusters=1)
     assert torch.equal(one.view(torch.uint8), act.view(torch.uint8))  # one cluster loops over every item
     assert torch.equal(one_s, act_s)
@@ -108,6 +111,7 @@ def test_sm90_down_and_block_match_the_triton_kernels(ext: moe_fp8_sm90.Extensio
     out = moe_fp8_sm90.down_fp8(ext, act, row_s, order, counts, q8)
     assert torch.equal(moe_fp8_sm90.down_fp8(ext, act, row_s, order, counts, q8, clusters=1 << 30), out)
     assert torch.equal(moe_fp8_sm90.down_fp8(ext, act, row_s, order, counts, q8, clusters=1), out)
+    assert torch.equal(moe_fp8_sm90.down_fp8(ext, act, row_s, order, counts, q8, solo=True), out)
     equal = float((out == ref).float().mean())
     rel_down = _rel(out.float(), ref.float())
     twin = moe_fp8.experts_pairs_fp8_reference(x, order, counts, top_w, q8, "row_pass").float()

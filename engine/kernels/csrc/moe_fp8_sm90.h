@@ -31,11 +31,16 @@ struct GateUpArgs {
     int64_t pairs;          // S = T k
     int hidden, inter, experts, top_k;
     int clusters;           // at most this many two-CTA clusters, each looping over work items; 0: as many as fit
+    bool solo;              // no clusters: each CTA loads its whole weight tile (twice the CTAs, no multicast)
 };
 
 // `w_map`: the (E, 2I, H) e4m3 weights as a 3-D uint8 tensor map in (1, kBlockN / 2, kBlockK) boxes with the
 // 128-byte swizzle. Launches on `stream`; returns the launch's error.
 cudaError_t launch_gate_up_fp8(const CUtensorMap& w_map, const GateUpArgs& args, cudaStream_t stream);
+
+// How many two-CTA clusters of each kernel the current GPU holds at once (cudaOccupancyMaxActiveClusters).
+cudaError_t gate_up_fp8_clusters(int* fit);
+cudaError_t down_fp8_clusters(int* fit);
 
 struct DownArgs {
     const float* row_scale;  // (S,) one scale per activation row (the requantising pass)
@@ -46,6 +51,7 @@ struct DownArgs {
     int64_t pairs;
     int hidden, inter, experts;
     int clusters;            // as GateUpArgs::clusters
+    bool solo;               // as GateUpArgs::solo
 };
 
 // `a_map`: the (S, I) e4m3 activations as a 2-D uint8 tensor map in (kBlockM, kBlockK) boxes; `w_map`: the

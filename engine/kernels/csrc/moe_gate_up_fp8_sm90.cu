@@ -54,14 +54,15 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
     int inter,
     int experts,
     int top_k,
-    int work) {
+    int work,
+    bool solo) {
     extern __shared__ uint8_t smem_raw[];
     __shared__ __align__(8) uint64_t full_bar[kStages];
     __shared__ __align__(8) uint64_t empty_bar[kStages];
 
     const int tid = threadIdx.x;
-    const uint32_t rank = cluster_rank();
-    const int cluster = static_cast<int>(blockIdx.x >> 1), clusters = static_cast<int>(gridDim.x >> 1);
+    const uint32_t my_rank = solo ? 0u : cluster_rank();
+    const Share mine = share(solo, work);
     const int nblocks = inter / kGroup;
     const uint32_t raw = smem_addr(smem_raw);
     const uint32_t stages = (raw + 1023u) & ~1023u;
@@ -69,7 +70,7 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
     if (tid == 0) {
         for (int s = 0; s < kStages; ++s) {
             mbar_init(smem_addr(&full_bar[s]), kBlockM + 1);  // every loader thread, + thread 0's expect_tx
-            mbar_init(smem_addr(&empty_bar[s]), 4);           // 2 consumer warpgroups x 2 CTAs
+            mbar_init(smem_addr(&empty_bar[s]), solo ? 2 : 4);           // 2 consumer warpgroups x 2 CTAs
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -84,11 +85,14 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
         const int piece = tid & 7, r_first = tid >> 3;
         const uint32_t swz = static_cast<uint32_t>((piece ^ (r_first & 7)) << 4);
         int it = 0;  // pipeline step, across work items
-        for (int w = cluster; w < work; w += clusters) {
+        for (int v = mine.first; v < mine.items; v += mine.stride) {
+            const int w = solo ? v >> 1 : v;
+            const uint32_t rank = solo ? static_cast<uint32_t>(v & 1) : my_rank;
             const int nblk = w % nblocks;
             const Tile tile = find_tile(counts, experts, w / nblocks);
             if (tile.expert >= experts) break;
             const int row0 = tile.row0 + static_cast<int>(rank) * kBlockM;
+            if (solo && row0 >= tile.row_end) continue;  // an empty half item: nobody waits on it
             uint32_t src[8];
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
@@ -104,8 +108,15 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
                 const uint32_t a_dst = stages + s * kStageBytes;
                 if (tid == 0) {
                     mbar_expect_tx(full, kBBytes);
-                    tma_load_multicast(a_dst + kABytes + rank * (kBBytes / 2), &w_map, full, ks * kBlockK,
-                                       nblk * kBlockN + static_cast<int>(rank) * (kBlockN / 2), tile.expert);
+                    if (solo) {
+                        for (int half = 0; half < 2; ++half) {
+                            tma_load_3d(a_dst + kABytes + half * (kBBytes / 2), &w_map, full, ks * kBlockK,
+                                        nblk * kBlockN + half * (kBlockN / 2), tile.expert);
+                        }
+                    } else {
+                        tma_load_multicast(a_dst + kABytes + rank * (kBBytes / 2), &w_map, full, ks * kBlockK,
+                                           nblk * kBlockN + static_cast<int>(rank) * (kBlockN / 2), tile.expert);
+                    }
                 }
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
@@ -127,11 +138,14 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
         for (int i = 0; i < 128; ++i) d[i] = 0.0f;
         fence_operands(d);
         int it = 0;
-        for (int w = cluster; w < work; w += clusters) {
+        for (int v = mine.first; v < mine.items; v += mine.stride) {
+            const int w = solo ? v >> 1 : v;
+            const uint32_t rank = solo ? static_cast<uint32_t>(v & 1) : my_rank;
             const int nblk = w % nblocks;
             const Tile tile = find_tile(counts, experts, w / nblocks);
             if (tile.expert >= experts) break;
             const int row0 = tile.row0 + static_cast<int>(rank) * kBlockM;
+            if (solo && row0 >= tile.row_end) continue;  // an empty half item: nobody waits on it
             for (int ks = 0; ks < ksteps; ++ks, ++it) {
                 const int s = it % kStages;
                 mbar_wait(smem_addr(&full_bar[s]), (it / kStages) & 1);
@@ -149,7 +163,7 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
                 if (ks > 0 && t == 0) {  // the previous step's products are done: its stage is free
                     const uint32_t prev = smem_addr(&empty_bar[(it - 1) % kStages]);
                     mbar_arrive_cluster(prev, 0);
-                    mbar_arrive_cluster(prev, 1);
+                    if (!solo) mbar_arrive_cluster(prev, 1);
                 }
             }
             asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
@@ -157,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
             if (t == 0) {  // the item's last stage
                 const uint32_t last = smem_addr(&empty_bar[(it - 1) % kStages]);
                 mbar_arrive_cluster(last, 0);
-                mbar_arrive_cluster(last, 1);
+                if (!solo) mbar_arrive_cluster(last, 1);
             }
 
             // Epilogue. Fragment: thread t holds rows 16 (t / 32) + (t % 32) / 4 + 8 h, columns
@@ -221,9 +235,10 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
 
 }  // namespace
 
-cudaError_t clef::launch_gate_up_fp8(const CUtensorMap& w_map, const GateUpArgs& a, cudaStream_t stream) {
-    static int fit = 0;  // two-CTA clusters that fit on the GPU at once
-    cudaLaunchAttribute attr[1];
+namespace {
+
+// The launch configuration of gate_up_fp8_kernel (grid left to the caller), its cluster attribute in `attr`.
+cudaLaunchConfig_t config(cudaLaunchAttribute* attr, cudaStream_t stream) {
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = 2;
     attr[0].val.clusterDim.y = 1;
@@ -234,17 +249,37 @@ cudaError_t clef::launch_gate_up_fp8(const CUtensorMap& w_map, const GateUpArgs&
     cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    if (fit == 0) {
+    return cfg;
+}
+
+}  // namespace
+
+cudaError_t clef::gate_up_fp8_clusters(int* fit) {
+    static int cached = 0;
+    if (cached == 0) {
         cudaError_t err = cudaFuncSetAttribute(gate_up_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+        cudaLaunchAttribute attr[1];
+        cudaLaunchConfig_t cfg = config(attr, nullptr);
         cfg.gridDim = dim3(2, 1, 1);
-        if (err == cudaSuccess) err = cudaOccupancyMaxActiveClusters(&fit, gate_up_fp8_kernel, &cfg);
+        if (err == cudaSuccess) err = cudaOccupancyMaxActiveClusters(&cached, gate_up_fp8_kernel, &cfg);
         if (err != cudaSuccess) return err;
-        if (fit < 1) return cudaErrorInvalidConfiguration;
+        if (cached < 1) return cudaErrorInvalidConfiguration;
     }
+    *fit = cached;
+    return cudaSuccess;
+}
+
+cudaError_t clef::launch_gate_up_fp8(const CUtensorMap& w_map, const GateUpArgs& a, cudaStream_t stream) {
+    int fit = 0;
+    const cudaError_t err = gate_up_fp8_clusters(&fit);
+    if (err != cudaSuccess) return err;
+    cudaLaunchAttribute attr[1];
+    cudaLaunchConfig_t cfg = config(attr, stream);
     const int64_t pair_tiles = (a.pairs + int64_t{a.experts} * (2 * kBlockM - 1)) / (2 * kBlockM);  // upper bound
     const int64_t work = pair_tiles * (a.inter / kGroup);
     const int64_t clusters = std::min<int64_t>(work, a.clusters > 0 ? a.clusters : fit);
-    cfg.gridDim = dim3(static_cast<unsigned>(2 * clusters), 1, 1);
+    cfg.gridDim = dim3(static_cast<unsigned>(2 * clusters), 1, 1);  // solo: as many lone CTAs
+    if (a.solo) cfg.numAttrs = 0;
     return cudaLaunchKernelEx(&cfg, gate_up_fp8_kernel, w_map, a.x, a.x_scale, a.w_scale, a.order, a.counts, a.top_w,
-                              a.q, a.q_scale, a.hidden, a.inter, a.experts, a.top_k, static_cast<int>(work));
+                              a.q, a.q_scale, a.hidden, a.inter, a.experts, a.top_k, static_cast<int>(work), a.solo);
 }

@@ -79,6 +79,14 @@ __device__ __forceinline__ void tma_load_multicast(
         : "memory");
 }
 
+// A (1, 128, 128) box of a 3-D tensor map at (expert, row, k) into `dst` of this CTA, counted on `bar`.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int k, int row, int expert) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(k), "r"(row), "r"(expert)
+        : "memory");
+}
+
 // A (128, 128) box of a 2-D tensor map at (k, row) into `dst` of this CTA, counted on `bar`.
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int k, int row) {
     asm volatile(
@@ -125,6 +133,18 @@ __device__ __forceinline__ void wgmma_64x256x32(float (&d)[128], uint64_t a, uin
           "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
           "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
         : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// This CTA's share of the work: with clusters, CTA `rank` of cluster `first` of `stride` takes the `rank` half of
+// items first, first + stride, ...; alone (`solo`), CTA `first` of `stride` takes half items first, first +
+// stride, ... of twice as many (item w: half w % 2 of item w / 2), loading the whole weight tile itself.
+struct Share {
+    int first, stride, items;
+};
+
+__device__ inline Share share(bool solo, int work) {
+    if (solo) return Share{static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), 2 * work};
+    return Share{static_cast<int>(blockIdx.x >> 1), static_cast<int>(gridDim.x >> 1), work};
 }
 
 struct Tile {
