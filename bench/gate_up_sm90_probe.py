@@ -14,7 +14,8 @@ as JSON lines, microseconds per call (CUDA graph replays, median of 20):
 - `down`: the Triton down kernel ("row_pass") and the CUDA one (both ways) on the same row-scaled
   activations, the share of equal outputs and their relative difference;
 - `sweep` (T in `--sweep`): both CUDA kernels at 1, 4, 16, 33 and as many clusters as fit (0), with
-  clusters and `solo` (lone CTAs, no multicast);
+  clusters and `solo` (lone CTAs, no multicast); and `ablate` lines: each kernel without its tensor-core
+  products and without its loads (wrong results, the time of the other half alone);
 - `block`: the whole expert block (gate/up, down, no sum) as shipped; with the CUDA gate/up followed by the
   Triton down kernel ("row_fused", the same values as the shipped "row_pass"); with both CUDA kernels and
   the requantising pass between; each one's relative difference from the shipped block, and the shipped and
@@ -87,8 +88,10 @@ def probe(
     torch.cuda.synchronize()
     regime = "large" if moe_fp8.tiles_for(t * TOP_K, EXPERTS) is moe_fp8.LARGE else "small"
 
-    def cuda(clusters: int, *, solo: bool = False) -> fp8.Quantized:
-        return moe_fp8_sm90.gate_up_fp8(ext, x, order, counts, top_w, q8, xq=xq, clusters=clusters, solo=solo)
+    def cuda(clusters: int, *, solo: bool = False, ablate: int = 0) -> fp8.Quantized:
+        return moe_fp8_sm90.gate_up_fp8(
+            ext, x, order, counts, top_w, q8, xq=xq, clusters=clusters, solo=solo, ablate=ablate
+        )
 
     def triton(tiles: MoeTiles | None) -> fp8.Quantized:
         return moe_fp8.activations_fp8(x, order, counts, top_w, q8, tiles, row_pass=False, xq=xq)
@@ -115,8 +118,10 @@ def probe(
     def down_triton() -> torch.Tensor:
         return moe_fp8.down_pairs_fp8(act_r, row_s, order, counts, q8, t, TOP_K, way="row_pass")
 
-    def down_cuda(clusters: int, *, solo: bool = False) -> torch.Tensor:
-        return moe_fp8_sm90.down_fp8(ext, act_r, row_s, order, counts, q8, clusters=clusters, solo=solo)
+    def down_cuda(clusters: int, *, solo: bool = False, ablate: int = 0) -> torch.Tensor:
+        return moe_fp8_sm90.down_fp8(
+            ext, act_r, row_s, order, counts, q8, clusters=clusters, solo=solo, ablate=ablate
+        )
 
     d_t = down_triton()
     d_c = moe_fp8_sm90.down_fp8(ext, act_r, row_s, order, counts, q8)
@@ -153,6 +158,17 @@ def probe(
         "both_rel": rel(y_both, y_shipped),
     }
     if t in sweep:
+        for ablate in (1, 2):  # without the products, without the loads
+            for solo in (False, True):
+                emit(
+                    rows,
+                    kind="ablate",
+                    tokens=t,
+                    ablate=("no_products", "no_loads")[ablate - 1],
+                    solo=solo,
+                    gate_up_us=round(graph_us(lambda: cuda(0, solo=solo, ablate=ablate)), 1),  # noqa: B023
+                    down_us=round(graph_us(lambda: down_cuda(0, solo=solo, ablate=ablate)), 1),  # noqa: B023
+                )
         for clusters in (1, 4, 16, 33, 0):
             for solo in (False, True):
                 emit(

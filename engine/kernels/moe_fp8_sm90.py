@@ -57,6 +57,7 @@ class Extension(Protocol):
         q_scale: torch.Tensor,
         clusters: int,
         solo: bool,
+        ablate: int,
     ) -> None: ...
 
     def down_fp8(
@@ -70,6 +71,7 @@ class Extension(Protocol):
         y: torch.Tensor,
         clusters: int,
         solo: bool,
+        ablate: int,
     ) -> None: ...
 
     def clusters_fit(self) -> tuple[int, int]: ...
@@ -102,12 +104,14 @@ def gate_up_fp8(
     xq: Quantized | None = None,
     clusters: int = 0,
     solo: bool = False,
+    ablate: int = 0,
 ) -> Quantized:
     """`activations_fp8(x, order, counts, top_w, q8, row_pass=False, xq=xq)` through the CUDA kernel: the
     same arguments (`order`, `counts` int32; `top_w` (T, k) float32), (S, I) e4m3 and (S, I / 128) scales.
     `clusters`: 0 runs as many two-CTA clusters as fit at once, each looping over its work items
     (persistent); N > 0 at most N (a large N: one cluster per item). `solo`: no clusters, twice as many lone
-    CTAs each loading its whole weight tile (no multicast)."""
+    CTAs each loading its whole weight tile (no multicast). `ablate` (benches; the results are then wrong): 1
+    drops the tensor-core products, 2 the loads."""
     t = x.shape[0]
     inter = q8.gate_up.shape[1] // 2
     pairs = t * top_w.shape[1]
@@ -116,7 +120,7 @@ def gate_up_fp8(
     if not t:
         return act, act_s
     xq_, xs = xq if xq is not None else quantize_rows(x)
-    ext.gate_up_fp8(xq_, xs, q8.gate_up, q8.gate_up_scale, order, counts, top_w, act, act_s, clusters, solo)
+    ext.gate_up_fp8(xq_, xs, q8.gate_up, q8.gate_up_scale, order, counts, top_w, act, act_s, clusters, solo, ablate)
     return act, act_s
 
 
@@ -129,12 +133,13 @@ def down_fp8(
     q8: Fp8Experts,
     clusters: int = 0,
     solo: bool = False,
+    ablate: int = 0,
 ) -> torch.Tensor:
     """`down_pairs_fp8(act, row_s, order, counts, q8, T, k, way="row_pass")` through the CUDA kernel: `act`
     (S, I) e4m3 in expert order with one scale per row `row_s` (S,) -> (S, H) bf16 in pair order.
-    `clusters` and `solo` as `gate_up_fp8`'s."""
+    `clusters`, `solo` and `ablate` as `gate_up_fp8`'s."""
     y = torch.empty(act.shape[0], q8.down.shape[1], dtype=torch.bfloat16, device=act.device)
-    ext.down_fp8(act, row_s, q8.down, q8.down_scale, order, counts, y, clusters, solo)
+    ext.down_fp8(act, row_s, q8.down, q8.down_scale, order, counts, y, clusters, solo, ablate)
     return y
 
 

@@ -40,7 +40,8 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
     int inter,
     int experts,
     int work,
-    bool solo) {
+    bool solo,
+    int ablate) {
     extern __shared__ uint8_t smem_raw[];
     __shared__ __align__(8) uint64_t full_bar[kStages];
     __shared__ __align__(8) uint64_t empty_bar[kStages];
@@ -81,9 +82,10 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
                         const uint32_t full = smem_addr(&full_bar[s]);
                         mbar_wait(smem_addr(&empty_bar[s]), ((it / kStages) & 1) ^ 1);
                         const uint32_t a_dst = stages + s * kStageBytes;
-                        mbar_expect_tx(full, kABytes + kBBytes);
-                        tma_load_2d(a_dst, &a_map, full, ks * kBlockK, row0);
-                        if (solo) {
+                        mbar_expect_tx(full, ablate == 2 ? 0 : kABytes + kBBytes);
+                        if (ablate != 2) tma_load_2d(a_dst, &a_map, full, ks * kBlockK, row0);
+                        if (ablate == 2) {
+                        } else if (solo) {
                             for (int half = 0; half < 2; ++half) {
                                 tma_load_3d(a_dst + kABytes + half * (kBBytes / 2), &w_map, full, ks * kBlockK,
                                             nblk * kBlockN + half * (kBlockN / 2), tile.expert);
@@ -123,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
                 const uint32_t b = stages + s * kStageBytes + kABytes;
                 asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-                for (int kk = 0; kk < kBlockK / 32; ++kk) {
+                for (int kk = 0; kk < (ablate == 1 ? 0 : kBlockK / 32); ++kk) {
                     wgmma_64x256x32(d, smem_desc(a + kk * 32), smem_desc(b + kk * 32), (ks > 0 || kk > 0) ? 1u : 0u);
                 }
                 asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -230,5 +232,5 @@ cudaError_t clef::launch_down_fp8(const CUtensorMap& a_map, const CUtensorMap& w
     cfg.gridDim = dim3(static_cast<unsigned>(2 * clusters), 1, 1);  // solo: as many lone CTAs
     if (a.solo) cfg.numAttrs = 0;
     return cudaLaunchKernelEx(&cfg, down_fp8_kernel, a_map, w_map, a.row_scale, a.w_scale, a.order, a.counts, a.y,
-                              a.hidden, a.inter, a.experts, static_cast<int>(work), a.solo);
+                              a.hidden, a.inter, a.experts, static_cast<int>(work), a.solo, a.ablate);
 }

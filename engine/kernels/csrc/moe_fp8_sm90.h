@@ -32,6 +32,7 @@ struct GateUpArgs {
     int hidden, inter, experts, top_k;
     int clusters;           // at most this many two-CTA clusters, each looping over work items; 0: as many as fit
     bool solo;              // no clusters: each CTA loads its whole weight tile (twice the CTAs, no multicast)
+    int ablate;             // benches: 0 the kernel; 1 without the products, 2 without the loads (wrong results)
 };
 
 // `w_map`: the (E, 2I, H) e4m3 weights as a 3-D uint8 tensor map in (1, kBlockN / 2, kBlockK) boxes with the
@@ -52,6 +53,7 @@ struct DownArgs {
     int hidden, inter, experts;
     int clusters;            // as GateUpArgs::clusters
     bool solo;               // as GateUpArgs::solo
+    int ablate;              // as GateUpArgs::ablate
 };
 
 // `a_map`: the (S, I) e4m3 activations as a 2-D uint8 tensor map in (kBlockM, kBlockK) boxes; `w_map`: the

@@ -51,10 +51,10 @@ void check(const torch::Tensor& t, c10::ScalarType dtype, int64_t dims, const ch
 
 // q (S, I) e4m3 and q_scale (S, I / 128) float32 from x (T, H) e4m3, x_scale (T,), w (E, 2I, H) e4m3 with
 // w_scale (E, 2I), order (S,) and counts (E,) int32, top_w (T, k) float32; `clusters` as clamp_clusters,
-// `solo` as clef::GateUpArgs::solo.
+// `solo` and `ablate` as clef::GateUpArgs' (ablate: benches only).
 void gate_up_fp8(torch::Tensor x, torch::Tensor x_scale, torch::Tensor w, torch::Tensor w_scale,
                  torch::Tensor order, torch::Tensor counts, torch::Tensor top_w, torch::Tensor q,
-                 torch::Tensor q_scale, int64_t clusters, bool solo) {
+                 torch::Tensor q_scale, int64_t clusters, bool solo, int64_t ablate) {
     check(x, at::kFloat8_e4m3fn, 2, "x");
     check(x_scale, at::kFloat, 1, "x_scale");
     check(w, at::kFloat8_e4m3fn, 3, "w");
@@ -85,14 +85,14 @@ void gate_up_fp8(torch::Tensor x, torch::Tensor x_scale, torch::Tensor w, torch:
         order.data_ptr<int>(), counts.data_ptr<int>(), top_w.data_ptr<float>(),
         static_cast<uint8_t*>(q.data_ptr()), q_scale.data_ptr<float>(), pairs,
         static_cast<int>(hidden), static_cast<int>(inter), static_cast<int>(experts), static_cast<int>(top_k),
-        clamp_clusters(clusters), solo};
+        clamp_clusters(clusters), solo, static_cast<int>(ablate)};
     C10_CUDA_CHECK(clef::launch_gate_up_fp8(map, args, at::cuda::getCurrentCUDAStream()));
 }
 
 // y (S, H) bf16 in pair order from q (S, I) e4m3 in expert order with row_scale (S,), w (E, H, I) e4m3 with
-// w_scale (E, H), order (S,) and counts (E,) int32; `clusters` and `solo` as gate_up_fp8's.
+// w_scale (E, H), order (S,) and counts (E,) int32; `clusters`, `solo` and `ablate` as gate_up_fp8's.
 void down_fp8(torch::Tensor q, torch::Tensor row_scale, torch::Tensor w, torch::Tensor w_scale, torch::Tensor order,
-              torch::Tensor counts, torch::Tensor y, int64_t clusters, bool solo) {
+              torch::Tensor counts, torch::Tensor y, int64_t clusters, bool solo, int64_t ablate) {
     check(q, at::kFloat8_e4m3fn, 2, "q");
     check(row_scale, at::kFloat, 1, "row_scale");
     check(w, at::kFloat8_e4m3fn, 3, "w");
@@ -117,7 +117,7 @@ void down_fp8(torch::Tensor q, torch::Tensor row_scale, torch::Tensor w, torch::
     const clef::DownArgs args{row_scale.data_ptr<float>(), w_scale.data_ptr<float>(), order.data_ptr<int>(),
                               counts.data_ptr<int>(), reinterpret_cast<__nv_bfloat16*>(y.data_ptr()), pairs,
                               static_cast<int>(hidden), static_cast<int>(inter), static_cast<int>(experts),
-                              clamp_clusters(clusters), solo};
+                              clamp_clusters(clusters), solo, static_cast<int>(ablate)};
     C10_CUDA_CHECK(clef::launch_down_fp8(a_map, w_map, args, at::cuda::getCurrentCUDAStream()));
 }
 

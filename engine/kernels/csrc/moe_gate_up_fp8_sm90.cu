@@ -55,7 +55,8 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
     int experts,
     int top_k,
     int work,
-    bool solo) {
+    bool solo,
+    int ablate) {
     extern __shared__ uint8_t smem_raw[];
     __shared__ __align__(8) uint64_t full_bar[kStages];
     __shared__ __align__(8) uint64_t empty_bar[kStages];
@@ -107,8 +108,9 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
                 mbar_wait(smem_addr(&empty_bar[s]), ((it / kStages) & 1) ^ 1);
                 const uint32_t a_dst = stages + s * kStageBytes;
                 if (tid == 0) {
-                    mbar_expect_tx(full, kBBytes);
-                    if (solo) {
+                    mbar_expect_tx(full, ablate == 2 ? 0 : kBBytes);
+                    if (ablate == 2) {
+                    } else if (solo) {
                         for (int half = 0; half < 2; ++half) {
                             tma_load_3d(a_dst + kABytes + half * (kBBytes / 2), &w_map, full, ks * kBlockK,
                                         nblk * kBlockN + half * (kBlockN / 2), tile.expert);
@@ -120,7 +122,7 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
                 }
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
-                    if (src[i] != 0xFFFFFFFFu) {
+                    if (ablate != 2 && src[i] != 0xFFFFFFFFu) {
                         cp_async_16(a_dst + (r_first + 16 * i) * kBlockK + swz, x + src[i] + ks * kBlockK);
                     }
                 }
@@ -155,7 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
                 const uint32_t b = stages + s * kStageBytes + kABytes;
                 asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-                for (int kk = 0; kk < kBlockK / 32; ++kk) {
+                for (int kk = 0; kk < (ablate == 1 ? 0 : kBlockK / 32); ++kk) {
                     wgmma_64x256x32(d, smem_desc(a + kk * 32), smem_desc(b + kk * 32), (ks > 0 || kk > 0) ? 1u : 0u);
                 }
                 asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -281,5 +283,5 @@ cudaError_t clef::launch_gate_up_fp8(const CUtensorMap& w_map, const GateUpArgs&
     cfg.gridDim = dim3(static_cast<unsigned>(2 * clusters), 1, 1);  // solo: as many lone CTAs
     if (a.solo) cfg.numAttrs = 0;
     return cudaLaunchKernelEx(&cfg, gate_up_fp8_kernel, w_map, a.x, a.x_scale, a.w_scale, a.order, a.counts, a.top_w,
-                              a.q, a.q_scale, a.hidden, a.inter, a.experts, a.top_k, static_cast<int>(work), a.solo);
+                              a.q, a.q_scale, a.hidden, a.inter, a.experts, a.top_k, static_cast<int>(work), a.solo, a.ablate);
 }

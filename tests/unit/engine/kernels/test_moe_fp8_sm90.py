@@ -35,7 +35,7 @@ class _Recorder:
     """A stand-in for the compiled module: records what each call was given."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[torch.Tensor, ...], int, bool]] = []
+        self.calls: list[tuple[str, tuple[torch.Tensor, ...], int, bool, int]] = []
 
     def gate_up_fp8(self, *args: torch.Tensor | int | bool) -> None:
         self.calls.append(("gate_up_fp8", *_split(args)))
@@ -47,13 +47,16 @@ class _Recorder:
         return 66, 66
 
 
-def _split(args: tuple[torch.Tensor | int | bool, ...]) -> tuple[tuple[torch.Tensor, ...], int, bool]:
-    # (the tensors, the trailing `clusters` and `solo`) of one call
-    *tensors, clusters, solo = args
+def _split(
+    args: tuple[torch.Tensor | int | bool, ...],
+) -> tuple[tuple[torch.Tensor, ...], int, bool, int]:
+    # (the tensors, the trailing `clusters`, `solo` and `ablate`) of one call
+    *tensors, clusters, solo, ablate = args
     assert all(isinstance(a, torch.Tensor) for a in tensors)
     assert isinstance(clusters, int)
     assert isinstance(solo, bool)
-    return tuple(a for a in tensors if isinstance(a, torch.Tensor)), clusters, solo
+    assert isinstance(ablate, int)
+    return tuple(a for a in tensors if isinstance(a, torch.Tensor)), clusters, solo, ablate
 
 
 def test_wrappers_allocate_the_outputs_the_binding_checks() -> None:
@@ -71,9 +74,10 @@ def test_wrappers_allocate_the_outputs_the_binding_checks() -> None:
     assert act.dtype == fp8.FP8
     assert act_s.shape == (t * k, inter // 128)
     assert act_s.dtype == torch.float32
-    name, args, clusters, solo = rec.calls[0]
+    name, args, clusters, solo, ablate = rec.calls[0]
     assert clusters == 0  # as many clusters as fit, by default
     assert not solo
+    assert ablate == 0
     assert name == "gate_up_fp8"
     assert args[-2] is act
     assert args[-1] is act_s
