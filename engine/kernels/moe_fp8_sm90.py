@@ -120,7 +120,8 @@ def gate_up_fp8(
     if not t:
         return act, act_s
     xq_, xs = xq if xq is not None else quantize_rows(x)
-    ext.gate_up_fp8(xq_, xs, q8.gate_up, q8.gate_up_scale, order, counts, top_w, act, act_s, clusters, solo, ablate)
+    w, ws = q8.gate_up, q8.gate_up_scale
+    ext.gate_up_fp8(xq_, xs, w, ws, order, counts, top_w, act, act_s, clusters, solo, ablate)
     return act, act_s
 
 
