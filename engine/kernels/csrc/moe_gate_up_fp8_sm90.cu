@@ -18,9 +18,9 @@
 // A stage is free again when the consumers of both CTAs have released it (the "empty" barrier counts
 // four arrivals), since the peer's TMA writes into this CTA's shared memory too.
 //
-// The grid is static (CUDA-graph capturable): x runs over an upper bound of the 256-row pair tiles
-// (two CTAs each), y over the 128-channel column blocks; clusters past the last pair tile exit at once.
-
+// Work items are (256-row pair tile, 128-channel column block) over a static upper bound of the pair tiles
+// (moe_fp8_sm90.h); the launch runs as many clusters as fit, or as many as asked, each looping over its items
+// and stopping at the first past the last pair tile. The grid depends on the sizes only (CUDA-graph capturable).
 
 #include <cuda_fp8.h>
 

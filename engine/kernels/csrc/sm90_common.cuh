@@ -48,7 +48,10 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     }
 }
 
-// Arrive on the barrier at the same shared-memory offset in CTA `cta` of this cluster.
+// Arrive on the barrier at the same shared-memory offset in CTA `cta` of this cluster. The default semantics
+// (release at CTA scope): `.release.cluster` compiles to a GPU-scope MEMBAR before the arrive, which cost the
+// multipliers about 2 us a k step (BENCHMARKS.md, "Engine, round thirteen"). Callers arrive only once their
+// reads of the stage are complete (wgmma.wait_group), so nothing is left for a fence to order.
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) {
     asm volatile(
         "{\n\t.reg .b32 remote;\n\t"
