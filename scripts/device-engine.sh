@@ -3,8 +3,8 @@
 #
 #   device tool:  command  bash scripts/device-engine.sh STEP...      carry  [".carry"]
 #
-# STEP is one of: tests (pytest -m gpu over tests/gpu, or $GPU_TESTS, under $TESTS_LIMIT s), kernels (bench.moe_fp8, $KERNELS_ARGS
-# appended, under $KERNELS_LIMIT s), modes
+# STEP is one of: tests (pytest -m gpu over tests/gpu, or $GPU_TESTS, under $TESTS_LIMIT s), kernels
+# (bench.moe_fp8, $KERNELS_ARGS appended, under $KERNELS_LIMIT s), modes
 # (bench.fp8_modes, with $TILES_FROM when set and $MODES_ARGS appended), one (bench.one_request, $ONE_ARGS appended,
 # under $ONE_LIMIT s),
 # sizes (bench.batch_sizes, $SIZES_ARGS appended), il (bench.gate_up_il, $IL_ARGS appended), copy

@@ -33,7 +33,7 @@ GROUP = 128
 SOURCES = ("moe_fp8_sm90_ext.cpp", "moe_gate_up_fp8_sm90.cu", "moe_down_fp8_sm90.cu")
 FROM_ROWS_PER_EXPERT = 64
 """Average rows per expert from which `takes` hands a call to these kernels (two 128-row tiles share a weight
-tile, so fewer rows leave the cluster's second CTA idle)."""
+tile, so fewer rows leave the cluster's second CTA idle). A guess: no measurement has chosen it yet."""
 
 
 def takes(pairs: int, experts: int, hidden: int, inter: int) -> bool:
