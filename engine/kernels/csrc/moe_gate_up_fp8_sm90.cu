@@ -24,8 +24,6 @@
 
 #include <cuda_fp8.h>
 
-#include <algorithm>
-
 #include "sm90_common.cuh"
 
 namespace {
@@ -87,13 +85,11 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
         const uint32_t swz = static_cast<uint32_t>((piece ^ (r_first & 7)) << 4);
         int it = 0;  // pipeline step, across work items
         for (int v = mine.first; v < mine.items; v += mine.stride) {
-            const int w = solo ? v >> 1 : v;
-            const uint32_t rank = solo ? static_cast<uint32_t>(v & 1) : my_rank;
-            const int nblk = w % nblocks;
-            const Tile tile = find_tile(counts, experts, w / nblocks);
-            if (tile.expert >= experts) break;
-            const int row0 = tile.row0 + static_cast<int>(rank) * kBlockM;
-            if (solo && row0 >= tile.row_end) continue;  // an empty half item: nobody waits on it
+            const Item item = item_at(v, solo, my_rank, nblocks, counts, experts);
+            if (item.tile.expert >= experts) break;
+            if (item.empty) continue;
+            const Tile& tile = item.tile;
+            const int row0 = item.row0;
             uint32_t src[8];
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
@@ -109,15 +105,8 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
                 const uint32_t a_dst = stages + s * kStageBytes;
                 if (tid == 0) {
                     mbar_expect_tx(full, ablate == 2 ? 0 : kBBytes);
-                    if (ablate == 2) {
-                    } else if (solo) {
-                        for (int half = 0; half < 2; ++half) {
-                            tma_load_3d(a_dst + kABytes + half * (kBBytes / 2), &w_map, full, ks * kBlockK,
-                                        nblk * kBlockN + half * (kBlockN / 2), tile.expert);
-                        }
-                    } else {
-                        tma_load_multicast(a_dst + kABytes + rank * (kBBytes / 2), &w_map, full, ks * kBlockK,
-                                           nblk * kBlockN + static_cast<int>(rank) * (kBlockN / 2), tile.expert);
+                    if (ablate != 2) {
+                        load_weight_tile(a_dst + kABytes, &w_map, full, ks, item.nblk, tile.expert, solo, my_rank);
                     }
                 }
 #pragma unroll
@@ -141,40 +130,13 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
         fence_operands(d);
         int it = 0;
         for (int v = mine.first; v < mine.items; v += mine.stride) {
-            const int w = solo ? v >> 1 : v;
-            const uint32_t rank = solo ? static_cast<uint32_t>(v & 1) : my_rank;
-            const int nblk = w % nblocks;
-            const Tile tile = find_tile(counts, experts, w / nblocks);
-            if (tile.expert >= experts) break;
-            const int row0 = tile.row0 + static_cast<int>(rank) * kBlockM;
-            if (solo && row0 >= tile.row_end) continue;  // an empty half item: nobody waits on it
-            for (int ks = 0; ks < ksteps; ++ks, ++it) {
-                const int s = it % kStages;
-                mbar_wait(smem_addr(&full_bar[s]), (it / kStages) & 1);
-                // the loaders' cp.async writes (generic proxy) before the tensor cores' reads (async proxy)
-                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                const uint32_t a = stages + s * kStageBytes + wg * 64 * kBlockK;
-                const uint32_t b = stages + s * kStageBytes + kABytes;
-                asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-                for (int kk = 0; kk < (ablate == 1 ? 0 : kBlockK / 32); ++kk) {
-                    wgmma_64x256x32(d, smem_desc(a + kk * 32), smem_desc(b + kk * 32), (ks > 0 || kk > 0) ? 1u : 0u);
-                }
-                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-                asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-                if (ks > 0 && t == 0) {  // the previous step's products are done: its stage is free
-                    const uint32_t prev = smem_addr(&empty_bar[(it - 1) % kStages]);
-                    mbar_arrive_cluster(prev, 0);
-                    if (!solo) mbar_arrive_cluster(prev, 1);
-                }
-            }
-            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-            fence_operands(d);
-            if (t == 0) {  // the item's last stage
-                const uint32_t last = smem_addr(&empty_bar[(it - 1) % kStages]);
-                mbar_arrive_cluster(last, 0);
-                if (!solo) mbar_arrive_cluster(last, 1);
-            }
+            const Item item = item_at(v, solo, my_rank, nblocks, counts, experts);
+            if (item.tile.expert >= experts) break;
+            if (item.empty) continue;
+            const Tile& tile = item.tile;
+            const int row0 = item.row0, nblk = item.nblk;
+            multiply_item<kStages, kStageBytes, kABytes>(d, stages, full_bar, empty_bar, it, ksteps, wg, t, solo, ablate,
+                                                         true);
 
             // Epilogue. Fragment: thread t holds rows 16 (t / 32) + (t % 32) / 4 + 8 h, columns
             // 8 j + 2 (t % 4) + c as d[4 j + 2 h + c]; c = 0 is a gate row, c = 1 its up row (channel 4 j + t % 4).
@@ -237,38 +199,11 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
 
 }  // namespace
 
-namespace {
-
-// The launch configuration of gate_up_fp8_kernel (grid left to the caller), its cluster attribute in `attr`.
-cudaLaunchConfig_t config(cudaLaunchAttribute* attr, cudaStream_t stream) {
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 2;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.blockDim = dim3(kThreads, 1, 1);
-    cfg.dynamicSmemBytes = kSmemBytes;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cfg;
-}
-
-}  // namespace
-
 cudaError_t clef::gate_up_fp8_clusters(int* fit) {
     static int cached = 0;
-    if (cached == 0) {
-        cudaError_t err = cudaFuncSetAttribute(gate_up_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-        cudaLaunchAttribute attr[1];
-        cudaLaunchConfig_t cfg = config(attr, nullptr);
-        cfg.gridDim = dim3(2, 1, 1);
-        if (err == cudaSuccess) err = cudaOccupancyMaxActiveClusters(&cached, gate_up_fp8_kernel, &cfg);
-        if (err != cudaSuccess) return err;
-        if (cached < 1) return cudaErrorInvalidConfiguration;
-    }
+    const cudaError_t err = clusters_fit_of(gate_up_fp8_kernel, kThreads, kSmemBytes, &cached);
     *fit = cached;
-    return cudaSuccess;
+    return err;
 }
 
 cudaError_t clef::launch_gate_up_fp8(const CUtensorMap& w_map, const GateUpArgs& a, cudaStream_t stream) {
@@ -276,12 +211,12 @@ cudaError_t clef::launch_gate_up_fp8(const CUtensorMap& w_map, const GateUpArgs&
     const cudaError_t err = gate_up_fp8_clusters(&fit);
     if (err != cudaSuccess) return err;
     cudaLaunchAttribute attr[1];
-    cudaLaunchConfig_t cfg = config(attr, stream);
+    cudaLaunchConfig_t cfg = cluster_config(attr, kThreads, kSmemBytes, stream);
     const int64_t pair_tiles = (a.pairs + int64_t{a.experts} * (2 * kBlockM - 1)) / (2 * kBlockM);  // upper bound
     const int64_t work = pair_tiles * (a.inter / kGroup);
-    const int64_t clusters = std::min<int64_t>(work, a.clusters > 0 ? a.clusters : fit);
-    cfg.gridDim = dim3(static_cast<unsigned>(2 * clusters), 1, 1);  // solo: as many lone CTAs
+    cfg.gridDim = grid_for(work, a.clusters, fit);  // solo: as many lone CTAs
     if (a.solo) cfg.numAttrs = 0;
     return cudaLaunchKernelEx(&cfg, gate_up_fp8_kernel, w_map, a.x, a.x_scale, a.w_scale, a.order, a.counts, a.top_w,
-                              a.q, a.q_scale, a.hidden, a.inter, a.experts, a.top_k, static_cast<int>(work), a.solo, a.ablate);
+                              a.q, a.q_scale, a.hidden, a.inter, a.experts, a.top_k, static_cast<int>(work), a.solo,
+                              a.ablate);
 }

@@ -189,4 +189,115 @@ __device__ inline Tile find_tile(const int* __restrict__ counts, int experts, in
     return Tile{experts, 0, 0};
 }
 
+// One work item of this CTA, from its index `v` in `share`'s sequence: the column block, the pair tile
+// (tile.expert >= experts: past the last one, where the loop ends), this CTA's first row, and whether the item
+// is an empty half (solo only: nobody waits on it, skip it). Warp-collective (find_tile).
+struct Item {
+    int nblk;
+    Tile tile;
+    int row0;
+    bool empty;
+};
+
+__device__ inline Item item_at(int v, bool solo, uint32_t rank, int nblocks, const int* __restrict__ counts,
+                               int experts) {
+    const int w = solo ? v >> 1 : v;
+    const int half = solo ? (v & 1) : static_cast<int>(rank);
+    Item item{w % nblocks, find_tile(counts, experts, w / nblocks), 0, false};
+    item.row0 = item.tile.row0 + half * kBlockM;
+    item.empty = solo && item.row0 >= item.tile.row_end;
+    return item;
+}
+
+// The (kBlockN, kBlockK) weight tile of column block `nblk`, k step `ks` of `expert` into `b_dst`, counted on
+// `full`: alone, both halves; in a cluster, this CTA's half (`rank`) multicast to both CTAs.
+__device__ __forceinline__ void load_weight_tile(uint32_t b_dst, const CUtensorMap* map, uint32_t full, int ks, int nblk,
+                                                 int expert, bool solo, uint32_t rank) {
+    constexpr int kHalfRows = kBlockN / 2, kHalfBytes = kHalfRows * kBlockK;
+    if (solo) {
+        for (int half = 0; half < 2; ++half) {
+            tma_load_3d(b_dst + half * kHalfBytes, map, full, ks * kBlockK, nblk * kBlockN + half * kHalfRows, expert);
+        }
+    } else {
+        tma_load_multicast(b_dst + rank * kHalfBytes, map, full, ks * kBlockK,
+                           nblk * kBlockN + static_cast<int>(rank) * kHalfRows, expert);
+    }
+}
+
+// A multiplier warpgroup's k loop over one work item: `ksteps` stages from pipeline step `it` on (advanced),
+// each waited for on its full barrier, multiplied into d (rows 64 wg.. of the stage's A tile by its whole B
+// tile; the first step overwrites d) and released to both CTAs (alone: to this one) once its products are done.
+// `proxy_fence`: the A tile was written by cp.async (generic proxy) and is read by wgmma (async proxy).
+// `ablate` 1 skips the products (benches).
+template <int kStages, int kStageBytes, int kABytes>
+__device__ __forceinline__ void multiply_item(float (&d)[128], uint32_t stages, uint64_t* full_bar, uint64_t* empty_bar,
+                                              int& it, int ksteps, int wg, int t, bool solo, int ablate,
+                                              bool proxy_fence) {
+    for (int ks = 0; ks < ksteps; ++ks, ++it) {
+        const int s = it % kStages;
+        mbar_wait(smem_addr(&full_bar[s]), (it / kStages) & 1);
+        if (proxy_fence) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        const uint32_t a = stages + s * kStageBytes + wg * 64 * kBlockK;
+        const uint32_t b = stages + s * kStageBytes + kABytes;
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < (ablate == 1 ? 0 : kBlockK / 32); ++kk) {
+            wgmma_64x256x32(d, smem_desc(a + kk * 32), smem_desc(b + kk * 32), (ks > 0 || kk > 0) ? 1u : 0u);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+        if (ks > 0 && t == 0) {  // the previous step's products are done: its stage is free
+            const uint32_t prev = smem_addr(&empty_bar[(it - 1) % kStages]);
+            mbar_arrive_cluster(prev, 0);
+            if (!solo) mbar_arrive_cluster(prev, 1);
+        }
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    fence_operands(d);
+    if (t == 0) {  // the item's last stage
+        const uint32_t last = smem_addr(&empty_bar[(it - 1) % kStages]);
+        mbar_arrive_cluster(last, 0);
+        if (!solo) mbar_arrive_cluster(last, 1);
+    }
+}
+
+// The launch configuration of a kernel of `threads` threads and `smem` bytes of dynamic shared memory in
+// two-CTA clusters (the attribute lives in `attr`); the grid is left to the caller.
+inline cudaLaunchConfig_t cluster_config(cudaLaunchAttribute* attr, int threads, int smem, cudaStream_t stream) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.blockDim = dim3(threads, 1, 1);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cfg;
+}
+
+// How many two-CTA clusters of `kernel` fit on the current GPU at once, into `cached` (queried once).
+template <typename... Params>
+cudaError_t clusters_fit_of(void (*kernel)(Params...), int threads, int smem, int* cached) {
+    if (*cached == 0) {
+        cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        cudaLaunchAttribute attr[1];
+        cudaLaunchConfig_t cfg = cluster_config(attr, threads, smem, nullptr);
+        cfg.gridDim = dim3(2, 1, 1);
+        int fit = 0;
+        if (err == cudaSuccess) err = cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg);
+        if (err != cudaSuccess) return err;
+        if (fit < 1) return cudaErrorInvalidConfiguration;
+        *cached = fit;
+    }
+    return cudaSuccess;
+}
+
+// The grid of `work` items: twice `clusters` CTAs (at most as many clusters as items; 0: as many as `fit`).
+inline dim3 grid_for(int64_t work, int clusters, int fit) {
+    const int64_t n = work < (clusters > 0 ? clusters : fit) ? work : (clusters > 0 ? clusters : fit);
+    return dim3(static_cast<unsigned>(2 * n), 1, 1);
+}
+
 }  // namespace clef
