@@ -3,19 +3,20 @@
 
 One layer as `bench.moe_fp8` builds it (128 experts, random bf16 quantised to e4m3; uniform routing, the
 levelled load). It builds the extension first (a `build` line: seconds, and how many clusters of each
-kernel fit), then per T of `--tokens` prints,
-as JSON lines, microseconds per call (CUDA graph replays, median of 20):
+kernel fit), then per T of `--tokens` prints, as JSON lines, microseconds per call (CUDA graph replays,
+median of 20):
 
 - `gate_up`: the Triton kernel at the shipped regime's shapes and at each regime's, the CUDA kernel
   (persistent: as many clusters as fit, each looping over work items; `each`: one cluster per item; `solo`:
-  lone CTAs, no multicast), and
-  how far apart their outputs are: the share of equal e4m3 bytes, and the relative difference of the
-  dequantised activations and of the scales;
+  lone CTAs, no multicast), and how far apart their outputs are: the share of equal e4m3 bytes, and the
+  relative difference of the dequantised activations and of the scales;
 - `down`: the Triton down kernel ("row_pass") and the CUDA one (both ways) on the same row-scaled
   activations, the share of equal outputs and their relative difference;
 - `sweep` (T in `--sweep`): both CUDA kernels at 1, 4, 16, 33 and as many clusters as fit (0), with
-  clusters and `solo` (lone CTAs, no multicast); and `ablate` lines: each kernel without its tensor-core
-  products and without its loads (wrong results, the time of the other half alone);
+  clusters and `solo` (lone CTAs, no multicast), each with its work items and the us one cluster spends on
+  a k step (`step_us`: about 0.56 would be the tensor cores' rate on an H100); and `ablate` lines: each
+  kernel without its tensor-core products and without its loads (wrong results, the time of the other half
+  alone);
 - `block`: the whole expert block (gate/up, down, no sum) as shipped; with the CUDA gate/up followed by the
   Triton down kernel ("row_fused", the same values as the shipped "row_pass"); with both CUDA kernels and
   the requantising pass between; each one's relative difference from the shipped block, and the shipped and
@@ -43,6 +44,19 @@ from engine.kernels.tiles import MoeTiles
 
 EACH = 1 << 30
 """`clusters` for one two-CTA cluster per work item (not persistent)."""
+
+
+def pair_tiles(counts: list[int]) -> int:
+    """The real 256-row pair tiles of these per-expert row counts (work items per column block)."""
+    return sum((c + 255) // 256 for c in counts)
+
+
+def step_us(us: float, clusters: int, fit: int, items: int, ksteps: int) -> float:
+    """Microseconds one cluster spends on one k step: `us` for `items` work items of `ksteps` steps each,
+    spread over `clusters` clusters (0: `fit`, as many as fit), never more than there are items. Solo runs
+    twice the CTAs on twice the half items: the same figure."""
+    active = min(clusters or fit, items)
+    return us * active / (items * ksteps) if items else 0.0
 
 
 def dequantised(act: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -77,6 +91,7 @@ def probe(
     ext: moe_fp8_sm90.Extension,
     gen: torch.Generator,
     sweep: frozenset[int] = frozenset(),
+    fit: tuple[int, int] = (0, 0),
 ) -> None:
     """The `gate_up`, `down` and `block` lines of T = `t` tokens; with `t` in `sweep`, the `sweep` lines."""
     x = torch.randn(t, HIDDEN, device="cuda", generator=gen).bfloat16()
@@ -169,16 +184,24 @@ def probe(
                     gate_up_us=round(graph_us(lambda: cuda(0, solo=solo, ablate=ablate)), 1),  # noqa: B023
                     down_us=round(graph_us(lambda: down_cuda(0, solo=solo, ablate=ablate)), 1),  # noqa: B023
                 )
+        tiles = pair_tiles([int(c) for c in counts.tolist()])
+        inter = q8.down.shape[2]
+        gu_items, dn_items = tiles * (inter // 128), tiles * (HIDDEN // 256)
         for clusters in (1, 4, 16, 33, 0):
             for solo in (False, True):
+                gu_us = graph_us(lambda: cuda(clusters, solo=solo))  # noqa: B023
+                dn_us = graph_us(lambda: down_cuda(clusters, solo=solo))  # noqa: B023
                 emit(
                     rows,
                     kind="sweep",
                     tokens=t,
                     clusters=clusters,
                     solo=solo,
-                    gate_up_us=round(graph_us(lambda: cuda(clusters, solo=solo)), 1),  # noqa: B023
-                    down_us=round(graph_us(lambda: down_cuda(clusters, solo=solo)), 1),  # noqa: B023
+                    gate_up_us=round(gu_us, 1),
+                    down_us=round(dn_us, 1),
+                    items=[gu_items, dn_items],
+                    gate_up_step_us=round(step_us(gu_us, clusters, fit[0], gu_items, HIDDEN // 128), 3),
+                    down_step_us=round(step_us(dn_us, clusters, fit[1], dn_items, inter // 128), 3),
                 )
     if t <= 8192:
         twin = moe_fp8.experts_pairs_fp8_reference(x, order, counts, top_w, q8, "row_pass")
@@ -204,7 +227,7 @@ def main() -> int:
     q8 = fp8.quantize_experts(*random_experts(gen))
     with torch.inference_mode():
         for t in (int(v) for v in args.tokens.split(",")):
-            probe(rows, t, q8, ext, gen, sweep)
+            probe(rows, t, q8, ext, gen, sweep, (gate_up_fit, down_fit))
             (out / "gate_up_sm90_probe.jsonl").write_text("\n".join(rows) + "\n")
     return 0
 
