@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
     if (tid == 0) {
         for (int s = 0; s < kStages; ++s) {
             mbar_init(smem_addr(&full_bar[s]), 1);   // thread 0's expect_tx; the bytes do the rest
-            mbar_init(smem_addr(&empty_bar[s]), solo ? 2 : 4);  // 2 consumer warpgroups x 2 CTAs
+            mbar_init(smem_addr(&empty_bar[s]), solo ? 2 : 4);  // 2 consumer warpgroups x 2 CTAs (alone: x 1)
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }

@@ -156,7 +156,8 @@ struct Tile {
     int row_end;  // end row of the expert
 };
 
-// The pair tile `p` (256 sorted rows of one expert) by a scan of the per-expert pair-tile counts; warp 0.
+// The pair tile `p` (256 sorted rows of one expert) by a scan of the per-expert pair-tile counts;
+// warp-collective (every lane of the calling warp, the same `p`).
 __device__ inline Tile find_tile(const int* __restrict__ counts, int experts, int p) {
     const int lane = threadIdx.x & 31;
     int carry_tiles = 0, carry_rows = 0;
