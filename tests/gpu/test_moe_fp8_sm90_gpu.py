@@ -13,6 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from bench.gate_up_sm90_probe import dequantised
+from bench.moe_fp8 import rel
 from engine.kernels import fp8, moe, moe_fp8, moe_fp8_sm90
 
 pytestmark = [
@@ -49,15 +51,6 @@ def _routing(t: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     return top_w / top_w.sum(dim=1, keepdim=True), top_i
 
 
-def _dequantised(act: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    s, inter = act.shape
-    return (act.float().view(s, inter // 128, 128) * scales[..., None]).view(s, inter)
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm())
-
-
 @pytest.mark.parametrize("tokens", [1, 40, 300, 700])
 def test_sm90_gate_up_matches_the_triton_kernel_and_float32(ext: moe_fp8_sm90.Extension, tokens: int) -> None:
     """Same e4m3 activations and scales as the Triton kernel up to rounding (the exponential and division
@@ -81,7 +74,7 @@ def test_sm90_gate_up_matches_the_triton_kernel_and_float32(ext: moe_fp8_sm90.Ex
     ref, ref_s = moe_fp8.activations_fp8(x, order, counts, top_w, q8, row_pass=False, xq=xq)
     assert act_s.shape == ref_s.shape == (tokens * TOP_K, INTER // 128)
     equal = float((act.view(torch.uint8) == ref.view(torch.uint8)).float().mean())
-    rel_triton = _rel(_dequantised(act, act_s), _dequantised(ref, ref_s))
+    rel_triton = rel(dequantised(act, act_s), dequantised(ref, ref_s))
     # float32: x[tok] . W^T with both scales, SwiGLU, routing weight, in expert order
     pairs = order.long()
     xf = xq[0].float() * xq[1][:, None]
@@ -89,7 +82,7 @@ def test_sm90_gate_up_matches_the_triton_kernel_and_float32(ext: moe_fp8_sm90.Ex
     expert = torch.repeat_interleave(torch.arange(E, device="cuda"), counts.long())
     h = torch.einsum("sh,snh->sn", xf[pairs // TOP_K], w[expert])
     exact = F.silu(h[:, 0::2]) * h[:, 1::2] * top_w.reshape(-1)[pairs][:, None]
-    rel_exact = _rel(_dequantised(act, act_s), exact)
+    rel_exact = rel(dequantised(act, act_s), exact)
     print(f"T={tokens}: bytes equal {equal:.5f}, rel to Triton {rel_triton:.2e}, to float32 {rel_exact:.2e}")
     assert torch.allclose(act_s, ref_s, rtol=1e-4, atol=0.0)
     assert equal >= 0.98
@@ -113,10 +106,10 @@ def test_sm90_down_and_block_match_the_triton_kernels(ext: moe_fp8_sm90.Extensio
     assert torch.equal(moe_fp8_sm90.down_fp8(ext, act, row_s, order, counts, q8, clusters=1), out)
     assert torch.equal(moe_fp8_sm90.down_fp8(ext, act, row_s, order, counts, q8, solo=True), out)
     equal = float((out == ref).float().mean())
-    rel_down = _rel(out.float(), ref.float())
+    rel_down = rel(out, ref)
     twin = moe_fp8.experts_pairs_fp8_reference(x, order, counts, top_w, q8, "row_pass").float()
-    shipped = _rel(moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8).float(), twin)
-    cuda = _rel(moe_fp8_sm90.experts_pairs_fp8(ext, x, order, counts, top_w, q8).float(), twin)
+    shipped = rel(moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8), twin)
+    cuda = rel(moe_fp8_sm90.experts_pairs_fp8(ext, x, order, counts, top_w, q8), twin)
     print(f"T={tokens}: down equal {equal:.5f}, rel {rel_down:.2e}; to the twin: {shipped:.2e} / {cuda:.2e}")
     assert rel_down <= 1e-3
     assert cuda <= max(2 * shipped, 1e-2)

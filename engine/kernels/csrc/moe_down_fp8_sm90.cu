@@ -148,24 +148,19 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
 
 }  // namespace
 
+namespace {
+int down_fit = 0;  // two-CTA clusters of down_fp8_kernel resident at once, queried on first use
+}  // namespace
+
 cudaError_t clef::down_fp8_clusters(int* fit) {
-    static int cached = 0;
-    const cudaError_t err = clusters_fit_of(down_fp8_kernel, kThreads, kSmemBytes, &cached);
-    *fit = cached;
+    const cudaError_t err = clusters_fit_of(down_fp8_kernel, kThreads, kSmemBytes, &down_fit);
+    *fit = down_fit;
     return err;
 }
 
 cudaError_t clef::launch_down_fp8(const CUtensorMap& a_map, const CUtensorMap& w_map, const DownArgs& a,
                                   cudaStream_t stream) {
-    int fit = 0;
-    const cudaError_t err = down_fp8_clusters(&fit);
-    if (err != cudaSuccess) return err;
-    cudaLaunchAttribute attr[1];
-    cudaLaunchConfig_t cfg = cluster_config(attr, kThreads, kSmemBytes, stream);
-    const int64_t pair_tiles = (a.pairs + int64_t{a.experts} * (2 * kBlockM - 1)) / (2 * kBlockM);  // upper bound
-    const int64_t work = pair_tiles * (a.hidden / kBlockN);
-    cfg.gridDim = grid_for(work, a.clusters, fit);  // solo: as many lone CTAs
-    if (a.solo) cfg.numAttrs = 0;
-    return cudaLaunchKernelEx(&cfg, down_fp8_kernel, a_map, w_map, a.row_scale, a.w_scale, a.order, a.counts, a.y,
-                              a.hidden, a.inter, a.experts, static_cast<int>(work), a.solo, a.ablate);
+    return launch_items(down_fp8_kernel, kThreads, kSmemBytes, &down_fit, a.pairs, a.experts, a.hidden / kBlockN,
+                        a.clusters, a.solo, a.ablate, stream, a_map, w_map, a.row_scale, a.w_scale, a.order, a.counts,
+                        a.y, a.hidden, a.inter, a.experts);
 }

@@ -199,24 +199,18 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
 
 }  // namespace
 
+namespace {
+int gate_up_fit = 0;  // two-CTA clusters of gate_up_fp8_kernel resident at once, queried on first use
+}  // namespace
+
 cudaError_t clef::gate_up_fp8_clusters(int* fit) {
-    static int cached = 0;
-    const cudaError_t err = clusters_fit_of(gate_up_fp8_kernel, kThreads, kSmemBytes, &cached);
-    *fit = cached;
+    const cudaError_t err = clusters_fit_of(gate_up_fp8_kernel, kThreads, kSmemBytes, &gate_up_fit);
+    *fit = gate_up_fit;
     return err;
 }
 
 cudaError_t clef::launch_gate_up_fp8(const CUtensorMap& w_map, const GateUpArgs& a, cudaStream_t stream) {
-    int fit = 0;
-    const cudaError_t err = gate_up_fp8_clusters(&fit);
-    if (err != cudaSuccess) return err;
-    cudaLaunchAttribute attr[1];
-    cudaLaunchConfig_t cfg = cluster_config(attr, kThreads, kSmemBytes, stream);
-    const int64_t pair_tiles = (a.pairs + int64_t{a.experts} * (2 * kBlockM - 1)) / (2 * kBlockM);  // upper bound
-    const int64_t work = pair_tiles * (a.inter / kGroup);
-    cfg.gridDim = grid_for(work, a.clusters, fit);  // solo: as many lone CTAs
-    if (a.solo) cfg.numAttrs = 0;
-    return cudaLaunchKernelEx(&cfg, gate_up_fp8_kernel, w_map, a.x, a.x_scale, a.w_scale, a.order, a.counts, a.top_w,
-                              a.q, a.q_scale, a.hidden, a.inter, a.experts, a.top_k, static_cast<int>(work), a.solo,
-                              a.ablate);
+    return launch_items(gate_up_fp8_kernel, kThreads, kSmemBytes, &gate_up_fit, a.pairs, a.experts,
+                        a.inter / kGroup, a.clusters, a.solo, a.ablate, stream, w_map, a.x, a.x_scale, a.w_scale,
+                        a.order, a.counts, a.top_w, a.q, a.q_scale, a.hidden, a.inter, a.experts, a.top_k);
 }

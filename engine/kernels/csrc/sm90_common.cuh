@@ -295,10 +295,22 @@ cudaError_t clusters_fit_of(void (*kernel)(Params...), int threads, int smem, in
     return cudaSuccess;
 }
 
-// The grid of `work` items: twice `clusters` CTAs (at most as many clusters as items; 0: as many as `fit`).
-inline dim3 grid_for(int64_t work, int clusters, int fit) {
-    const int64_t n = work < (clusters > 0 ? clusters : fit) ? work : (clusters > 0 ? clusters : fit);
-    return dim3(static_cast<unsigned>(2 * n), 1, 1);
+// Launches `kernel` over the work items of `pairs` sorted pairs: an upper bound of the 256-row pair tiles times
+// `nblocks` column blocks, in as many two-CTA clusters as fit (`clusters` 0; the count is queried once into
+// `fit`) or at most `clusters`, never more than there are items; `solo` drops the cluster attribute and runs
+// as many lone CTAs. The kernel takes `args`, then the work items, `solo` and `ablate`.
+template <typename... Params, typename... Args>
+cudaError_t launch_items(void (*kernel)(Params...), int threads, int smem, int* fit, int64_t pairs, int experts,
+                         int nblocks, int clusters, bool solo, int ablate, cudaStream_t stream, Args... args) {
+    const cudaError_t err = clusters_fit_of(kernel, threads, smem, fit);
+    if (err != cudaSuccess) return err;
+    const int64_t pair_tiles = (pairs + int64_t{experts} * (2 * kBlockM - 1)) / (2 * kBlockM);  // upper bound
+    const int64_t work = pair_tiles * nblocks;
+    const int64_t ask = clusters > 0 ? clusters : *fit;
+    cudaLaunchAttribute attr[1];
+    cudaLaunchConfig_t cfg = cluster_config(attr, threads, smem, stream);
+    cfg.gridDim = dim3(static_cast<unsigned>(2 * (work < ask ? work : ask)), 1, 1);
+    if (solo) cfg.numAttrs = 0;
+    return cudaLaunchKernelEx(&cfg, kernel, args..., static_cast<int>(work), solo, ablate);
 }
-
 }  // namespace clef
