@@ -51,14 +51,7 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
     const uint32_t raw = smem_addr(smem_raw);
     const uint32_t stages = (raw + 1023u) & ~1023u;
     uint8_t* const staging = smem_raw + (stages - raw) + kStages * kStageBytes;  // the output tile, 64 KB
-    if (tid == 0) {
-        for (int s = 0; s < kStages; ++s) {
-            mbar_init(smem_addr(&full_bar[s]), 1);   // thread 0's expect_tx; the bytes do the rest
-            mbar_init(smem_addr(&empty_bar[s]), solo ? 2 : 4);  // 2 consumer warpgroups x 2 CTAs (alone: x 1)
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    cluster_sync();
+    init_stage_barriers<kStages>(full_bar, empty_bar, 1, solo);  // thread 0's expect_tx; the bytes do the rest
 
     const int ksteps = inter / kBlockK;
     // Work item w: pair tile w / nblocks, column block w % nblocks; pair tiles past the last one end the loop.

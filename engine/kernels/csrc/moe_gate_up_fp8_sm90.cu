@@ -66,14 +66,8 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
     const uint32_t raw = smem_addr(smem_raw);
     const uint32_t stages = (raw + 1023u) & ~1023u;
     uint8_t* const staging = smem_raw + (stages - raw) + kStages * kStageBytes;  // the output tile, 16 KB
-    if (tid == 0) {
-        for (int s = 0; s < kStages; ++s) {
-            mbar_init(smem_addr(&full_bar[s]), kBlockM + 1);  // every loader thread, + thread 0's expect_tx
-            mbar_init(smem_addr(&empty_bar[s]), solo ? 2 : 4);  // 2 consumer warpgroups x 2 CTAs (alone: x 1)
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    cluster_sync();
+    // full: every loader thread's cp.async arrival, + thread 0's expect_tx
+    init_stage_barriers<kStages>(full_bar, empty_bar, kBlockM + 1, solo);
 
     const int ksteps = hidden / kBlockK;
     // Work item w: pair tile w / nblocks, column block w % nblocks. Pair tiles past the last one end the loop

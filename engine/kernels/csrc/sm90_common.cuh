@@ -190,6 +190,22 @@ __device__ inline Tile find_tile(const int* __restrict__ counts, int experts, in
     return Tile{experts, 0, 0};
 }
 
+// Thread 0 sets up the stage barriers: each full barrier expects `full_arrivals`, each empty one the two
+// multiplier warpgroups of both CTAs (alone: of this one). Every thread of the cluster then waits until both
+// CTAs have theirs, before any peer may arrive on them or multicast into this CTA.
+template <int kStages>
+__device__ __forceinline__ void init_stage_barriers(uint64_t* full_bar, uint64_t* empty_bar, uint32_t full_arrivals,
+                                                    bool solo) {
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < kStages; ++s) {
+            mbar_init(smem_addr(&full_bar[s]), full_arrivals);
+            mbar_init(smem_addr(&empty_bar[s]), solo ? 2 : 4);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    cluster_sync();
+}
+
 // One work item of this CTA, from its index `v` in `share`'s sequence: the column block, the pair tile
 // (tile.expert >= experts: past the last one, where the loop ends), this CTA's first row, and whether the item
 // is an empty half (solo only: nobody waits on it, skip it). Warp-collective (find_tile).
