@@ -31,6 +31,9 @@ CSRC = Path(__file__).parent / "csrc"
 GROUP = 128
 """Channels per activation scale: half the gate/up kernel's 256 interleaved weight rows."""
 SOURCES = ("moe_fp8_sm90_ext.cpp", "moe_gate_up_fp8_sm90.cu", "moe_down_fp8_sm90.cu")
+CUDA_FLAGS = ("-O3", "-gencode=arch=compute_90a,code=sm_90a")
+"""nvcc's flags for the kernels: an explicit -gencode keeps torch from adding sm_90 without the "a" features
+(wgmma, setmaxnreg)."""
 FROM_ROWS_PER_EXPERT = 64
 """Average rows per expert from which `takes` hands a call to these kernels (two 128-row tiles share a weight
 tile, so fewer rows leave the cluster's second CTA idle). A guess: no measurement has chosen it yet."""
@@ -86,8 +89,7 @@ def build(build_dir: Path, *, verbose: bool = False) -> Extension:
         name="clef_moe_fp8_sm90",
         sources=[str(CSRC / name) for name in SOURCES],
         extra_cflags=["-O3"],
-        # an explicit -gencode keeps torch from adding sm_90 without the "a" features (wgmma, setmaxnreg)
-        extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"],
+        extra_cuda_cflags=list(CUDA_FLAGS),
         build_directory=str(build_dir),
         verbose=verbose,
     )
