@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bench.e2e_traffic import HttpCall, Ledger
+from consumer.batching.batch_metrics import COST_DIRECTIONS
 from consumer.batching.gpu import BATCH_STEPS
 
 if TYPE_CHECKING:
@@ -93,6 +94,8 @@ def service_counters(pipeline: Pipeline[Any, Any, Any]) -> dict[str, float]:
         "fetch_sum": m.fetch_age.sum,
         "e2e_count": float(m.end_to_end.count),
         "e2e_sum": m.end_to_end.sum,
+        **{f"cost_{d}_count": float(m.batch_cost_error.labels(d).count) for d in COST_DIRECTIONS},
+        **{f"cost_{d}_sum": m.batch_cost_error.labels(d).sum for d in COST_DIRECTIONS},
         "commits": _metric(pipeline, "clef_router_commits_total"),
     }
 
@@ -105,9 +108,12 @@ def service_window(before: dict[str, float], after: dict[str, float], seconds: f
     engine; per submission), `service_queue_wait_mean_ms` a prepared record's wait for its batch to start
     (per record), `service_batch_mean_ms` a batch's engine time (per batch), `service_prepare_mean_ms`
     submitted to prepared, and `service_<step>_mean_ms` for each step of `consumer.batching.gpu.BATCH_STEPS`
-    after the cut (per record: stage_wait, stage, gpu_wait, run, back, respond_wait, respond)."""
+    after the cut (per record: stage_wait, stage, gpu_wait, run, back, respond_wait, respond). The cost
+    model's error over the clean batches it predicted: `service_cost_over_share` the share that ran longer
+    than predicted, `service_cost_{over,under}_mean_ms` by how much on average, each way."""
     d = {k: after[k] - before[k] for k in after}
     batches = d["batches"]
+    predicted = d["cost_over_count"] + d["cost_under_count"]
 
     def mean_ms(total: str, count: str) -> float:
         return round(d[total] / d[count] * 1000, 2) if d[count] else 0.0
@@ -124,6 +130,8 @@ def service_window(before: dict[str, float], after: dict[str, float], seconds: f
         "service_batch_mean_ms": mean_ms("engine_sum", "batches"),
         "service_prepare_mean_ms": mean_ms("prepare_sum", "prepare_count"),
         **{f"service_{name}_mean_ms": mean_ms(f"{name}_sum", f"{name}_count") for name in BATCH_STEPS},
+        "service_cost_over_share": round(d["cost_over_count"] / predicted, 3) if predicted else 0.0,
+        **{f"service_cost_{w}_mean_ms": mean_ms(f"cost_{w}_sum", f"cost_{w}_count") for w in COST_DIRECTIONS},
         "commits": int(d["commits"]),
     }
 
@@ -179,7 +187,13 @@ def _path_text(r: dict[str, Any]) -> str:
     if "service_prepare_mean_ms" not in r:
         return ""
     steps = ", ".join(f"{name} {r[f'service_{name}_mean_ms']}" for name in BATCH_STEPS)
-    return f"; per record: prepare {r['service_prepare_mean_ms']}, queue wait, then {steps} ms"
+    text = f"; per record: prepare {r['service_prepare_mean_ms']}, queue wait, then {steps} ms"
+    if "service_cost_over_share" in r:
+        text += (
+            f"; GPU time against the cost model: over in {r['service_cost_over_share']} of batches by "
+            f"{r['service_cost_over_mean_ms']} ms mean, under by {r['service_cost_under_mean_ms']} ms mean"
+        )
+    return text
 
 
 def broker_log_errors(broker: LocalKafka) -> list[str]:

@@ -17,6 +17,7 @@ COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 FILL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 TOKEN_BUCKETS = (256, 1024, 4096, 16_384, 65_536, 262_144, 1_048_576)
 LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+ERROR_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -110,6 +111,14 @@ class Metrics:
             f"{PREFIX}_gpu_busy_seconds",
             "Seconds the GPU thread spent running batches; rate() is the GPU busy share",
             registry=registry,
+        )
+        self.batch_cost_error = BulkHistogram(
+            f"{PREFIX}_batch_cost_error_seconds",
+            "A batch's GPU time against the adaptive cost model's prediction at its cut, by direction: over "
+            "(the next batch waits on the GPU thread) or under (the GPU idles until the next is staged)",
+            buckets=ERROR_BUCKETS,
+            registry=registry,
+            labelnames=("direction",),
         )
         self.engine_seconds = BulkHistogram(
             f"{PREFIX}_engine_seconds",

@@ -107,37 +107,40 @@ class TimerLateness:
 
 class GpuQueue:
     """The batcher's view of the GPU (event loop only): the tokens of every batch cut and not yet off the
-    GPU (FIFO: one GPU thread), when the GPU started on the first of them, and the cost model it learns."""
+    GPU (FIFO: one GPU thread) with the GPU seconds predicted for it at its cut, when the GPU started on the
+    first of them, and the cost model it learns."""
 
     def __init__(self, cost: CostLike) -> None:
         self.cost = cost
-        self._outstanding: deque[int] = deque()
+        self._outstanding: deque[tuple[int, float | None]] = deque()
         self._mark = 0.0
 
     def cut(self, tokens: int, now: float, lead: float) -> None:
         """A batch of `tokens` was cut; staging it takes about `lead` seconds."""
         if not self._outstanding:  # the GPU is idle: it starts on this batch once it is staged
             self._mark = now + lead
-        self._outstanding.append(tokens)
+        self._outstanding.append((tokens, self.cost.predict(tokens)))
 
     @property
     def busy(self) -> bool:
         """True while a batch cut is not yet off the GPU."""
         return bool(self._outstanding)
 
-    def done(self, tokens: int, seconds: float, now: float, *, learn: bool) -> None:
+    def done(self, tokens: int, seconds: float, now: float, *, learn: bool) -> float | None:
         """The oldest batch (of `tokens`) left the GPU after `seconds` there; learn its cost when `learn`
-        (one clean run), and start the clock on the next one."""
-        self._outstanding.popleft()
+        (one clean run), and start the clock on the next one. Returns the GPU seconds predicted for it at its
+        cut (None: the cost model had no fit yet)."""
+        _, predicted = self._outstanding.popleft()
         self._mark = now
         if learn:
             self.cost.observe(tokens, seconds)
+        return predicted
 
     def free_in(self, now: float) -> float:
         """Predicted seconds until the GPU has run every batch cut so far (0 when none is outstanding or
         the cost model cannot tell yet)."""
         predicted = 0.0
-        for tokens in self._outstanding:
+        for tokens, _ in self._outstanding:  # with today's fit, not the one at each cut
             seconds = self.cost.predict(tokens)
             if seconds is None:
                 return 0.0

@@ -1,5 +1,6 @@
-"""The metrics of one finished batch: its size, its engine time, and per priority class the queue wait and
-end-to-end latency of its submissions (`consumer.metrics.Metrics`). Event loop only, like the batcher."""
+"""The metrics of one finished batch: its size, its engine time, per priority class the queue wait and
+end-to-end latency of its submissions, and its GPU time against the cost model's prediction
+(`consumer.metrics.Metrics`). Event loop only, like the batcher."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from consumer.batching.gpu import BatchTimes
 from consumer.batching.submission import Submission
 from consumer.metrics import Metrics
 from engine.batching.split import SplitStats
+
+COST_DIRECTIONS = ("over", "under")
+"""The `direction` labels of `Metrics.batch_cost_error`: the GPU took longer than predicted, or not."""
 
 
 def observe_batch(
@@ -39,3 +43,15 @@ def observe_batch(
     if stats.splits:
         m.batch_splits.inc(stats.splits)
         m.retries.labels(kind="engine_split").inc(stats.splits)
+
+
+def observe_cost(m: Metrics, predicted: float | None, seconds: float, *, learn: bool) -> None:
+    """Record how far a batch's GPU `seconds` were from the cost model's prediction at its cut (`predicted`;
+    None before the model's first fit: nothing recorded), by direction: `over` (the next batch, cut for the
+    predicted end, waits on the GPU thread) or `under` (the GPU idles until the next one is staged). Only a
+    clean run (`learn`) counts: a split batch ran as several."""
+    if predicted is None or not learn:
+        return
+    error = seconds - predicted
+    over, under = COST_DIRECTIONS
+    m.batch_cost_error.labels(over if error > 0 else under).observe(abs(error))

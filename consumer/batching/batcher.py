@@ -37,7 +37,7 @@ from consumer.batching.adaptive import (
     TimerLateness,
     plan_adaptive,
 )
-from consumer.batching.batch_metrics import observe_batch
+from consumer.batching.batch_metrics import observe_batch, observe_cost
 from consumer.batching.classes import ClassPolicy, ClassQueues
 from consumer.batching.cpu_pool import CpuPool, Work
 from consumer.batching.gpu import BatchTimes, GpuRunner
@@ -237,11 +237,12 @@ class Batcher(Generic[P, S, R]):
 
     def _gpu_done(self, tokens: int, seconds: float, *, learn: bool, ago: float = 0.0) -> None:
         """A batch left the GPU thread after `seconds` there, `ago` seconds before this call (loop only):
-        count the busy time, update the GPU view (learning the cost of one clean run; the next batch
-        started on the GPU when this one left it, not when the loop heard of it), replan."""
-        self._queue.done(tokens, seconds, self._clock.now() - ago, learn=learn)
+        count the busy time and the cost model's error, update the GPU view (learning the cost of a clean
+        run; the next batch started on the GPU when this one left it, not when the loop heard), replan."""
+        predicted = self._queue.done(tokens, seconds, self._clock.now() - ago, learn=learn)
         if self._metrics is not None:
             self._metrics.gpu_busy.inc(seconds)
+            observe_cost(self._metrics, predicted, seconds, learn=learn)
         self._wakeup.set()
 
     async def _wait(self, seconds: float | None) -> None:

@@ -81,7 +81,16 @@ def test_service_window_differences() -> None:
     for i, step in enumerate(BATCH_STEPS):  # step i: (i + 1) ms a record over 20 records
         before |= {f"{step}_count": 40.0, f"{step}_sum": 1.0}
         after |= {f"{step}_count": 60.0, f"{step}_sum": 1.0 + 0.02 * (i + 1)}
+    before |= {"cost_over_count": 1.0, "cost_over_sum": 0.01, "cost_under_count": 2.0, "cost_under_sum": 0.0}
+    after |= {
+        "cost_over_count": 4.0,
+        "cost_over_sum": 0.016,
+        "cost_under_count": 3.0,
+        "cost_under_sum": 0.001,
+    }
     w = service_window(before, after, 4.0)
+    assert (w.pop("service_cost_over_share"), w.pop("service_cost_over_mean_ms")) == (0.75, 2.0)
+    assert w.pop("service_cost_under_mean_ms") == 1.0
     assert {k: w.pop(f"service_{k}_mean_ms") for k in BATCH_STEPS} == {
         "stage_wait": 1.0,
         "stage": 2.0,
@@ -144,6 +153,19 @@ def test_summary_text_has_one_row_per_load_and_the_ratio() -> None:
         .endswith(
             "; per record: prepare 0.5, queue wait, then stage_wait 1.0, stage 1.0, gpu_wait 1.0, run 1.0, "
             "back 1.0, respond_wait 1.0, respond 1.0 ms"
+        )
+    )
+    split |= {
+        "service_cost_over_share": 0.75,
+        "service_cost_over_mean_ms": 2.0,
+        "service_cost_under_mean_ms": 1.0,
+    }
+    assert (
+        summary_text(info, None, [load | split])
+        .splitlines()[-1]
+        .endswith(
+            "respond 1.0 ms; GPU time against the cost model: over in 0.75 of batches by 2.0 ms mean, "
+            "under by 1.0 ms mean"
         )
     )
 

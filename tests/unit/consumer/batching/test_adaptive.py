@@ -13,6 +13,7 @@ from consumer.batching.adaptive import (
     AdaptiveView,
     CostLike,
     CostModel,
+    GpuQueue,
     TimerLateness,
     adaptive_budget,
     plan_adaptive,
@@ -157,6 +158,39 @@ def test_a_busy_gpu_gets_a_graph_sized_batch_cut_now_instead_of_a_little_larger_
     )
     assert plain.count == 12
     assert plain.wait == pytest.approx(0.078)  # just in time, all twelve
+
+
+def test_the_gpu_queue_hands_back_each_batch_s_prediction_from_its_cut() -> None:
+    queue = GpuQueue(CostModel())
+    queue.cut(100, 0.0, 0.0)
+    assert queue.done(100, 0.01, 0.01, learn=True) is None  # cut before the model had a fit
+    queue.cut(200, 0.01, 0.0)
+    assert queue.done(200, 0.02, 0.03, learn=True) is None
+    queue.cut(300, 0.03, 0.0)  # the fit: 0.1 ms a token, no overhead
+    queue.cut(400, 0.03, 0.0)
+    assert queue.done(300, 0.05, 0.08, learn=True) == pytest.approx(0.03)
+    assert queue.done(400, 0.04, 0.12, learn=True) == pytest.approx(0.04)  # from its cut, not the refit
+    assert not queue.busy
+
+
+@pytest.mark.parametrize(("predicted", "direction"), [(10.0, "under"), (1e-9, "over")])
+async def test_the_batcher_records_a_batch_s_gpu_time_against_its_prediction(
+    predicted: float, direction: str
+) -> None:
+    engine = GatedEngine()
+    engine.allow(1)
+    metrics = Metrics()
+    cost = FixedCost(seconds=predicted)
+    b: FakeBatcher = Batcher(engine, adaptive(), clock=ManualClock(), cost=cost, metrics=metrics)
+    await b.start()
+    assert said(await asyncio.wait_for(b.submit(ident, [Item("a")]), 5)) == ["answer:a"]
+    await settle()
+    await b.close()
+    other = "over" if direction == "under" else "under"
+    assert metrics.batch_cost_error.labels(direction).count == 1
+    assert metrics.batch_cost_error.labels(other).count == 0
+    assert 0.0 < metrics.batch_cost_error.labels(direction).sum < 10.0 + 1e-9
+    assert "clef_router_batch_cost_error_seconds_count{direction=" in metrics.render().decode()
 
 
 async def test_idle_gpu_takes_a_lone_record_at_once() -> None:
