@@ -34,6 +34,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from bench.queue_model import Cost, mix_mean, poisson_arrivals, simulate
+from consumer.batching.batch_metrics import COST_DIRECTIONS
 from consumer.batching.batcher import Batcher, Outcome
 from consumer.batching.gpu import BATCH_STEPS
 from consumer.logging import configure_logging
@@ -185,6 +186,18 @@ def path_means(m: Metrics) -> dict[str, float]:
     return {k: round(v, 2) for k, v in out.items()}
 
 
+def cost_error(m: Metrics) -> dict[str, float]:
+    """The batcher's cost model against the modelled GPU's run times (`Metrics.batch_cost_error`): the share
+    of predicted batches that ran longer than predicted, and the mean error (ms) each way."""
+    over, under = (m.batch_cost_error.labels(d) for d in COST_DIRECTIONS)
+    predicted = over.count + under.count
+    return {
+        "over_share": round(over.count / predicted, 3) if predicted else 0.0,
+        "over_ms_mean": round(over.sum / over.count * 1000, 2) if over.count else 0.0,
+        "under_ms_mean": round(under.sum / under.count * 1000, 2) if under.count else 0.0,
+    }
+
+
 def idle_waiting(runs: Sequence[Run]) -> list[float]:
     """Per batch after the first: GPU idle seconds before it while one of its records had arrived."""
     ordered = sorted(runs, key=lambda r: r.start)
@@ -273,6 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "batches_after_a_wait": len(gaps),
             "batches": len(engine.runs),
             "path_ms_mean": path_means(metrics),
+            "cost_error": cost_error(metrics),
             "model": model,
         }
         print(json.dumps(row), flush=True)

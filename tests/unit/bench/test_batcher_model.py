@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from bench.batcher_model import Run, TimedEngine, drive, idle_waiting
+from bench.batcher_model import Run, TimedEngine, cost_error, drive, idle_waiting
 from bench.queue_model import Cost, poisson_arrivals
+from consumer.batching.batch_metrics import observe_cost
+from consumer.metrics import Metrics
 from consumer.settings import BatchingSettings
 from devtools.stub import StubEngine
 from schemas.systemone import parse_request
@@ -66,3 +68,13 @@ def test_jitter_spreads_each_run_within_its_bound() -> None:
     assert all(s >= 0.01 for s in plain_s)
     assert all(0.005 <= s < 0.015 + 0.05 for s in jittered_s)  # a sleep may overshoot, never undershoot
     assert min(jittered_s) < 0.0095 < max(jittered_s)  # 12 seeded draws from [0.5, 1.5]: some below 0.95
+
+
+def test_cost_error_gives_the_share_over_and_the_mean_error_each_way() -> None:
+    m = Metrics()
+    assert cost_error(m) == {"over_share": 0.0, "over_ms_mean": 0.0, "under_ms_mean": 0.0}
+    for predicted, seconds in ((0.010, 0.012), (0.010, 0.014), (0.010, 0.009), (0.020, 0.019)):
+        observe_cost(m, predicted, seconds, learn=True)
+    observe_cost(m, 0.010, 0.050, learn=False)  # a split batch: not a clean run
+    observe_cost(m, None, 0.050, learn=True)  # before the first fit
+    assert cost_error(m) == {"over_share": 0.5, "over_ms_mean": 3.0, "under_ms_mean": 1.0}
