@@ -34,6 +34,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from bench.queue_model import Cost, mix_mean, poisson_arrivals, simulate
+from consumer.batching.adaptive import CostLike, CostModel
 from consumer.batching.batch_metrics import COST_DIRECTIONS
 from consumer.batching.batcher import Batcher, Outcome
 from consumer.batching.gpu import BATCH_STEPS
@@ -72,6 +73,34 @@ def spin(seconds: float) -> None:
         pass
 
 
+def padded(tokens: int, buckets: Sequence[int]) -> int:
+    """The tokens a graph replay computes for a batch of `tokens`: the smallest of `buckets` (ascending)
+    that holds it, or the tokens themselves above the largest (run eagerly)."""
+    return next((b for b in buckets if b >= tokens), tokens)
+
+
+@dataclass(slots=True)
+class PaddedCost:
+    """The batcher's cost model over the tokens a replay computes (`padded`), not the batch's own: what a
+    batch of 2,600 tokens costs is its 3,072-token graph's time. `tokens_within` answers a bucket's size
+    (a batch cut there pads nothing; every batch up to the smallest bucket costs the same)."""
+
+    buckets: tuple[int, ...]
+    inner: CostModel = field(default_factory=CostModel)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        self.inner.observe(padded(tokens, self.buckets), seconds)
+
+    def predict(self, tokens: int) -> float | None:
+        return self.inner.predict(padded(tokens, self.buckets))
+
+    def tokens_within(self, seconds: float) -> int | None:
+        most = self.inner.tokens_within(seconds)
+        if most is None or not self.buckets or most >= self.buckets[-1]:
+            return most
+        return max([self.buckets[0], *(b for b in self.buckets if b <= most)])
+
+
 @dataclass(slots=True)
 class TimedEngine:
     """A `ServingEngine` whose GPU is a sleep of `cost.batch_s(tokens)` on the GPU thread; `stage_s` (+
@@ -90,6 +119,8 @@ class TimedEngine:
     stage_waits_for_run: bool = False
     jitter: float = 0.0
     """Each run's GPU time is the cost times a uniform draw from [1 - jitter, 1 + jitter] (seeded)."""
+    buckets: tuple[int, ...] = ()
+    """Graph buckets: a run costs its `padded` tokens, as a graph replay computes the whole bucket."""
     runs: list[Run] = field(default_factory=list)
     _rng: random.Random = field(default_factory=lambda: random.Random(7))
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -112,7 +143,8 @@ class TimedEngine:
         self._idle.clear()
         try:
             factor = 1.0 + self.jitter * self._rng.uniform(-1.0, 1.0) if self.jitter else 1.0
-            time.sleep(self.cost.batch_s(sum(r.num_tokens for r in staged)) * factor)
+            tokens = padded(sum(r.num_tokens for r in staged), self.buckets)
+            time.sleep(self.cost.batch_s(tokens) * factor)
         finally:
             self._idle.set()
         with self._lock:
@@ -144,11 +176,13 @@ async def drive(
     schedule: Sequence[tuple[float, int]],
     prepare_s: float,
     metrics: Metrics | None = None,
+    cost: CostLike | None = None,
 ) -> list[float]:
     """Submit each event at its time (one submission each, as HTTP requests and small fetches arrive) and
-    return every latency, scheduled arrival to answer, in seconds. `metrics` gets the batcher's."""
+    return every latency, scheduled arrival to answer, in seconds. `metrics` gets the batcher's; `cost`
+    replaces its cost model."""
     batcher: Batcher[TimedRecord, Sequence[TimedRecord], Sequence[TimedRecord]] = Batcher(
-        engine, settings, metrics=metrics
+        engine, settings, metrics=metrics, cost=cost
     )
     await batcher.start()
     latencies: list[float] = []
@@ -226,9 +260,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--jitter", type=float, default=0.0, help="each GPU run's time varies by up to this share")
     p.add_argument("--set", action="append", default=[], help="a BatchingSettings field, name=value (JSON)")
+    p.add_argument(
+        "--graph-buckets", action="store_true", help="the GPU pads each run to the engine's graph buckets"
+    )
+    p.add_argument("--pad-cost", action="store_true", help="the batcher's cost model pads to them too")
     args = p.parse_args(argv)
     configure_logging("warning")
     cost = Cost(args.fixed_ms / 1000, args.per_record_ms / 1000, mix_mean())
+    buckets: tuple[int, ...] = ()
+    if args.graph_buckets or args.pad_cost:
+        from engine.model.graphs import GRAPH_BUCKETS
+
+        buckets = GRAPH_BUCKETS
     capacity = 1000.0 / args.per_record_ms
     overrides = {k: json.loads(v) for k, v in (s.split("=", 1) for s in args.set)}
     settings = BatchingSettings(**overrides)
@@ -246,6 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "settings": overrides,
                 "stage_waits_for_run": args.stage_waits_for_run,
                 "jitter": args.jitter,
+                "graph_buckets": args.graph_buckets,
+                "pad_cost": args.pad_cost,
             }
         ),
         flush=True,
@@ -261,9 +306,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             answer,
             stage_waits_for_run=args.stage_waits_for_run,
             jitter=args.jitter,
+            buckets=buckets if args.graph_buckets else (),
         )
         metrics = Metrics()
-        latencies = asyncio.run(drive(engine, settings, schedule, args.prepare_ms / 1000, metrics))
+        model_cost = PaddedCost(buckets) if args.pad_cost else None
+        latencies = asyncio.run(
+            drive(engine, settings, schedule, args.prepare_ms / 1000, metrics, model_cost)
+        )
         gaps = idle_waiting(engine.runs)
         span = max(r.end for r in engine.runs) - min(r.start for r in engine.runs)
         busy = sum(r.end - r.start for r in engine.runs)

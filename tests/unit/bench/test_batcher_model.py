@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from bench.batcher_model import Run, TimedEngine, cost_error, drive, idle_waiting
+import pytest
+
+from bench.batcher_model import PaddedCost, Run, TimedEngine, cost_error, drive, idle_waiting, padded
 from bench.queue_model import Cost, poisson_arrivals
 from consumer.batching.batch_metrics import observe_cost
 from consumer.metrics import Metrics
@@ -78,3 +80,21 @@ def test_cost_error_gives_the_share_over_and_the_mean_error_each_way() -> None:
     observe_cost(m, 0.010, 0.050, learn=False)  # a split batch: not a clean run
     observe_cost(m, None, 0.050, learn=True)  # before the first fit
     assert cost_error(m) == {"over_share": 0.5, "over_ms_mean": 3.0, "under_ms_mean": 1.0}
+
+
+def test_a_batch_costs_the_graph_bucket_that_holds_it_and_its_own_tokens_above_the_largest() -> None:
+    buckets = (512, 1024, 2048)
+    assert [padded(t, buckets) for t in (1, 512, 513, 2048, 2049, 5000)] == [512, 512, 1024, 2048, 2049, 5000]
+    assert padded(700, ()) == 700
+
+
+def test_the_padded_cost_model_fits_bucket_times_and_answers_budgets_in_buckets() -> None:
+    cost = PaddedCost((512, 1024, 2048))
+    cost.observe(600, 0.002 + 1e-6 * 1024)  # both ran their buckets' graphs: 1 ms per 1,000 tokens + 2 ms
+    cost.observe(1500, 0.002 + 1e-6 * 2048)
+    assert cost.predict(900) == pytest.approx(0.002 + 1e-6 * 1024)
+    assert cost.predict(3000) == pytest.approx(0.002 + 1e-6 * 3000)  # eager above the largest bucket
+    assert cost.tokens_within(0.002 + 1e-6 * 1500) == 1024  # 1,500 tokens would pad to 2,048
+    assert cost.tokens_within(0.002 + 1e-6 * 100) == 512  # anything up to 512 costs the same
+    assert cost.tokens_within(0.002 + 1e-6 * 4000) == 4000
+    assert PaddedCost((512,)).tokens_within(1.0) is None  # no fit yet
