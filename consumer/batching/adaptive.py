@@ -140,7 +140,7 @@ class GpuQueue:
         """Predicted seconds until the GPU has run every batch cut so far (0 when none is outstanding or
         the cost model cannot tell yet)."""
         predicted = 0.0
-        for tokens, _ in self._outstanding:  # with today's fit, not the one at each cut
+        for tokens, _ in self._outstanding:  # with the current fit, not the one at each cut
             seconds = self.cost.predict(tokens)
             if seconds is None:
                 return 0.0
