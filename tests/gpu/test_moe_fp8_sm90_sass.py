@@ -3,8 +3,9 @@
 Two slow forms were found only by reading it (BENCHMARKS.md, "Engine, round thirteen"): a GPU-scope fence
 before every stage release (`mbarrier.arrive.release.cluster`), and a dummy tensor-core product that ptxas
 committed after each k step's group once the group's size was a run-time count, so that `wgmma.wait_group 1`
-waited for the step's own products. These tests keep both out. They need a CUDA toolkit (nvcc, and nvdisasm
-or cuobjdump), not a GPU; marked `gpu` because only the GPU machine has one (CI never runs them).
+waited for the step's own products. These tests keep both out. They need a CUDA toolkit (nvcc and nvdisasm;
+cuobjdump calls nvdisasm too), not a GPU; marked `gpu` because only the GPU machine has one (CI never runs
+them).
 """
 
 from __future__ import annotations
@@ -38,16 +39,16 @@ def _tool(name: str) -> str | None:
 def compiled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     """(ptxas's verbose log, the SASS listing) of one kernel source compiled with `build`'s nvcc flags."""
     nvcc = _tool("nvcc")
-    disasm = _tool("nvdisasm") or _tool("cuobjdump")
+    disasm = _tool("nvdisasm")
     if nvcc is None or disasm is None:
-        pytest.skip("needs nvcc and nvdisasm or cuobjdump (a CUDA toolkit)")
+        pytest.skip("needs nvcc and nvdisasm (a CUDA toolkit)")
     source = moe_fp8_sm90.CSRC / request.param
     cubin = tmp_path_factory.mktemp("sass") / (source.stem + ".cubin")
     command = [nvcc, *moe_fp8_sm90.CUDA_FLAGS, "-std=c++17", "-cubin", "-Xptxas", "-v", "-o", str(cubin)]
     built = subprocess.run([*command, str(source)], capture_output=True, text=True, timeout=300, check=False)
     assert built.returncode == 0, built.stderr
-    listing_args = ["-c", str(cubin)] if Path(disasm).name == "nvdisasm" else ["-sass", str(cubin)]
-    listing = subprocess.run([disasm, *listing_args], capture_output=True, text=True, timeout=120, check=True)
+    listing = subprocess.run([disasm, "-c", str(cubin)], capture_output=True, text=True, timeout=120)
+    assert listing.returncode == 0, listing.stderr
     return built.stdout + built.stderr, listing.stdout
 
 
