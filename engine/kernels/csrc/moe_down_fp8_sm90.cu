@@ -81,25 +81,13 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
             }
         }
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-        const int wg = (tid - 128) >> 7;  // rows 64 wg .. 64 wg + 63 of the tile
-        const int t = tid & 127;
-        const int warp = t >> 5, lane = t & 31, quad = lane & 3;
-        uint8_t* const out_tile = staging + wg * 64 * kRowBytes;
-        float d[128];
-#pragma unroll
-        for (int i = 0; i < 128; ++i) d[i] = 0.0f;
-        fence_operands(d);
-        int it = 0;
-        for (int v = mine.first; v < mine.items; v += mine.stride) {
-            const Item item = item_at(v, solo, my_rank, nblocks, counts, experts);
-            if (item.tile.expert >= experts) break;
-            if (item.empty) continue;
+        multiply_items<kStages, kStageBytes, kABytes>(
+            mine, solo, my_rank, nblocks, counts, experts, stages, full_bar, empty_bar, ksteps, ablate, false,
+            [&](const Item& item, float(&d)[128], int wg, int t) {
+            const int warp = t >> 5, lane = t & 31, quad = lane & 3;
+            uint8_t* const out_tile = staging + wg * 64 * kRowBytes;
             const Tile& tile = item.tile;
             const int row0 = item.row0, nblk = item.nblk;
-            multiply_item<kStages, kStageBytes, kABytes>(d, stages, full_bar, empty_bar, it, ksteps, wg, t, solo, ablate,
-                                                         false);
-
             // Fragment: thread t holds rows 16 (t / 32) + (t % 32) / 4 + 8 h, columns 8 j + 2 (t % 4) + c as
             // d[4 j + 2 h + c]. Staged rows are 512 bytes, their 16-byte pieces swizzled by the row's low bits.
             const float* ws = w_scale + static_cast<int64_t>(tile.expert) * hidden + nblk * kBlockN;
@@ -134,7 +122,7 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
                     *reinterpret_cast<uint4*>(y + pair * hidden + nblk * kBlockN + piece * 8) = v;
                 }
             }
-        }
+            });
     }
     cluster_sync();  // no CTA leaves while its peer may still write into its shared memory or barriers
 }

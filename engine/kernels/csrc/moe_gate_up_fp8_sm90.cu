@@ -113,25 +113,13 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
             }
         }
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-        const int wg = (tid - 128) >> 7;  // rows 64 wg .. 64 wg + 63 of the tile
-        const int t = tid & 127;
-        const int warp = t >> 5, lane = t & 31, quad = lane & 3;
-        uint8_t* const out_tile = staging + wg * 64 * kBlockK;
-        float d[128];
-#pragma unroll
-        for (int i = 0; i < 128; ++i) d[i] = 0.0f;
-        fence_operands(d);
-        int it = 0;
-        for (int v = mine.first; v < mine.items; v += mine.stride) {
-            const Item item = item_at(v, solo, my_rank, nblocks, counts, experts);
-            if (item.tile.expert >= experts) break;
-            if (item.empty) continue;
+        multiply_items<kStages, kStageBytes, kABytes>(
+            mine, solo, my_rank, nblocks, counts, experts, stages, full_bar, empty_bar, ksteps, ablate, true,
+            [&](const Item& item, float(&d)[128], int wg, int t) {
+            const int warp = t >> 5, lane = t & 31, quad = lane & 3;
+            uint8_t* const out_tile = staging + wg * 64 * kBlockK;
             const Tile& tile = item.tile;
             const int row0 = item.row0, nblk = item.nblk;
-            multiply_item<kStages, kStageBytes, kABytes>(d, stages, full_bar, empty_bar, it, ksteps, wg, t, solo, ablate,
-                                                         true);
-
             // Epilogue. Fragment: thread t holds rows 16 (t / 32) + (t % 32) / 4 + 8 h, columns
             // 8 j + 2 (t % 4) + c as d[4 j + 2 h + c]; c = 0 is a gate row, c = 1 its up row (channel 4 j + t % 4).
             const float* ws = w_scale + static_cast<int64_t>(tile.expert) * 2 * inter + nblk * kBlockN;
@@ -186,7 +174,7 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
                     *reinterpret_cast<uint4*>(q + static_cast<int64_t>(row) * inter + nblk * kGroup + piece * 16) = v;
                 }
             }
-        }
+            });
     }
     cluster_sync();  // no CTA leaves while its peer may still write into its shared memory or barriers
 }

@@ -281,6 +281,33 @@ __device__ __forceinline__ void multiply_item(float (&d)[128], uint32_t stages, 
     }
 }
 
+// The multiplier warpgroups' part of a kernel (threads 128 and up): take the registers the loader gave up,
+// then for each of this CTA's work items (`mine`, as the loader walks them) run the k loop into d
+// (`multiply_item`, `proxy_fence` as there) and hand the products to `epilogue(item, d, wg, t)`, where wg is
+// the warpgroup (rows 64 wg .. 64 wg + 63 of the tile) and t the thread within it.
+template <int kStages, int kStageBytes, int kABytes, typename Epilogue>
+__device__ __forceinline__ void multiply_items(const Share& mine, bool solo, uint32_t rank, int nblocks,
+                                               const int* __restrict__ counts, int experts, uint32_t stages,
+                                               uint64_t* full_bar, uint64_t* empty_bar, int ksteps, int ablate,
+                                               bool proxy_fence, Epilogue&& epilogue) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int wg = (static_cast<int>(threadIdx.x) - 128) >> 7;
+    const int t = threadIdx.x & 127;
+    float d[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) d[i] = 0.0f;
+    fence_operands(d);
+    int it = 0;
+    for (int v = mine.first; v < mine.items; v += mine.stride) {
+        const Item item = item_at(v, solo, rank, nblocks, counts, experts);
+        if (item.tile.expert >= experts) break;
+        if (item.empty) continue;
+        multiply_item<kStages, kStageBytes, kABytes>(d, stages, full_bar, empty_bar, it, ksteps, wg, t, solo, ablate,
+                                                     proxy_fence);
+        epilogue(item, d, wg, t);
+    }
+}
+
 // The launch configuration of a kernel of `threads` threads and `smem` bytes of dynamic shared memory in
 // two-CTA clusters (the attribute lives in `attr`); the grid is left to the caller.
 inline cudaLaunchConfig_t cluster_config(cudaLaunchAttribute* attr, int threads, int smem, cudaStream_t stream) {
