@@ -110,6 +110,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="off",
         help="full: urgent batches on the engine's high-priority CUDA stream (engine.lane_stream) or not",
     )
+    p.add_argument(
+        "--sm90",
+        action="store_true",
+        help="full, with --fp8: the FP8 experts through the sm_90a CUDA cluster kernels (engine.kernels."
+        "moe_fp8_sm90; nvcc and ninja needed; bench-only, the service has no such setting)",
+    )
     p.add_argument("--rate", default="25,50,75,90", help="events/s, one load per value, comma-separated")
     p.add_argument(
         "--shares",
@@ -215,6 +221,8 @@ def run(args: argparse.Namespace) -> int:
     rates = tuple(float(x) for x in args.rate.split(","))
     if not rates or any(r <= 0 or not math.isfinite(r) for r in rates):
         raise SystemExit("bench.e2e: --rate needs positive numbers")
+    if args.sm90 and (kind != "full" or args.fp8 == "off"):
+        raise SystemExit("bench.e2e: --sm90 needs the full engine and an --fp8 mode (FP8 expert kernels)")
     if args.shares and (args.mixed or kind == "stub" or args.capacity_events <= 0):
         raise SystemExit("bench.e2e: --shares needs the engine-only capacity (--capacity-events, no --mixed)")
     broker = LocalKafka()
@@ -230,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
                 args.routing,
                 args.fp8,
                 lane_stream=args.lane_stream == "on",
+                sm90=args.sm90,
             )
             build_s = time.perf_counter() - t0
             ahead = _layers_ahead(engine)
@@ -244,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
             "routing": args.routing if kind == "full" else None,
             "fp8": args.fp8 if kind == "full" else None,
             "lane_stream": args.lane_stream if kind == "full" else None,
+            "sm90": args.sm90 if kind == "full" else None,
             "layers_ahead": ahead,
             "producer_linger_ms": args.producer_linger_ms,
             "graph_to": int(os.environ.get("BENCH_E2E_GRAPH_TO", "0")) or None,  # None: default buckets

@@ -48,11 +48,14 @@ def build_engines(
     fp8: str = "off",
     *,
     lane_stream: bool = False,
+    sm90: bool = False,
 ) -> tuple[Any, Any]:
     """(engine for the pipeline, engine whose tokenizer sizes the events); blocking. `full`: the full-size
     model on CUDA (`layers` decoder layers, None = 48, FP8 as `FP8_MODES[fp8]`); `tiny`: the tiny release
     on CPU (both the same); `stub`: `StubEngine`, events sized with the tiny release. `lane_stream`: the
-    full engine's `EngineConfig.lane_stream`."""
+    full engine's `EngineConfig.lane_stream`. `sm90` (full, FP8 only; bench-only, the service has no such
+    setting): the FP8 experts through `engine.kernels.moe_fp8_sm90`'s CUDA cluster kernels, built here (nvcc
+    and ninja needed), the graphs recaptured with them."""
     from bench.load import build
     from engine.batching.cut import BatchLimits
 
@@ -77,6 +80,14 @@ def build_engines(
 
         buckets = buckets_to(min(graph_to, max_tokens))
     engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[fp8])
+    if sm90:
+        import tempfile
+        from pathlib import Path
+
+        from engine.kernels import moe_fp8_sm90
+
+        engine.model.use_sm90_experts(moe_fp8_sm90.build(Path(tempfile.gettempdir()) / "clef-sm90-ext"))
+        engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[fp8])  # graphs recaptured with them
     return engine, engine
 
 

@@ -28,6 +28,9 @@ tar -C "$tmp/cache" -xJf .carry/kafka-*.tar.xz
 if [[ "${DEVICE_E2E_LOCAL:-0}" != 1 ]]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$tmp/site" .carry/whl/*.whl
     export PYTHONPATH="$tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+    # ninja (and the CUTLASS headers) from .carry/toolchain, for `--sm90`'s CUDA extension build
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$tmp/toolchain" .carry/toolchain/*.whl
+    export PYTHONPATH="$tmp/toolchain:$PYTHONPATH" PATH="$tmp/toolchain/bin:$PATH"
 fi
 export CLEF_CACHE_DIR="$tmp/cache"
 export PATH="$tmp/jre/bin:$PATH"

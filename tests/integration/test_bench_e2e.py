@@ -53,6 +53,13 @@ def test_e2e_shares_without_a_capacity_figure_is_refused(tmp_path: Path) -> None
         main(["--engine", "stub", "--shares", "--rate", "0.5", "--out", str(tmp_path)])
 
 
+@pytest.mark.parametrize("engine_fp8", [("stub", "text"), ("tiny", "text"), ("full", "off")])
+def test_e2e_sm90_without_the_full_fp8_engine_is_refused(tmp_path: Path, engine_fp8: tuple[str, str]) -> None:
+    engine, fp8 = engine_fp8
+    with pytest.raises(SystemExit, match="--sm90 needs"):
+        main(["--engine", engine, "--fp8", fp8, "--sm90", "--rate", "1", "--out", str(tmp_path)])
+
+
 def test_e2e_mixed_tiny_run_answers_every_class_once(tmp_path: Path) -> None:
     args = ["--mixed", "--engine", "tiny", "--capacity-events", "64", "--backlog-s", "2", "--seconds", "4"]
     began = time.monotonic()
