@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
                 for (int h = 0; h < 2; ++h) {
                     const float g = d[4 * j + 2 * h] * xs[h] * wg_;
                     const float u = d[4 * j + 2 * h + 1] * xs[h] * wu;
-                    const float act = g / (1.0f + __expf(-g)) * u * rw[h];
+                    const float act = div_full(g, 1.0f + __expf(-g)) * u * rw[h];
                     d[4 * j + 2 * h] = act;  // the gate slot holds the activation from here on
                     amax[h] = fmaxf(amax[h], fabsf(act));
                 }
@@ -152,13 +152,13 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
             for (int h = 0; h < 2; ++h) {
                 float m = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
                 m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-                const float scale = fmaxf(m, 1e-12f) / kFp8Max;
+                const float scale = div_full(fmaxf(m, 1e-12f), kFp8Max);
                 const int r = rows[h];
 #pragma unroll
                 for (int j = 0; j < 32; ++j) {
                     const int ch = 4 * j + quad;
                     out_tile[r * kBlockK + (ch ^ ((r & 7) << 4))] =
-                        __nv_cvt_float_to_fp8(d[4 * j + 2 * h] / scale, __NV_SATFINITE, __NV_E4M3);
+                        __nv_cvt_float_to_fp8(div_full(d[4 * j + 2 * h], scale), __NV_SATFINITE, __NV_E4M3);
                 }
                 const int row = row0 + wg * 64 + r;
                 if (row < tile.row_end && quad == 0) q_scale[static_cast<int64_t>(row) * nblocks + nblk] = scale;

@@ -61,6 +61,14 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) 
         : "memory");
 }
 
+// a / b as Triton divides float32 (`div.full.f32`: about 2 ulp, no slow path), where C++'s `/` is the IEEE
+// division (`div.rn.f32`), which ptxas expands to a reciprocal, its refinement and a call for the hard cases.
+__device__ __forceinline__ float div_full(float a, float b) {
+    float r;
+    asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
 }
