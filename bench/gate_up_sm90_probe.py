@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -44,6 +45,12 @@ from engine.kernels.tiles import MoeTiles
 
 EACH = 1 << 30
 """`clusters` for one two-CTA cluster per work item (not persistent)."""
+BEGAN = time.perf_counter()
+
+
+def progress(step: str) -> None:
+    """One line on stderr before each timed step (a device call cut at its limit shows where it stood)."""
+    print(f"gate_up_sm90_probe: {step} at {time.perf_counter() - BEGAN:.1f} s", file=sys.stderr, flush=True)
 
 
 def pair_tiles(counts: list[int]) -> int:
@@ -94,6 +101,7 @@ def probe(
     fit: tuple[int, int] = (0, 0),
 ) -> None:
     """The `gate_up`, `down` and `block` lines of T = `t` tokens; with `t` in `sweep`, the `sweep` lines."""
+    progress(f"T={t} gate_up and down")
     x = torch.randn(t, HIDDEN, device="cuda", generator=gen).bfloat16()
     top_w, top_i = uniform_routing(t, gen)
     xq = fp8.quantize_rows(x)
@@ -152,6 +160,8 @@ def probe(
         rel=rel(d_c, d_t),
     )
 
+    progress(f"T={t} block")
+
     def shipped() -> torch.Tensor:
         return moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, xq=xq)
 
@@ -175,6 +185,7 @@ def probe(
     if t in sweep:
         for ablate in (1, 2):  # without the products, without the loads
             for solo in (False, True):
+                progress(f"T={t} ablate {ablate} solo {solo}")
                 emit(
                     rows,
                     kind="ablate",
@@ -189,6 +200,7 @@ def probe(
         gu_items, dn_items = tiles * (inter // 128), tiles * (HIDDEN // 256)
         for clusters in (1, 4, 16, 33, 0):
             for solo in (False, True):
+                progress(f"T={t} sweep {clusters} clusters, solo {solo}")
                 gu_us = graph_us(lambda: cuda(clusters, solo=solo))  # noqa: B023
                 dn_us = graph_us(lambda: down_cuda(clusters, solo=solo))  # noqa: B023
                 emit(
@@ -204,6 +216,7 @@ def probe(
                     down_step_us=round(step_us(dn_us, clusters, fit[1], dn_items, inter // 128), 3),
                 )
     if t <= 8192:
+        progress(f"T={t} float32 twin")
         twin = moe_fp8.experts_pairs_fp8_reference(x, order, counts, top_w, q8, "row_pass")
         line["shipped_vs_twin"] = rel(y_shipped, twin)
         line["cuda_both_vs_twin"] = rel(y_both, twin)
