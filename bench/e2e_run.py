@@ -79,7 +79,8 @@ def build_engines(
         from bench.batch_sizes import buckets_to
 
         buckets = buckets_to(min(graph_to, max_tokens))
-    engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[fp8])
+    # with sm90 the graphs are captured once the CUDA kernels are in (use_sm90_experts needs the fast path)
+    engine.model.enable_fast_path(graph_buckets=() if sm90 else buckets, **FP8_MODES[fp8])
     if sm90:
         import tempfile
         from pathlib import Path
@@ -87,7 +88,7 @@ def build_engines(
         from engine.kernels import moe_fp8_sm90
 
         engine.model.use_sm90_experts(moe_fp8_sm90.build(Path(tempfile.gettempdir()) / "clef-sm90-ext"))
-        engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[fp8])  # graphs recaptured with them
+        engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[fp8])
     return engine, engine
 
 
