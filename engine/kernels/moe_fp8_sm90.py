@@ -36,7 +36,9 @@ CUDA_FLAGS = ("-O3", "-gencode=arch=compute_90a,code=sm_90a")
 (wgmma, setmaxnreg)."""
 FROM_ROWS_PER_EXPERT = 64
 """Average rows per expert from which `takes` hands a call to these kernels (two 128-row tiles share a weight
-tile, so fewer rows leave the cluster's second CTA idle). A guess: no measurement has chosen it yet."""
+tile, so fewer rows leave the cluster's second CTA idle). Measured on one H100 only on either side of it: at
+50 rows an expert (800 tokens) both kernels lose to Triton's, at 192 (3,072 tokens) the gate/up one wins by 6%
+and the down one is level (BENCHMARKS.md, "Engine, round fourteen"); where they cross is not measured."""
 
 
 def takes(pairs: int, experts: int, hidden: int, inter: int) -> bool:
