@@ -20,7 +20,9 @@ median of 20):
 - `block`: the whole expert block (gate/up, down, no sum) as shipped; with the CUDA gate/up followed by the
   Triton down kernel ("row_fused", the same values as the shipped "row_pass"); with both CUDA kernels and
   the requantising pass between; each one's relative difference from the shipped block, and the shipped and
-  all-CUDA blocks' distance from the float32 twin (T <= 8,192).
+  all-CUDA blocks' distance from the float32 twin (T <= 8,192); last for each T, left out with `--no-block`.
+
+A line on stderr names each timed step as it starts, so a call cut at its limit shows where it stood.
 
 Writes `gate_up_sm90_probe.jsonl` to `--out`. A benchmark: it asserts nothing.
 """
@@ -99,8 +101,10 @@ def probe(
     gen: torch.Generator,
     sweep: frozenset[int] = frozenset(),
     fit: tuple[int, int] = (0, 0),
+    block: bool = True,
 ) -> None:
-    """The `gate_up`, `down` and `block` lines of T = `t` tokens; with `t` in `sweep`, the `sweep` lines."""
+    """The `gate_up` and `down` lines of T = `t` tokens; with `t` in `sweep`, the `ablate` and `sweep` lines;
+    then, with `block`, the `block` line."""
     progress(f"T={t} gate_up and down")
     x = torch.randn(t, HIDDEN, device="cuda", generator=gen).bfloat16()
     top_w, top_i = uniform_routing(t, gen)
@@ -160,28 +164,6 @@ def probe(
         rel=rel(d_c, d_t),
     )
 
-    progress(f"T={t} block")
-
-    def shipped() -> torch.Tensor:
-        return moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, xq=xq)
-
-    def cuda_gate_up() -> torch.Tensor:
-        a, s = moe_fp8_sm90.gate_up_fp8(ext, x, order, counts, top_w, q8, xq=xq)
-        return moe_fp8.down_pairs_fp8(a, s, order, counts, q8, t, TOP_K, way="row_fused")
-
-    def cuda_both() -> torch.Tensor:
-        return moe_fp8_sm90.experts_pairs_fp8(ext, x, order, counts, top_w, q8, xq=xq)
-
-    y_shipped, y_gate_up, y_both = shipped(), cuda_gate_up(), cuda_both()
-    line: dict[str, object] = {
-        "kind": "block",
-        "tokens": t,
-        "shipped_us": round(graph_us(shipped), 1),
-        "cuda_gate_up_us": round(graph_us(cuda_gate_up), 1),
-        "cuda_both_us": round(graph_us(cuda_both), 1),
-        "gate_up_rel": rel(y_gate_up, y_shipped),
-        "both_rel": rel(y_both, y_shipped),
-    }
     if t in sweep:
         for ablate in (1, 2):  # without the products, without the loads
             for solo in (False, True):
@@ -215,6 +197,30 @@ def probe(
                     gate_up_step_us=round(step_us(gu_us, clusters, fit[0], gu_items, HIDDEN // 128), 3),
                     down_step_us=round(step_us(dn_us, clusters, fit[1], dn_items, inter // 128), 3),
                 )
+    if not block:
+        return
+    progress(f"T={t} block")
+
+    def shipped() -> torch.Tensor:
+        return moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, xq=xq)
+
+    def cuda_gate_up() -> torch.Tensor:
+        a, s = moe_fp8_sm90.gate_up_fp8(ext, x, order, counts, top_w, q8, xq=xq)
+        return moe_fp8.down_pairs_fp8(a, s, order, counts, q8, t, TOP_K, way="row_fused")
+
+    def cuda_both() -> torch.Tensor:
+        return moe_fp8_sm90.experts_pairs_fp8(ext, x, order, counts, top_w, q8, xq=xq)
+
+    y_shipped, y_gate_up, y_both = shipped(), cuda_gate_up(), cuda_both()
+    line: dict[str, object] = {
+        "kind": "block",
+        "tokens": t,
+        "shipped_us": round(graph_us(shipped), 1),
+        "cuda_gate_up_us": round(graph_us(cuda_gate_up), 1),
+        "cuda_both_us": round(graph_us(cuda_both), 1),
+        "gate_up_rel": rel(y_gate_up, y_shipped),
+        "both_rel": rel(y_both, y_shipped),
+    }
     if t <= 8192:
         progress(f"T={t} float32 twin")
         twin = moe_fp8.experts_pairs_fp8_reference(x, order, counts, top_w, q8, "row_pass")
@@ -229,6 +235,11 @@ def main() -> int:
     p.add_argument("--tokens", default="1,64,800,1536,3072,4096,6144,16384,65536")
     p.add_argument("--build-dir", default="/tmp/clef-sm90-ext")
     p.add_argument("--sweep", default="64,3072,65536", help="token counts that get the `sweep` lines")
+    p.add_argument(
+        "--no-block",
+        action="store_true",
+        help="leave out the `block` lines (the whole block, and its float32 twin up to 8,192 tokens)",
+    )
     args, out, rows = start(p)
     emit(rows, **kernel_info())
     began = time.perf_counter()
@@ -240,7 +251,7 @@ def main() -> int:
     q8 = fp8.quantize_experts(*random_experts(gen))
     with torch.inference_mode():
         for t in (int(v) for v in args.tokens.split(",")):
-            probe(rows, t, q8, ext, gen, sweep, (gate_up_fit, down_fit))
+            probe(rows, t, q8, ext, gen, sweep, (gate_up_fit, down_fit), block=not args.no_block)
             (out / "gate_up_sm90_probe.jsonl").write_text("\n".join(rows) + "\n")
     return 0
 
