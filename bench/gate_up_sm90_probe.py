@@ -12,6 +12,8 @@ median of 20):
   relative difference of the dequantised activations and of the scales;
 - `down`: the Triton down kernel ("row_pass") and the CUDA one (both ways) on the same row-scaled
   activations, the share of equal outputs and their relative difference;
+- `early_release` (with `--early-release`): both kernels built with `EARLY_RELEASE_FLAG` (each stage freed as
+  soon as its products are done), persistent and `solo`, and whether their outputs equal the default build's;
 - `sweep` (T in `--sweep`): both CUDA kernels at 1, 4, 16, 33 and as many clusters as fit (0), with
   clusters and `solo` (lone CTAs, no multicast), each with its work items and the us one cluster spends on
   a k step (`step_us`: about 0.56 would be the tensor cores' rate on an H100); and `ablate` lines: each
@@ -102,9 +104,10 @@ def probe(
     sweep: frozenset[int] = frozenset(),
     fit: tuple[int, int] = (0, 0),
     block: bool = True,
+    early: moe_fp8_sm90.Extension | None = None,
 ) -> None:
-    """The `gate_up` and `down` lines of T = `t` tokens; with `t` in `sweep`, the `ablate` and `sweep` lines;
-    then, with `block`, the `block` line."""
+    """The `gate_up` and `down` lines of T = `t` tokens; with `early`, the `early_release` line; with `t` in
+    `sweep`, the `ablate` and `sweep` lines; then, with `block`, the `block` line."""
     progress(f"T={t} gate_up and down")
     x = torch.randn(t, HIDDEN, device="cuda", generator=gen).bfloat16()
     top_w, top_i = uniform_routing(t, gen)
@@ -164,6 +167,33 @@ def probe(
         rel=rel(d_c, d_t),
     )
 
+    if early is not None:
+        progress(f"T={t} early release")
+        act_e, s_e = moe_fp8_sm90.gate_up_fp8(early, x, order, counts, top_w, q8, xq=xq)
+        d_e = moe_fp8_sm90.down_fp8(early, act_r, row_s, order, counts, q8)
+        emit(
+            rows,
+            kind="early_release",
+            tokens=t,
+            gate_up_us=round(
+                graph_us(lambda: moe_fp8_sm90.gate_up_fp8(early, x, order, counts, top_w, q8, xq=xq)), 1
+            ),
+            gate_up_solo_us=round(
+                graph_us(
+                    lambda: moe_fp8_sm90.gate_up_fp8(early, x, order, counts, top_w, q8, xq=xq, solo=True)
+                ),
+                1,
+            ),
+            down_us=round(graph_us(lambda: moe_fp8_sm90.down_fp8(early, act_r, row_s, order, counts, q8)), 1),
+            down_solo_us=round(
+                graph_us(lambda: moe_fp8_sm90.down_fp8(early, act_r, row_s, order, counts, q8, solo=True)), 1
+            ),
+            same_as_default=bool(
+                torch.equal(act_e.view(torch.uint8), act_c.view(torch.uint8))
+                and torch.equal(s_e, s_c)
+                and torch.equal(d_e, d_c)
+            ),
+        )
     if t in sweep:
         for ablate in (1, 2):  # without the products, without the loads
             for solo in (False, True):
@@ -236,6 +266,11 @@ def main() -> int:
     p.add_argument("--build-dir", default="/tmp/clef-sm90-ext")
     p.add_argument("--sweep", default="64,3072,65536", help="token counts that get the `sweep` lines")
     p.add_argument(
+        "--early-release",
+        action="store_true",
+        help="also build the variant that frees each stage once its products are done, and time it",
+    )
+    p.add_argument(
         "--no-block",
         action="store_true",
         help="leave out the `block` lines (the whole block, and its float32 twin up to 8,192 tokens)",
@@ -246,12 +281,13 @@ def main() -> int:
     ext = moe_fp8_sm90.build(Path(args.build_dir))
     gate_up_fit, down_fit = ext.clusters_fit()
     emit(rows, kind="build", seconds=round(time.perf_counter() - began, 1), fit=[gate_up_fit, down_fit])
+    early = moe_fp8_sm90.build(Path(args.build_dir), early_release=True) if args.early_release else None
     sweep = frozenset(int(v) for v in args.sweep.split(",") if v)
     gen = torch.Generator(device="cuda").manual_seed(0)
     q8 = fp8.quantize_experts(*random_experts(gen))
     with torch.inference_mode():
         for t in (int(v) for v in args.tokens.split(",")):
-            probe(rows, t, q8, ext, gen, sweep, (gate_up_fit, down_fit), block=not args.no_block)
+            probe(rows, t, q8, ext, gen, sweep, (gate_up_fit, down_fit), block=not args.no_block, early=early)
             (out / "gate_up_sm90_probe.jsonl").write_text("\n".join(rows) + "\n")
     return 0
 

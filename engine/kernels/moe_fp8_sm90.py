@@ -82,16 +82,25 @@ class Extension(Protocol):
     def clusters_fit(self) -> tuple[int, int]: ...
 
 
-def build(build_dir: Path, *, verbose: bool = False) -> Extension:
-    """Compile (or reuse a build in `build_dir`) and load the extension for sm_90a."""
+EARLY_RELEASE_FLAG = "-DCLEF_SM90_EARLY_RELEASE=1"
+"""nvcc's flag for the pipeline variant that frees each stage as soon as its products are done
+(`csrc/sm90_common.cuh`, `kEarlyRelease`; benches)."""
+
+
+def build(build_dir: Path, *, verbose: bool = False, early_release: bool = False) -> Extension:
+    """Compile (or reuse a build in `build_dir`) and load the extension for sm_90a. `early_release` builds the
+    `EARLY_RELEASE_FLAG` variant, a module of its own in `build_dir / "early_release"` (same functions, same
+    outputs; benches compare it with the default)."""
     from torch.utils import cpp_extension
 
+    if early_release:
+        build_dir = build_dir / "early_release"
     build_dir.mkdir(parents=True, exist_ok=True)
     module = cpp_extension.load(
-        name="clef_moe_fp8_sm90",
+        name="clef_moe_fp8_sm90_early" if early_release else "clef_moe_fp8_sm90",
         sources=[str(CSRC / name) for name in SOURCES],
         extra_cflags=["-O3"],
-        extra_cuda_cflags=list(CUDA_FLAGS),
+        extra_cuda_cflags=[*CUDA_FLAGS, *([EARLY_RELEASE_FLAG] if early_release else [])],
         build_directory=str(build_dir),
         verbose=verbose,
     )

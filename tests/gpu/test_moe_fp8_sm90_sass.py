@@ -22,6 +22,8 @@ from engine.kernels import moe_fp8_sm90
 pytestmark = pytest.mark.gpu
 
 KERNELS = ("moe_gate_up_fp8_sm90.cu", "moe_down_fp8_sm90.cu")
+BUILDS = [(kernel, early) for kernel in KERNELS for early in (False, True)]
+"""Each kernel as `build` compiles it by default and with `early_release`."""
 
 
 def _tool(name: str) -> str | None:
@@ -35,16 +37,21 @@ def _tool(name: str) -> str | None:
     return found
 
 
-@pytest.fixture(scope="module", params=KERNELS)
+@pytest.fixture(
+    scope="module", params=BUILDS, ids=[f"{k.split('.')[0]}-{'early' if e else 'default'}" for k, e in BUILDS]
+)
 def compiled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """(ptxas's verbose log, the SASS listing) of one kernel source compiled with `build`'s nvcc flags."""
+    """(ptxas's verbose log, the SASS listing) of one kernel source compiled with `build`'s nvcc flags (and
+    the early-release flag for that variant)."""
     nvcc = _tool("nvcc")
     disasm = _tool("nvdisasm")
     if nvcc is None or disasm is None:
         pytest.skip("needs nvcc and nvdisasm (a CUDA toolkit)")
-    source = moe_fp8_sm90.CSRC / request.param
+    kernel, early = request.param
+    source = moe_fp8_sm90.CSRC / kernel
     cubin = tmp_path_factory.mktemp("sass") / (source.stem + ".cubin")
-    command = [nvcc, *moe_fp8_sm90.CUDA_FLAGS, "-std=c++17", "-cubin", "-Xptxas", "-v", "-o", str(cubin)]
+    flags = [*moe_fp8_sm90.CUDA_FLAGS, *([moe_fp8_sm90.EARLY_RELEASE_FLAG] if early else [])]
+    command = [nvcc, *flags, "-std=c++17", "-cubin", "-Xptxas", "-v", "-o", str(cubin)]
     built = subprocess.run([*command, str(source)], capture_output=True, text=True, timeout=300, check=False)
     assert built.returncode == 0, built.stderr
     listing = subprocess.run([disasm, "-c", str(cubin)], capture_output=True, text=True, timeout=120)
@@ -69,7 +76,8 @@ def test_the_only_gpu_scope_fences_are_the_cluster_barriers(compiled: tuple[str,
 
 def test_every_k_step_commits_its_products_as_one_whole_group(compiled: tuple[str, str]) -> None:
     """No dummy product (a GMMA into RZ) and no ptxas notice that it injected wgmma fences or serialised
-    the products (C7519, C7510): each step's `wait_group 1` waits for the previous step only."""
+    the products (C7519, C7510): each step's `wait_group 1` waits for the previous step only (with
+    early release, `wait_group 0` for the step's own, by design)."""
     log, sass = compiled
     code = _instructions(sass)
     dummies = [i for i in code if re.match(r"[HQIB]GMMA\.\S+ RZ,", i)]

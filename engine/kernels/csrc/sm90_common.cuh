@@ -249,11 +249,26 @@ __device__ __forceinline__ void load_weight_tile(uint32_t b_dst, const CUtensorM
     }
 }
 
+// Built with CLEF_SM90_EARLY_RELEASE=1 (`moe_fp8_sm90.build(..., early_release=True)`, benches), a multiplier
+// warpgroup waits for each k step's products before the next step and frees that step's stage at once, so three
+// of the four stages load ahead instead of two; the other multiplier warpgroup keeps the tensor cores busy
+// meanwhile. The default keeps one step's products in flight and frees the stage a step later.
+#ifndef CLEF_SM90_EARLY_RELEASE
+#define CLEF_SM90_EARLY_RELEASE 0
+#endif
+constexpr bool kEarlyRelease = CLEF_SM90_EARLY_RELEASE != 0;
+
+// Arrive on stage barrier `bar` of both CTAs of the cluster (alone: of this one).
+__device__ __forceinline__ void release_stage(uint32_t bar, bool solo) {
+    mbar_arrive_cluster(bar, 0);
+    if (!solo) mbar_arrive_cluster(bar, 1);
+}
+
 // A multiplier warpgroup's k loop over one work item: `ksteps` stages from pipeline step `it` on (advanced),
 // each waited for on its full barrier, multiplied into d (rows 64 wg.. of the stage's A tile by its whole B
-// tile; the first step overwrites d) and released to both CTAs (alone: to this one) once its products are done.
-// `proxy_fence`: the A tile was written by cp.async (generic proxy) and is read by wgmma (async proxy).
-// `ablate` 1 skips the products (benches).
+// tile; the first step overwrites d) and released to both CTAs (alone: to this one) once its products are done
+// (see kEarlyRelease). `proxy_fence`: the A tile was written by cp.async (generic proxy) and is read by wgmma
+// (async proxy). `ablate` 1 skips the products (benches).
 template <int kStages, int kStageBytes, int kABytes>
 __device__ __forceinline__ void multiply_item(float (&d)[128], uint32_t stages, uint64_t* full_bar, uint64_t* empty_bar,
                                               int& it, int ksteps, int wg, int t, bool solo, int ablate,
@@ -272,21 +287,22 @@ __device__ __forceinline__ void multiply_item(float (&d)[128], uint32_t stages, 
                 wgmma_64x256x32(d, smem_desc(a + kk * 32), smem_desc(b + kk * 32), (ks > 0 || kk > 0) ? 1u : 0u);
             }
             asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-            asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+            if constexpr (kEarlyRelease) {
+                asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+            } else {
+                asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+            }
         }
-        if (ks > 0 && t == 0) {  // the previous step's products are done: its stage is free
-            const uint32_t prev = smem_addr(&empty_bar[(it - 1) % kStages]);
-            mbar_arrive_cluster(prev, 0);
-            if (!solo) mbar_arrive_cluster(prev, 1);
+        if constexpr (kEarlyRelease) {
+            if (t == 0) release_stage(smem_addr(&empty_bar[s]), solo);  // this step's products are done
+        } else {
+            // the previous step's products are done: its stage is free
+            if (ks > 0 && t == 0) release_stage(smem_addr(&empty_bar[(it - 1) % kStages]), solo);
         }
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     fence_operands(d);
-    if (t == 0) {  // the item's last stage
-        const uint32_t last = smem_addr(&empty_bar[(it - 1) % kStages]);
-        mbar_arrive_cluster(last, 0);
-        if (!solo) mbar_arrive_cluster(last, 1);
-    }
+    if (!kEarlyRelease && t == 0) release_stage(smem_addr(&empty_bar[(it - 1) % kStages]), solo);  // the last stage
 }
 
 // The multiplier warpgroups' part of a kernel (threads 128 and up): take the registers the loader gave up,
