@@ -118,9 +118,11 @@ def probe(
     torch.cuda.synchronize()
     regime = "large" if moe_fp8.tiles_for(t * TOP_K, EXPERTS) is moe_fp8.LARGE else "small"
 
-    def cuda(clusters: int, *, solo: bool = False, ablate: int = 0) -> fp8.Quantized:
+    def cuda(
+        clusters: int, *, solo: bool = False, ablate: int = 0, build: moe_fp8_sm90.Extension = ext
+    ) -> fp8.Quantized:
         return moe_fp8_sm90.gate_up_fp8(
-            ext, x, order, counts, top_w, q8, xq=xq, clusters=clusters, solo=solo, ablate=ablate
+            build, x, order, counts, top_w, q8, xq=xq, clusters=clusters, solo=solo, ablate=ablate
         )
 
     def triton(tiles: MoeTiles | None) -> fp8.Quantized:
@@ -148,9 +150,11 @@ def probe(
     def down_triton() -> torch.Tensor:
         return moe_fp8.down_pairs_fp8(act_r, row_s, order, counts, q8, t, TOP_K, way="row_pass")
 
-    def down_cuda(clusters: int, *, solo: bool = False, ablate: int = 0) -> torch.Tensor:
+    def down_cuda(
+        clusters: int, *, solo: bool = False, ablate: int = 0, build: moe_fp8_sm90.Extension = ext
+    ) -> torch.Tensor:
         return moe_fp8_sm90.down_fp8(
-            ext, act_r, row_s, order, counts, q8, clusters=clusters, solo=solo, ablate=ablate
+            build, act_r, row_s, order, counts, q8, clusters=clusters, solo=solo, ablate=ablate
         )
 
     d_t = down_triton()
@@ -169,25 +173,16 @@ def probe(
 
     if early is not None:
         progress(f"T={t} early release")
-        act_e, s_e = moe_fp8_sm90.gate_up_fp8(early, x, order, counts, top_w, q8, xq=xq)
-        d_e = moe_fp8_sm90.down_fp8(early, act_r, row_s, order, counts, q8)
+        act_e, s_e = cuda(0, build=early)
+        d_e = down_cuda(0, build=early)
         emit(
             rows,
             kind="early_release",
             tokens=t,
-            gate_up_us=round(
-                graph_us(lambda: moe_fp8_sm90.gate_up_fp8(early, x, order, counts, top_w, q8, xq=xq)), 1
-            ),
-            gate_up_solo_us=round(
-                graph_us(
-                    lambda: moe_fp8_sm90.gate_up_fp8(early, x, order, counts, top_w, q8, xq=xq, solo=True)
-                ),
-                1,
-            ),
-            down_us=round(graph_us(lambda: moe_fp8_sm90.down_fp8(early, act_r, row_s, order, counts, q8)), 1),
-            down_solo_us=round(
-                graph_us(lambda: moe_fp8_sm90.down_fp8(early, act_r, row_s, order, counts, q8, solo=True)), 1
-            ),
+            gate_up_us=round(graph_us(lambda: cuda(0, build=early)), 1),
+            gate_up_solo_us=round(graph_us(lambda: cuda(0, solo=True, build=early)), 1),
+            down_us=round(graph_us(lambda: down_cuda(0, build=early)), 1),
+            down_solo_us=round(graph_us(lambda: down_cuda(0, solo=True, build=early)), 1),
             same_as_default=bool(
                 torch.equal(act_e.view(torch.uint8), act_c.view(torch.uint8))
                 and torch.equal(s_e, s_c)
