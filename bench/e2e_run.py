@@ -82,12 +82,9 @@ def build_engines(
     # with sm90 the graphs are captured once the CUDA kernels are in (use_sm90_experts needs the fast path)
     engine.model.enable_fast_path(graph_buckets=() if sm90 else buckets, **FP8_MODES[fp8])
     if sm90:
-        import tempfile
-        from pathlib import Path
-
         from engine.kernels import moe_fp8_sm90
 
-        engine.model.use_sm90_experts(moe_fp8_sm90.build(Path(tempfile.gettempdir()) / "clef-sm90-ext"))
+        engine.model.use_sm90_experts(moe_fp8_sm90.build(moe_fp8_sm90.BUILD_DIR))
         engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[fp8])
     return engine, engine
 

@@ -258,7 +258,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     p.add_argument("--tokens", default="1,64,800,1536,3072,4096,6144,16384,65536")
-    p.add_argument("--build-dir", default="/tmp/clef-sm90-ext")
+    p.add_argument("--build-dir", type=Path, default=moe_fp8_sm90.BUILD_DIR)
     p.add_argument("--sweep", default="64,3072,65536", help="token counts that get the `sweep` lines")
     p.add_argument(
         "--early-release",
@@ -273,10 +273,10 @@ def main() -> int:
     args, out, rows = start(p)
     emit(rows, **kernel_info())
     began = time.perf_counter()
-    ext = moe_fp8_sm90.build(Path(args.build_dir))
+    ext = moe_fp8_sm90.build(args.build_dir)
     gate_up_fit, down_fit = ext.clusters_fit()
     emit(rows, kind="build", seconds=round(time.perf_counter() - began, 1), fit=[gate_up_fit, down_fit])
-    early = moe_fp8_sm90.build(Path(args.build_dir), early_release=True) if args.early_release else None
+    early = moe_fp8_sm90.build(args.build_dir, early_release=True) if args.early_release else None
     sweep = frozenset(int(v) for v in args.sweep.split(",") if v)
     gen = torch.Generator(device="cuda").manual_seed(0)
     q8 = fp8.quantize_experts(*random_experts(gen))

@@ -31,7 +31,6 @@ import os
 import pstats
 import random
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -102,7 +101,7 @@ def main() -> int:
     if args.sm90 and args.fp8 != "off":
         from engine.kernels import moe_fp8_sm90
 
-        ext = moe_fp8_sm90.build(Path(tempfile.gettempdir()) / "clef-sm90-ext")
+        ext = moe_fp8_sm90.build(moe_fp8_sm90.BUILD_DIR)
         engine.model.use_sm90_experts(ext)
         engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])  # graphs recaptured
         for records in (int(n) for n in args.records.split(",")):

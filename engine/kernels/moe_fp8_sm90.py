@@ -19,6 +19,7 @@ measured by `bench.gate_up_sm90_probe`.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Protocol, cast
 
@@ -85,6 +86,14 @@ class Extension(Protocol):
 EARLY_RELEASE_FLAG = "-DCLEF_SM90_EARLY_RELEASE=1"
 """nvcc's flag for the pipeline variant that frees each stage as soon as its products are done
 (`csrc/sm90_common.cuh`, `kEarlyRelease`; benches)."""
+BUILD_DIR = Path(tempfile.gettempdir()) / "clef-sm90-ext"
+"""Where the benches and the GPU tests build the extension (an up-to-date build there is loaded, not
+rebuilt)."""
+
+
+def cuda_flags(*, early_release: bool = False) -> tuple[str, ...]:
+    """nvcc's flags for the kernels as `build` compiles them (`CUDA_FLAGS`, plus `EARLY_RELEASE_FLAG`)."""
+    return (*CUDA_FLAGS, EARLY_RELEASE_FLAG) if early_release else CUDA_FLAGS
 
 
 def build(build_dir: Path, *, verbose: bool = False, early_release: bool = False) -> Extension:
@@ -100,7 +109,7 @@ def build(build_dir: Path, *, verbose: bool = False, early_release: bool = False
         name="clef_moe_fp8_sm90_early" if early_release else "clef_moe_fp8_sm90",
         sources=[str(CSRC / name) for name in SOURCES],
         extra_cflags=["-O3"],
-        extra_cuda_cflags=[*CUDA_FLAGS, *([EARLY_RELEASE_FLAG] if early_release else [])],
+        extra_cuda_cflags=list(cuda_flags(early_release=early_release)),
         build_directory=str(build_dir),
         verbose=verbose,
     )

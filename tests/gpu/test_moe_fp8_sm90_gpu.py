@@ -6,8 +6,6 @@ Builds the extension once (nvcc and ninja needed: `scripts/device-engine.sh test
 from __future__ import annotations
 
 import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -32,7 +30,7 @@ def ext() -> moe_fp8_sm90.Extension:
     if shutil.which("ninja") is None:
         pytest.skip("needs ninja on PATH to build the extension")
     # the benches' build folder: an up-to-date build there is loaded, not rebuilt
-    return moe_fp8_sm90.build(Path(tempfile.gettempdir()) / "clef-sm90-ext")
+    return moe_fp8_sm90.build(moe_fp8_sm90.BUILD_DIR)
 
 
 def _layer(gen: torch.Generator) -> fp8.Fp8Experts:
@@ -150,7 +148,7 @@ def test_sm90_early_release_build_gives_the_default_builds_bytes(
     """The early-release variant (`build(..., early_release=True)`) changes when stages are freed, not what
     is computed: the same gate/up bytes and scales and the same down rows as the default build, persistent,
     one cluster per item and lone CTAs alike."""
-    early = moe_fp8_sm90.build(Path(tempfile.gettempdir()) / "clef-sm90-ext", early_release=True)
+    early = moe_fp8_sm90.build(moe_fp8_sm90.BUILD_DIR, early_release=True)
     gen = torch.Generator(device="cuda").manual_seed(200 + tokens)
     q8 = _layer(gen)
     x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).bfloat16()

@@ -50,7 +50,7 @@ def compiled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     kernel, early = request.param
     source = moe_fp8_sm90.CSRC / kernel
     cubin = tmp_path_factory.mktemp("sass") / (source.stem + ".cubin")
-    flags = [*moe_fp8_sm90.CUDA_FLAGS, *([moe_fp8_sm90.EARLY_RELEASE_FLAG] if early else [])]
+    flags = moe_fp8_sm90.cuda_flags(early_release=early)
     command = [nvcc, *flags, "-std=c++17", "-cubin", "-Xptxas", "-v", "-o", str(cubin)]
     built = subprocess.run([*command, str(source)], capture_output=True, text=True, timeout=300, check=False)
     assert built.returncode == 0, built.stderr
