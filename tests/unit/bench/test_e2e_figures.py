@@ -139,34 +139,30 @@ def test_summary_text_has_one_row_per_load_and_the_ratio() -> None:
     assert rows[0].endswith("| 0.25 |")  # 2.0 events/s out over 8.0 engine-only
     assert "engine only (same process" in text
     assert summary_text(info, None, [load]).splitlines()[-1].endswith("| - |")
+
+    def service_line(split: dict[str, float]) -> str:
+        return summary_text(info, None, [load | split]).splitlines()[-1]
+
     split = {"service_e2e_mean_ms": 90.5, "service_fetch_age_mean_ms": 4.5, "service_batcher_mean_ms": 80.0}
     split |= {"service_queue_wait_mean_ms": 30.25, "service_batch_mean_ms": 40.0}
-    assert summary_text(info, None, [load | split]).splitlines()[-1] == (
+    assert service_line(split) == (
         "4/s, service means: record timestamp to outputs acknowledged 90.5 ms, to fetched 4.5 ms, "
         "in the batcher 80.0 ms "
         "(queue wait 30.25 ms, batch 40.0 ms)"
     )
     split |= {"service_prepare_mean_ms": 0.5} | {f"service_{k}_mean_ms": 1.0 for k in BATCH_STEPS}
-    assert (
-        summary_text(info, None, [load | split])
-        .splitlines()[-1]
-        .endswith(
-            "; per record: prepare 0.5, queue wait, then stage_wait 1.0, stage 1.0, gpu_wait 1.0, run 1.0, "
-            "back 1.0, respond_wait 1.0, respond 1.0 ms"
-        )
+    assert service_line(split).endswith(
+        "; per record: prepare 0.5, queue wait, then stage_wait 1.0, stage 1.0, gpu_wait 1.0, run 1.0, "
+        "back 1.0, respond_wait 1.0, respond 1.0 ms"
     )
     split |= {
         "service_cost_over_share": 0.75,
         "service_cost_over_mean_ms": 2.0,
         "service_cost_under_mean_ms": 1.0,
     }
-    assert (
-        summary_text(info, None, [load | split])
-        .splitlines()[-1]
-        .endswith(
-            "respond 1.0 ms; GPU time against the cost model: over in 0.75 of batches by 2.0 ms mean, "
-            "under by 1.0 ms mean"
-        )
+    assert service_line(split).endswith(
+        "respond 1.0 ms; GPU time against the cost model: over in 0.75 of batches by 2.0 ms mean, "
+        "under by 1.0 ms mean"
     )
 
 
