@@ -17,8 +17,8 @@ median of 20):
 - `sweep` (T in `--sweep`): both CUDA kernels at 1, 4, 16, 33 and as many clusters as fit (0), with
   clusters and `solo` (lone CTAs, no multicast), each with its work items and the us one cluster spends on
   a k step (`step_us`: about 0.56 would be the tensor cores' rate on an H100); and `ablate` lines: each
-  kernel without its tensor-core products and without its loads (wrong results, the time of the other half
-  alone);
+  kernel without its loads and without its epilogue, and with `--ablate-products`, after the sweep, without
+  its tensor-core products (wrong results, the time of the rest alone; such a run never ended on an H100);
 - `block`: the whole expert block (gate/up, down, no sum) as shipped; with the CUDA gate/up followed by the
   Triton down kernel ("row_fused", the same values as the shipped "row_pass"); with both CUDA kernels and
   the requantising pass between; each one's relative difference from the shipped block, and the shipped and
@@ -105,9 +105,11 @@ def probe(
     fit: tuple[int, int] = (0, 0),
     block: bool = True,
     early: moe_fp8_sm90.Extension | None = None,
+    ablate_products: bool = False,
 ) -> None:
     """The `gate_up` and `down` lines of T = `t` tokens; with `early`, the `early_release` line; with `t` in
-    `sweep`, the `ablate` and `sweep` lines; then, with `block`, the `block` line."""
+    `sweep`, the `ablate` and `sweep` lines (with `ablate_products`, then the products' `ablate` lines); then,
+    with `block`, the `block` line."""
     progress(f"T={t} gate_up and down")
     x = torch.randn(t, HIDDEN, device="cuda", generator=gen).bfloat16()
     top_w, top_i = uniform_routing(t, gen)
@@ -189,19 +191,27 @@ def probe(
                 and torch.equal(d_e, d_c)
             ),
         )
+
+    def ablate_line(ablate: int, solo: bool) -> None:
+        name = ("no_products", "no_loads", "no_epilogue")[ablate - 1]
+        progress(f"T={t} ablate {name} solo {solo}: gate_up")
+        gu_us = graph_us(lambda: cuda(0, solo=solo, ablate=ablate))
+        progress(f"T={t} ablate {name} solo {solo}: down")
+        dn_us = graph_us(lambda: down_cuda(0, solo=solo, ablate=ablate))
+        emit(
+            rows,
+            kind="ablate",
+            tokens=t,
+            ablate=name,
+            solo=solo,
+            gate_up_us=round(gu_us, 1),
+            down_us=round(dn_us, 1),
+        )
+
     if t in sweep:
-        for ablate in (1, 2):  # without the products, without the loads
+        for ablate in (2, 3):  # without the loads, without the epilogue
             for solo in (False, True):
-                progress(f"T={t} ablate {ablate} solo {solo}")
-                emit(
-                    rows,
-                    kind="ablate",
-                    tokens=t,
-                    ablate=("no_products", "no_loads")[ablate - 1],
-                    solo=solo,
-                    gate_up_us=round(graph_us(lambda: cuda(0, solo=solo, ablate=ablate)), 1),  # noqa: B023
-                    down_us=round(graph_us(lambda: down_cuda(0, solo=solo, ablate=ablate)), 1),  # noqa: B023
-                )
+                ablate_line(ablate, solo)
         tiles = pair_tiles([int(c) for c in counts.tolist()])
         inter = q8.down.shape[2]
         gu_items, dn_items = tiles * (inter // 128), tiles * (HIDDEN // 256)
@@ -222,6 +232,9 @@ def probe(
                     gate_up_step_us=round(step_us(gu_us, clusters, fit[0], gu_items, HIDDEN // 128), 3),
                     down_step_us=round(step_us(dn_us, clusters, fit[1], dn_items, inter // 128), 3),
                 )
+        if ablate_products:  # last: the first such run on an H100 never ended (round fourteen)
+            for solo in (False, True):
+                ablate_line(1, solo)
     if not block:
         return
     progress(f"T={t} block")
@@ -270,6 +283,11 @@ def main() -> int:
         action="store_true",
         help="leave out the `block` lines (the whole block, and its float32 twin up to 8,192 tokens)",
     )
+    p.add_argument(
+        "--ablate-products",
+        action="store_true",
+        help="also time the kernels without their products, after the sweep (the first such run never ended)",
+    )
     args, out, rows = start(p)
     emit(rows, **kernel_info())
     began = time.perf_counter()
@@ -282,7 +300,18 @@ def main() -> int:
     q8 = fp8.quantize_experts(*random_experts(gen))
     with torch.inference_mode():
         for t in (int(v) for v in args.tokens.split(",")):
-            probe(rows, t, q8, ext, gen, sweep, (gate_up_fit, down_fit), block=not args.no_block, early=early)
+            probe(
+                rows,
+                t,
+                q8,
+                ext,
+                gen,
+                sweep,
+                (gate_up_fit, down_fit),
+                block=not args.no_block,
+                early=early,
+                ablate_products=args.ablate_products,
+            )
             (out / "gate_up_sm90_probe.jsonl").write_text("\n".join(rows) + "\n")
     return 0
 

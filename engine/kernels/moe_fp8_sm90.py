@@ -133,7 +133,7 @@ def gate_up_fp8(
     `clusters`: 0 runs as many two-CTA clusters as fit at once, each looping over its work items
     (persistent); N > 0 at most N (a large N: one cluster per item). `solo`: no clusters, twice as many lone
     CTAs each loading its whole weight tile (no multicast). `ablate` (benches; the results are then wrong): 1
-    drops the tensor-core products, 2 the loads."""
+    drops the tensor-core products, 2 the loads, 3 the epilogue (nothing is written)."""
     t = x.shape[0]
     inter = q8.gate_up.shape[1] // 2
     pairs = t * top_w.shape[1]

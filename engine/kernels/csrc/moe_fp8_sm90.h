@@ -32,7 +32,8 @@ struct GateUpArgs {
     int hidden, inter, experts, top_k;
     int clusters;           // at most this many two-CTA clusters, each looping over work items; 0: as many as fit
     bool solo;              // no clusters: each CTA loads its whole weight tile (twice the CTAs, no multicast)
-    int ablate;             // benches: 0 the kernel; 1 without the products, 2 without the loads (wrong results)
+    int ablate;             // benches: 0 the kernel; 1 without the products, 2 without the loads, 3 without
+                            // the epilogue (wrong results)
 };
 
 // `w_map`: the (E, 2I, H) e4m3 weights as a 3-D uint8 tensor map in (1, kBlockN / 2, kBlockK) boxes with the

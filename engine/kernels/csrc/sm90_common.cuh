@@ -308,7 +308,8 @@ __device__ __forceinline__ void multiply_item(float (&d)[128], uint32_t stages, 
 // The multiplier warpgroups' part of a kernel (threads 128 and up): take the registers the loader gave up,
 // then for each of this CTA's work items (`mine`, as the loader walks them) run the k loop into d
 // (`multiply_item`, `proxy_fence` as there) and hand the products to `epilogue(item, d, wg, t)`, where wg is
-// the warpgroup (rows 64 wg .. 64 wg + 63 of the tile) and t the thread within it.
+// the warpgroup (rows 64 wg .. 64 wg + 63 of the tile) and t the thread within it. `ablate` 3 skips the
+// epilogue (benches: nothing is written).
 template <int kStages, int kStageBytes, int kABytes, typename Epilogue>
 __device__ __forceinline__ void multiply_items(const Share& mine, bool solo, uint32_t rank, int nblocks,
                                                const int* __restrict__ counts, int experts, uint32_t stages,
@@ -328,7 +329,7 @@ __device__ __forceinline__ void multiply_items(const Share& mine, bool solo, uin
         if (item.empty) continue;
         multiply_item<kStages, kStageBytes, kABytes>(d, stages, full_bar, empty_bar, it, ksteps, wg, t, solo, ablate,
                                                      proxy_fence);
-        epilogue(item, d, wg, t);
+        if (ablate != 3) epilogue(item, d, wg, t);  // 3: without the epilogue (benches)
     }
 }
 
