@@ -43,6 +43,7 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
     extern __shared__ uint8_t smem_raw[];
     __shared__ __align__(8) uint64_t full_bar[kStages];
     __shared__ __align__(8) uint64_t empty_bar[kStages];
+    __shared__ TileTable tiles;
 
     const int tid = threadIdx.x;
     const uint32_t my_rank = solo ? 0u : cluster_rank();
@@ -51,6 +52,7 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
     const uint32_t raw = smem_addr(smem_raw);
     const uint32_t stages = (raw + 1023u) & ~1023u;
     uint8_t* const staging = smem_raw + (stages - raw) + kStages * kStageBytes;  // the output tile, 64 KB
+    if (tid >= 32 && tid < 64) build_tile_table(counts, experts, tiles);  // warp 1, while thread 0 sets up
     init_stage_barriers<kStages>(full_bar, empty_bar, 1, solo);  // thread 0's expect_tx; the bytes do the rest
 
     const int ksteps = inter / kBlockK;
@@ -60,7 +62,7 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
         if (tid < 32) {  // warp 0 finds the tiles, its first lane issues the loads
             int it = 0;
             for (int v = mine.first; v < mine.items; v += mine.stride) {
-                const Item item = item_at(v, solo, my_rank, nblocks, counts, experts);
+                const Item item = item_at(v, solo, my_rank, nblocks, tiles, experts);
                 if (item.tile.expert >= experts) break;
                 if (item.empty) continue;
                 for (int ks = 0; ks < ksteps; ++ks, ++it) {
@@ -82,7 +84,7 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
         }
     } else {
         multiply_items<kStages, kStageBytes, kABytes>(
-            mine, solo, my_rank, nblocks, counts, experts, stages, full_bar, empty_bar, ksteps, ablate, false,
+            mine, solo, my_rank, nblocks, tiles, experts, stages, full_bar, empty_bar, ksteps, ablate, false,
             [&](const Item& item, float(&d)[128], int wg, int t) {
             const int warp = t >> 5, lane = t & 31, quad = lane & 3;
             uint8_t* const out_tile = staging + wg * 64 * kRowBytes;

@@ -14,6 +14,7 @@ constexpr int kBlockM = 128;         // sorted rows per CTA (two of them share a
 constexpr int kBlockN = 256;         // weight rows per tile (gate/up: interleaved, 128 channels)
 constexpr int kBlockK = 128;         // e4m3 bytes of k per pipeline stage
 constexpr int kGroup = kBlockN / 2;  // channels per activation scale of the gate/up output
+constexpr int kMaxExperts = 256;     // experts the kernels' shared-memory tile table holds
 
 // Both kernels run (pair tile, column block) work items, a pair tile being 256 sorted rows of one expert (two
 // CTAs of 128), over a static upper bound of the pair tiles; each cluster takes items cluster, cluster +

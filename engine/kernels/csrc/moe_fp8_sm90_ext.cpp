@@ -67,6 +67,7 @@ void gate_up_fp8(torch::Tensor x, torch::Tensor x_scale, torch::Tensor w, torch:
     const int64_t tokens = x.size(0), hidden = x.size(1), experts = w.size(0), inter = w.size(1) / 2;
     const int64_t pairs = order.size(0), top_k = top_w.size(1);
     TORCH_CHECK(hidden % clef::kBlockK == 0 && inter % clef::kGroup == 0, "H and I must be multiples of 128");
+    TORCH_CHECK(experts <= clef::kMaxExperts, "at most ", clef::kMaxExperts, " experts");
     TORCH_CHECK(w.size(2) == hidden && counts.size(0) == experts && top_w.size(0) == tokens && pairs == tokens * top_k,
                 "inconsistent shapes");
     TORCH_CHECK(x_scale.size(0) == tokens && w_scale.size(0) == experts && w_scale.size(1) == 2 * inter,
@@ -106,6 +107,7 @@ void down_fp8(torch::Tensor q, torch::Tensor row_scale, torch::Tensor w, torch::
                 counts.size(0) == experts && order.size(0) == pairs && row_scale.size(0) == pairs,
                 "inconsistent shapes");
     TORCH_CHECK(y.size(0) == pairs && y.size(1) == hidden, "y must be (S, H)");
+    TORCH_CHECK(experts <= clef::kMaxExperts, "at most ", clef::kMaxExperts, " experts");
     if (pairs == 0) return;
     const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(inter), static_cast<cuuint64_t>(pairs)};
     const cuuint32_t a_box[2] = {clef::kBlockK, clef::kBlockM};

@@ -58,6 +58,7 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
     extern __shared__ uint8_t smem_raw[];
     __shared__ __align__(8) uint64_t full_bar[kStages];
     __shared__ __align__(8) uint64_t empty_bar[kStages];
+    __shared__ TileTable tiles;
 
     const int tid = threadIdx.x;
     const uint32_t my_rank = solo ? 0u : cluster_rank();
@@ -67,6 +68,7 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
     const uint32_t stages = (raw + 1023u) & ~1023u;
     uint8_t* const staging = smem_raw + (stages - raw) + kStages * kStageBytes;  // the output tile, 16 KB
     // full: every loader thread's cp.async arrival, + thread 0's expect_tx
+    if (tid >= 32 && tid < 64) build_tile_table(counts, experts, tiles);  // warp 1, while thread 0 sets up
     init_stage_barriers<kStages>(full_bar, empty_bar, kBlockM + 1, solo);
 
     const int ksteps = hidden / kBlockK;
@@ -79,7 +81,7 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
         const uint32_t swz = static_cast<uint32_t>((piece ^ (r_first & 7)) << 4);
         int it = 0;  // pipeline step, across work items
         for (int v = mine.first; v < mine.items; v += mine.stride) {
-            const Item item = item_at(v, solo, my_rank, nblocks, counts, experts);
+            const Item item = item_at(v, solo, my_rank, nblocks, tiles, experts);
             if (item.tile.expert >= experts) break;
             if (item.empty) continue;
             const Tile& tile = item.tile;
@@ -114,7 +116,7 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
         }
     } else {
         multiply_items<kStages, kStageBytes, kABytes>(
-            mine, solo, my_rank, nblocks, counts, experts, stages, full_bar, empty_bar, ksteps, ablate, true,
+            mine, solo, my_rank, nblocks, tiles, experts, stages, full_bar, empty_bar, ksteps, ablate, true,
             [&](const Item& item, float(&d)[128], int wg, int t) {
             const int warp = t >> 5, lane = t & 31, quad = lane & 3;
             uint8_t* const out_tile = staging + wg * 64 * kBlockK;

@@ -1,6 +1,6 @@
 // Device helpers shared by the sm_90a expert kernels (moe_gate_up_fp8_sm90.cu, moe_down_fp8_sm90.cu): mbarriers,
 // cp.async, TMA (multicast to a two-CTA cluster), wgmma on 128-byte-swizzled K-major tiles, and the pair-tile
-// lookup over the per-expert row counts. PTX as the PTX ISA (8.x) documents it; nothing here allocates.
+// lookup over the per-expert row counts (a table in shared memory). PTX as the PTX ISA (8.x) documents it; nothing here allocates.
 #pragma once
 
 #include <cuda.h>
@@ -164,16 +164,23 @@ struct Tile {
     int row_end;  // end row of the expert
 };
 
-// The pair tile `p` (256 sorted rows of one expert) by a scan of the per-expert pair-tile counts;
-// warp-collective (every lane of the calling warp, the same `p`).
-__device__ inline Tile find_tile(const int* __restrict__ counts, int experts, int p) {
+// The pair tiles of every expert, built once per CTA into shared memory (`build_tile_table`) so that finding a
+// work item's tile is a binary search there instead of a scan of `counts` in global memory per item.
+struct TileTable {
+    int tile_end[kMaxExperts];   // running count of pair tiles through expert e
+    int row_begin[kMaxExperts];  // first sorted row of expert e
+    int row_end[kMaxExperts];    // end sorted row of expert e
+};
+
+// Fills `tab` from the per-expert row counts (`experts` <= kMaxExperts, the binding checks); warp-collective,
+// one warp of the CTA. The readers wait for a CTA barrier after it (init_stage_barriers' cluster_sync).
+__device__ inline void build_tile_table(const int* __restrict__ counts, int experts, TileTable& tab) {
     const int lane = threadIdx.x & 31;
     int carry_tiles = 0, carry_rows = 0;
     for (int base = 0; base < experts; base += 32) {
         const int e = base + lane;
         const int c = e < experts ? counts[e] : 0;
-        const int t = (c + 2 * kBlockM - 1) / (2 * kBlockM);
-        int tiles = t, rows = c;
+        int tiles = (c + 2 * kBlockM - 1) / (2 * kBlockM), rows = c;
 #pragma unroll
         for (int off = 1; off < 32; off <<= 1) {
             const int a = __shfl_up_sync(0xffffffffu, tiles, off);
@@ -183,24 +190,37 @@ __device__ inline Tile find_tile(const int* __restrict__ counts, int experts, in
                 rows += b;
             }
         }
-        const int tile_end = carry_tiles + tiles, row_end = carry_rows + rows;
-        const unsigned hit = __ballot_sync(0xffffffffu, p >= tile_end - t && p < tile_end);
-        if (hit) {
-            const int src = __ffs(hit) - 1;
-            const int first = __shfl_sync(0xffffffffu, tile_end - t, src);
-            const int end = __shfl_sync(0xffffffffu, row_end, src);
-            const int count = __shfl_sync(0xffffffffu, c, src);
-            return Tile{base + src, end - count + (p - first) * 2 * kBlockM, end};
+        if (e < experts) {
+            tab.tile_end[e] = carry_tiles + tiles;
+            tab.row_begin[e] = carry_rows + rows - c;
+            tab.row_end[e] = carry_rows + rows;
         }
-        carry_tiles = __shfl_sync(0xffffffffu, tile_end, 31);
-        carry_rows = __shfl_sync(0xffffffffu, row_end, 31);
+        carry_tiles += __shfl_sync(0xffffffffu, tiles, 31);
+        carry_rows += __shfl_sync(0xffffffffu, rows, 31);
     }
-    return Tile{experts, 0, 0};
+}
+
+// The pair tile `p` (256 sorted rows of one expert): the first expert whose tiles end past `p`, by a binary
+// search of `tab`; any thread alone.
+__device__ __forceinline__ Tile find_tile(const TileTable& tab, int experts, int p) {
+    int lo = 0, hi = experts;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (tab.tile_end[mid] > p) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    if (lo >= experts) return Tile{experts, 0, 0};
+    const int first = lo > 0 ? tab.tile_end[lo - 1] : 0;
+    return Tile{lo, tab.row_begin[lo] + (p - first) * 2 * kBlockM, tab.row_end[lo]};
 }
 
 // Thread 0 sets up the stage barriers: each full barrier expects `full_arrivals`, each empty one the two
 // multiplier warpgroups of both CTAs (alone: of this one). Every thread of the cluster then waits until both
-// CTAs have theirs, before any peer may arrive on them or multicast into this CTA.
+// CTAs have theirs, before any peer may arrive on them or multicast into this CTA; the same barrier (release,
+// then acquire) publishes what other threads wrote to shared memory before it (the tile table).
 template <int kStages>
 __device__ __forceinline__ void init_stage_barriers(uint64_t* full_bar, uint64_t* empty_bar, uint32_t full_arrivals,
                                                     bool solo) {
@@ -216,7 +236,7 @@ __device__ __forceinline__ void init_stage_barriers(uint64_t* full_bar, uint64_t
 
 // One work item of this CTA, from its index `v` in `share`'s sequence: the column block, the pair tile
 // (tile.expert >= experts: past the last one, where the loop ends), this CTA's first row, and whether the item
-// is an empty half (solo only: nobody waits on it, skip it). Warp-collective (find_tile).
+// is an empty half (solo only: nobody waits on it, skip it).
 struct Item {
     int nblk;
     Tile tile;
@@ -224,11 +244,10 @@ struct Item {
     bool empty;
 };
 
-__device__ inline Item item_at(int v, bool solo, uint32_t rank, int nblocks, const int* __restrict__ counts,
-                               int experts) {
+__device__ inline Item item_at(int v, bool solo, uint32_t rank, int nblocks, const TileTable& tab, int experts) {
     const int w = solo ? v >> 1 : v;
     const int half = solo ? (v & 1) : static_cast<int>(rank);
-    Item item{w % nblocks, find_tile(counts, experts, w / nblocks), 0, false};
+    Item item{w % nblocks, find_tile(tab, experts, w / nblocks), 0, false};
     item.row0 = item.tile.row0 + half * kBlockM;
     item.empty = solo && item.row0 >= item.tile.row_end;
     return item;
@@ -312,7 +331,7 @@ __device__ __forceinline__ void multiply_item(float (&d)[128], uint32_t stages, 
 // epilogue (benches: nothing is written).
 template <int kStages, int kStageBytes, int kABytes, typename Epilogue>
 __device__ __forceinline__ void multiply_items(const Share& mine, bool solo, uint32_t rank, int nblocks,
-                                               const int* __restrict__ counts, int experts, uint32_t stages,
+                                               const TileTable& tab, int experts, uint32_t stages,
                                                uint64_t* full_bar, uint64_t* empty_bar, int ksteps, int ablate,
                                                bool proxy_fence, Epilogue&& epilogue) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
@@ -324,7 +343,7 @@ __device__ __forceinline__ void multiply_items(const Share& mine, bool solo, uin
     fence_operands(d);
     int it = 0;
     for (int v = mine.first; v < mine.items; v += mine.stride) {
-        const Item item = item_at(v, solo, rank, nblocks, counts, experts);
+        const Item item = item_at(v, solo, rank, nblocks, tab, experts);
         if (item.tile.expert >= experts) break;
         if (item.empty) continue;
         multiply_item<kStages, kStageBytes, kABytes>(d, stages, full_bar, empty_bar, it, ksteps, wg, t, solo, ablate,
