@@ -26,6 +26,16 @@ constexpr int kThreads = 384;
 constexpr int kRowBytes = kBlockN * 2;  // one bf16 output row of the tile
 constexpr int kSmemBytes = kStages * kStageBytes + kBlockM * kRowBytes + 1024;  // stages, staging, alignment
 
+// One item's epilogue inputs for a multiplier thread, read ahead of its k loop (multiply_items' prefetch):
+// the row scales of its two fragment rows (h = 0, 1) and the pair ids of the 16 rows it stores (t / 32 + 4 i;
+// -1 past the expert's end). Nothing waits on an earlier load, so `midway` has nothing to do.
+struct RowInputs {
+    float rs[2];
+    int pair[16];
+
+    __device__ __forceinline__ void midway() {}
+};
+
 __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
     const __grid_constant__ CUtensorMap a_map,
     const __grid_constant__ CUtensorMap w_map,
@@ -44,6 +54,8 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
     __shared__ __align__(8) uint64_t full_bar[kStages];
     __shared__ __align__(8) uint64_t empty_bar[kStages];
     __shared__ TileTable tiles;
+    __shared__ __align__(16) float col_scales[2][kBlockN];  // each multiplier warpgroup's copy of w_scale's
+                                                            // 256 values of its item
 
     const int tid = threadIdx.x;
     const uint32_t my_rank = solo ? 0u : cluster_rank();
@@ -85,21 +97,34 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
     } else {
         multiply_items<kStages, kStageBytes, kABytes>(
             mine, solo, my_rank, nblocks, tiles, experts, stages, full_bar, empty_bar, ksteps, ablate, false,
-            [&](const Item& item, float(&d)[128], int wg, int t) {
+            [&](const Item& item, int wg, int t) {
+                prefetch_scales(col_scales[wg], w_scale + static_cast<int64_t>(item.tile.expert) * hidden +
+                                                    item.nblk * kBlockN, t);
+                RowInputs in;
+                const int first = item.row0 + wg * 64;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = first + 16 * (t >> 5) + ((t & 31) >> 2) + 8 * h;
+                    in.rs[h] = row < item.tile.row_end ? fmaxf(row_scale[row], 1e-30f) : 0.0f;
+                }
+#pragma unroll
+                for (int i = 0; i < 16; ++i) {
+                    const int row = first + (t >> 5) + 4 * i;
+                    in.pair[i] = row < item.tile.row_end ? order[row] : -1;
+                }
+                return in;
+            },
+            [&](const Item& item, float(&d)[128], int wg, int t, const RowInputs& in) {
             const int warp = t >> 5, lane = t & 31, quad = lane & 3;
             uint8_t* const out_tile = staging + wg * 64 * kRowBytes;
-            const Tile& tile = item.tile;
-            const int row0 = item.row0, nblk = item.nblk;
+            const int nblk = item.nblk;
             // Fragment: thread t holds rows 16 (t / 32) + (t % 32) / 4 + 8 h, columns 8 j + 2 (t % 4) + c as
             // d[4 j + 2 h + c]. Staged rows are 512 bytes, their 16-byte pieces swizzled by the row's low bits.
-            const float* ws = w_scale + static_cast<int64_t>(tile.expert) * hidden + nblk * kBlockN;
-            asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");  // the last item's staging is read
-            float rs[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = row0 + wg * 64 + 16 * warp + (lane >> 2) + 8 * h;
-                rs[h] = row < tile.row_end ? fmaxf(row_scale[row], 1e-30f) : 0.0f;
-            }
+            const float* ws = col_scales[wg];
+            scales_ready();
+            // the last item's staging is read; this item's column scales are in
+            asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+            const float* rs = in.rs;
 #pragma unroll
             for (int j = 0; j < 32; ++j) {
                 const int col = 8 * j + 2 * quad;
@@ -113,13 +138,12 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
                 }
             }
             asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
-#pragma unroll 4
+#pragma unroll
             for (int i = 0; i < 16; ++i) {
                 const int piece_id = t + 128 * i;
-                const int r = piece_id >> 5, piece = piece_id & 31;
-                const int row = row0 + wg * 64 + r;
-                if (row < tile.row_end) {
-                    const int64_t pair = order[row];
+                const int r = piece_id >> 5, piece = piece_id & 31;  // r = t / 32 + 4 i: in.pair[i]'s row
+                if (in.pair[i] >= 0) {
+                    const int64_t pair = in.pair[i];
                     const uint4 v = *reinterpret_cast<const uint4*>(out_tile + r * kRowBytes + ((piece ^ (r & 7)) << 4));
                     *reinterpret_cast<uint4*>(y + pair * hidden + nblk * kBlockN + piece * 8) = v;
                 }

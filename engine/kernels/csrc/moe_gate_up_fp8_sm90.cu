@@ -38,6 +38,25 @@ constexpr int kThreads = 384;
 constexpr int kSmemBytes = kStages * kStageBytes + kBlockM * kBlockK + 1024;  // stages, staging, alignment
 constexpr float kFp8Max = 448.0f;
 
+// One item's epilogue inputs for a multiplier thread's two rows (h = 0, 1), read ahead of its k loop
+// (multiply_items' prefetch): the pair ids at once, their token scales and routing weights at `midway`.
+struct RowInputs {
+    const float* x_scale;
+    const float* top_w;
+    int top_k;
+    int pair[2];
+    bool ok[2];
+    float xs[2], rw[2];
+
+    __device__ __forceinline__ void midway() {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            xs[h] = ok[h] ? x_scale[pair[h] / top_k] : 0.0f;
+            rw[h] = ok[h] ? top_w[pair[h]] : 0.0f;
+        }
+    }
+};
+
 __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
     const __grid_constant__ CUtensorMap w_map,
     const uint8_t* __restrict__ x,
@@ -59,6 +78,8 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
     __shared__ __align__(8) uint64_t full_bar[kStages];
     __shared__ __align__(8) uint64_t empty_bar[kStages];
     __shared__ TileTable tiles;
+    __shared__ __align__(16) float col_scales[2][kBlockN];  // each multiplier warpgroup's copy of w_scale's
+                                                            // 256 values of its item
 
     const int tid = threadIdx.x;
     const uint32_t my_rank = solo ? 0u : cluster_rank();
@@ -117,26 +138,35 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
     } else {
         multiply_items<kStages, kStageBytes, kABytes>(
             mine, solo, my_rank, nblocks, tiles, experts, stages, full_bar, empty_bar, ksteps, ablate, true,
-            [&](const Item& item, float(&d)[128], int wg, int t) {
+            [&](const Item& item, int wg, int t) {
+                prefetch_scales(col_scales[wg], w_scale + static_cast<int64_t>(item.tile.expert) * 2 * inter +
+                                                    item.nblk * kBlockN, t);
+                RowInputs in{x_scale, top_w, top_k, {0, 0}, {false, false}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = item.row0 + wg * 64 + 16 * (t >> 5) + ((t & 31) >> 2) + 8 * h;
+                    in.ok[h] = row < item.tile.row_end;
+                    in.pair[h] = in.ok[h] ? order[row] : 0;
+                }
+                return in;
+            },
+            [&](const Item& item, float(&d)[128], int wg, int t, const RowInputs& in) {
             const int warp = t >> 5, lane = t & 31, quad = lane & 3;
             uint8_t* const out_tile = staging + wg * 64 * kBlockK;
             const Tile& tile = item.tile;
             const int row0 = item.row0, nblk = item.nblk;
             // Epilogue. Fragment: thread t holds rows 16 (t / 32) + (t % 32) / 4 + 8 h, columns
             // 8 j + 2 (t % 4) + c as d[4 j + 2 h + c]; c = 0 is a gate row, c = 1 its up row (channel 4 j + t % 4).
-            const float* ws = w_scale + static_cast<int64_t>(tile.expert) * 2 * inter + nblk * kBlockN;
-            asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");  // the last item's staging is read
+            const float* ws = col_scales[wg];
+            scales_ready();
+            // the last item's staging is read; this item's column scales are in
+            asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
             int rows[2];
-            float xs[2], rw[2], amax[2] = {0.0f, 0.0f};
+            float amax[2] = {0.0f, 0.0f};
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                rows[h] = 16 * warp + (lane >> 2) + 8 * h;  // row within the warpgroup's 64
-                const int row = row0 + wg * 64 + rows[h];
-                const bool ok = row < tile.row_end;
-                const int pair = ok ? order[row] : 0;
-                xs[h] = ok ? x_scale[pair / top_k] : 0.0f;
-                rw[h] = ok ? top_w[pair] : 0.0f;
-            }
+            for (int h = 0; h < 2; ++h) rows[h] = 16 * warp + (lane >> 2) + 8 * h;  // row within the warpgroup's 64
+            const float* xs = in.xs;
+            const float* rw = in.rw;
 #pragma unroll
             for (int j = 0; j < 32; ++j) {
                 const int col = 8 * j + 2 * quad;

@@ -287,11 +287,13 @@ __device__ __forceinline__ void release_stage(uint32_t bar, bool solo) {
 // each waited for on its full barrier, multiplied into d (rows 64 wg.. of the stage's A tile by its whole B
 // tile; the first step overwrites d) and released to both CTAs (alone: to this one) once its products are done
 // (see kEarlyRelease). `proxy_fence`: the A tile was written by cp.async (generic proxy) and is read by wgmma
-// (async proxy). `ablate` 1 skips the products (benches).
-template <int kStages, int kStageBytes, int kABytes>
+// (async proxy). `ablate` 1 skips the products (benches). `pre.midway()` runs once, after the first step's
+// products are issued: the epilogue's loads that wait on earlier ones (their addresses) stall there, under the
+// tensor cores' work, not before it.
+template <int kStages, int kStageBytes, int kABytes, typename Pre>
 __device__ __forceinline__ void multiply_item(float (&d)[128], uint32_t stages, uint64_t* full_bar, uint64_t* empty_bar,
                                               int& it, int ksteps, int wg, int t, bool solo, int ablate,
-                                              bool proxy_fence) {
+                                              bool proxy_fence, Pre& pre) {
     for (int ks = 0; ks < ksteps; ++ks, ++it) {
         const int s = it % kStages;
         mbar_wait(smem_addr(&full_bar[s]), (it / kStages) & 1);
@@ -318,22 +320,35 @@ __device__ __forceinline__ void multiply_item(float (&d)[128], uint32_t stages, 
             // the previous step's products are done: its stage is free
             if (ks > 0 && t == 0) release_stage(smem_addr(&empty_bar[(it - 1) % kStages]), solo);
         }
+        if (ks == 0) pre.midway();
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     fence_operands(d);
     if (!kEarlyRelease && t == 0) release_stage(smem_addr(&empty_bar[(it - 1) % kStages]), solo);  // the last stage
 }
 
+// Thread t < 64 of a multiplier warpgroup copies 16 bytes of the item's 256 float32 column scales `src` into
+// `dst` (1 KB, 16-byte aligned) without waiting; `scales_ready` before the warpgroup's barrier makes them
+// readable. The copy is the thread's only cp.async, so waiting for all of them waits for it.
+__device__ __forceinline__ void prefetch_scales(float* dst, const float* src, int t) {
+    if (t < 64) cp_async_16(smem_addr(dst + 4 * t), src + 4 * t);
+}
+
+__device__ __forceinline__ void scales_ready() {
+    asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
 // The multiplier warpgroups' part of a kernel (threads 128 and up): take the registers the loader gave up,
-// then for each of this CTA's work items (`mine`, as the loader walks them) run the k loop into d
-// (`multiply_item`, `proxy_fence` as there) and hand the products to `epilogue(item, d, wg, t)`, where wg is
-// the warpgroup (rows 64 wg .. 64 wg + 63 of the tile) and t the thread within it. `ablate` 3 skips the
-// epilogue (benches: nothing is written).
-template <int kStages, int kStageBytes, int kABytes, typename Epilogue>
+// then for each of this CTA's work items (`mine`, as the loader walks them) start the epilogue's own reads
+// (`pre = prefetch(item, wg, t)`: loads whose values are first used after the k loop, so that their latency
+// passes under it; `pre.midway()` as multiply_item says), run the k loop into d (`multiply_item`, `proxy_fence` as there) and hand the products to
+// `epilogue(item, d, wg, t, pre)`, where wg is the warpgroup (rows 64 wg .. 64 wg + 63 of the tile) and t the
+// thread within it. `ablate` 3 skips the epilogue (benches: nothing is written).
+template <int kStages, int kStageBytes, int kABytes, typename Prefetch, typename Epilogue>
 __device__ __forceinline__ void multiply_items(const Share& mine, bool solo, uint32_t rank, int nblocks,
                                                const TileTable& tab, int experts, uint32_t stages,
                                                uint64_t* full_bar, uint64_t* empty_bar, int ksteps, int ablate,
-                                               bool proxy_fence, Epilogue&& epilogue) {
+                                               bool proxy_fence, Prefetch&& prefetch, Epilogue&& epilogue) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int wg = (static_cast<int>(threadIdx.x) - 128) >> 7;
     const int t = threadIdx.x & 127;
@@ -346,9 +361,14 @@ __device__ __forceinline__ void multiply_items(const Share& mine, bool solo, uin
         const Item item = item_at(v, solo, rank, nblocks, tab, experts);
         if (item.tile.expert >= experts) break;
         if (item.empty) continue;
+        auto pre = prefetch(item, wg, t);
         multiply_item<kStages, kStageBytes, kABytes>(d, stages, full_bar, empty_bar, it, ksteps, wg, t, solo, ablate,
-                                                     proxy_fence);
-        if (ablate != 3) epilogue(item, d, wg, t);  // 3: without the epilogue (benches)
+                                                     proxy_fence, pre);
+        if (ablate != 3) {
+            epilogue(item, d, wg, t, pre);
+        } else {
+            scales_ready();  // 3: without the epilogue (benches); its prefetched scales land before the next
+        }
     }
 }
 
