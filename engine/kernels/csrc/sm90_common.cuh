@@ -201,8 +201,8 @@ __device__ inline void build_tile_table(const int* __restrict__ counts, int expe
 }
 
 // The pair tile `p` (256 sorted rows of one expert): the first expert whose tiles end past `p`, by a binary
-// search of `tab`; any thread alone.
-__device__ __forceinline__ Tile find_tile(const TileTable& tab, int experts, int p) {
+// search of `tab`; any thread alone (and the host: tests/gpu/test_moe_fp8_sm90_tiles.py).
+__host__ __device__ __forceinline__ Tile find_tile(const TileTable& tab, int experts, int p) {
     int lo = 0, hi = experts;
     while (lo < hi) {
         const int mid = (lo + hi) >> 1;
