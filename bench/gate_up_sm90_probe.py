@@ -198,15 +198,8 @@ def probe(
         gu_us = graph_us(lambda: cuda(0, solo=solo, ablate=ablate))
         progress(f"T={t} ablate {name} solo {solo}: down")
         dn_us = graph_us(lambda: down_cuda(0, solo=solo, ablate=ablate))
-        emit(
-            rows,
-            kind="ablate",
-            tokens=t,
-            ablate=name,
-            solo=solo,
-            gate_up_us=round(gu_us, 1),
-            down_us=round(dn_us, 1),
-        )
+        timed = {"gate_up_us": round(gu_us, 1), "down_us": round(dn_us, 1)}
+        emit(rows, kind="ablate", tokens=t, ablate=name, solo=solo, **timed)
 
     if t in sweep:
         for ablate in (2, 3):  # without the loads, without the epilogue
