@@ -12,8 +12,8 @@ median of 20):
   relative difference of the dequantised activations and of the scales;
 - `down`: the Triton down kernel ("row_pass") and the CUDA one (both ways) on the same row-scaled
   activations, the share of equal outputs and their relative difference;
-- `early_release` (with `--early-release`): both kernels built with `EARLY_RELEASE_FLAG` (each stage freed as
-  soon as its products are done), persistent and `solo`, and whether their outputs equal the default build's;
+- `variant` (each of `--variants`, keys of `moe_fp8_sm90.VARIANTS`): both kernels of that build, persistent
+  and `solo`, and whether their outputs equal the default build's;
 - `sweep` (T in `--sweep`): both CUDA kernels at 1, 4, 16, 33 and as many clusters as fit (0), with
   clusters and `solo` (lone CTAs, no multicast), each with its work items and the us one cluster spends on
   a k step (`step_us`: about 0.56 would be the tensor cores' rate on an H100); and `ablate` lines: each
@@ -104,12 +104,13 @@ def probe(
     sweep: frozenset[int] = frozenset(),
     fit: tuple[int, int] = (0, 0),
     block: bool = True,
-    early: moe_fp8_sm90.Extension | None = None,
+    variants: dict[str, moe_fp8_sm90.Extension] | None = None,
     ablate_products: bool = False,
 ) -> None:
-    """The `gate_up` and `down` lines of T = `t` tokens; with `early`, the `early_release` line; with `t` in
+    """The `gate_up` and `down` lines of T = `t` tokens; a `variant` line for each of `variants`; with `t` in
     `sweep`, the `ablate` and `sweep` lines (with `ablate_products`, then the products' `ablate` lines); then,
     with `block`, the `block` line."""
+    variants = variants or {}
     progress(f"T={t} gate_up and down")
     x = torch.randn(t, HIDDEN, device="cuda", generator=gen).bfloat16()
     top_w, top_i = uniform_routing(t, gen)
@@ -173,22 +174,23 @@ def probe(
         rel=rel(d_c, d_t),
     )
 
-    if early is not None:
-        progress(f"T={t} early release")
-        act_e, s_e = cuda(0, build=early)
-        d_e = down_cuda(0, build=early)
+    for name, built in variants.items():
+        progress(f"T={t} variant {name}")
+        act_v, s_v = cuda(0, build=built)
+        d_v = down_cuda(0, build=built)
         emit(
             rows,
-            kind="early_release",
+            kind="variant",
+            variant=name,
             tokens=t,
-            gate_up_us=round(graph_us(lambda: cuda(0, build=early)), 1),
-            gate_up_solo_us=round(graph_us(lambda: cuda(0, solo=True, build=early)), 1),
-            down_us=round(graph_us(lambda: down_cuda(0, build=early)), 1),
-            down_solo_us=round(graph_us(lambda: down_cuda(0, solo=True, build=early)), 1),
+            gate_up_us=round(graph_us(lambda: cuda(0, build=built)), 1),  # noqa: B023
+            gate_up_solo_us=round(graph_us(lambda: cuda(0, solo=True, build=built)), 1),  # noqa: B023
+            down_us=round(graph_us(lambda: down_cuda(0, build=built)), 1),  # noqa: B023
+            down_solo_us=round(graph_us(lambda: down_cuda(0, solo=True, build=built)), 1),  # noqa: B023
             same_as_default=bool(
-                torch.equal(act_e.view(torch.uint8), act_c.view(torch.uint8))
-                and torch.equal(s_e, s_c)
-                and torch.equal(d_e, d_c)
+                torch.equal(act_v.view(torch.uint8), act_c.view(torch.uint8))
+                and torch.equal(s_v, s_c)
+                and torch.equal(d_v, d_c)
             ),
         )
 
@@ -267,9 +269,9 @@ def main() -> int:
     p.add_argument("--build-dir", type=Path, default=moe_fp8_sm90.BUILD_DIR)
     p.add_argument("--sweep", default="64,3072,65536", help="token counts that get the `sweep` lines")
     p.add_argument(
-        "--early-release",
-        action="store_true",
-        help="also build the variant that frees each stage once its products are done, and time it",
+        "--variants",
+        default="",
+        help=f"comma-separated builds to time beside the default, of {', '.join(moe_fp8_sm90.VARIANTS)}",
     )
     p.add_argument(
         "--no-block",
@@ -287,7 +289,7 @@ def main() -> int:
     ext = moe_fp8_sm90.build(args.build_dir)
     gate_up_fit, down_fit = ext.clusters_fit()
     emit(rows, kind="build", seconds=round(time.perf_counter() - began, 1), fit=[gate_up_fit, down_fit])
-    early = moe_fp8_sm90.build(args.build_dir, early_release=True) if args.early_release else None
+    variants = {v: moe_fp8_sm90.build(args.build_dir, variant=v) for v in args.variants.split(",") if v}
     sweep = frozenset(int(v) for v in args.sweep.split(",") if v)
     gen = torch.Generator(device="cuda").manual_seed(0)
     q8 = fp8.quantize_experts(*random_experts(gen))
@@ -302,7 +304,7 @@ def main() -> int:
                 sweep,
                 (gate_up_fit, down_fit),
                 block=not args.no_block,
-                early=early,
+                variants=variants,
                 ablate_products=args.ablate_products,
             )
             (out / "gate_up_sm90_probe.jsonl").write_text("\n".join(rows) + "\n")

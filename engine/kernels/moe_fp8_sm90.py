@@ -83,33 +83,39 @@ class Extension(Protocol):
     def clusters_fit(self) -> tuple[int, int]: ...
 
 
-EARLY_RELEASE_FLAG = "-DCLEF_SM90_EARLY_RELEASE=1"
-"""nvcc's flag for the pipeline variant that frees each stage as soon as its products are done
-(`csrc/sm90_common.cuh`, `kEarlyRelease`; benches)."""
+VARIANTS = {
+    "early_release": "-DCLEF_SM90_EARLY_RELEASE=1",
+    "bulk_store": "-DCLEF_SM90_BULK_STORE=1",
+}
+"""Pipeline variants the benches build beside the default, each by one nvcc flag, with the same functions and
+outputs: `early_release` frees each stage as soon as its products are done (`kEarlyRelease`,
+`csrc/sm90_common.cuh`); `bulk_store` has the down kernel store each output row from shared memory by one bulk
+async copy instead of the multipliers' own stores (`kBulkStore`, `csrc/moe_down_fp8_sm90.cu`)."""
 BUILD_DIR = Path(tempfile.gettempdir()) / "clef-sm90-ext"
 """Where the benches and the GPU tests build the extension (an up-to-date build there is loaded, not
 rebuilt)."""
 
 
-def cuda_flags(*, early_release: bool = False) -> tuple[str, ...]:
-    """nvcc's flags for the kernels as `build` compiles them (`CUDA_FLAGS`, plus `EARLY_RELEASE_FLAG`)."""
-    return (*CUDA_FLAGS, EARLY_RELEASE_FLAG) if early_release else CUDA_FLAGS
+def cuda_flags(variant: str | None = None) -> tuple[str, ...]:
+    """nvcc's flags for the kernels as `build` compiles them (`CUDA_FLAGS`, plus the flag of `variant`, a key
+    of `VARIANTS`)."""
+    return (*CUDA_FLAGS, VARIANTS[variant]) if variant else CUDA_FLAGS
 
 
-def build(build_dir: Path, *, verbose: bool = False, early_release: bool = False) -> Extension:
-    """Compile (or reuse a build in `build_dir`) and load the extension for sm_90a. `early_release` builds the
-    `EARLY_RELEASE_FLAG` variant, a module of its own in `build_dir / "early_release"` (same functions, same
+def build(build_dir: Path, *, verbose: bool = False, variant: str | None = None) -> Extension:
+    """Compile (or reuse a build in `build_dir`) and load the extension for sm_90a. `variant` (a key of
+    `VARIANTS`) builds that variant, a module of its own in `build_dir / variant` (same functions, same
     outputs; benches compare it with the default)."""
     from torch.utils import cpp_extension
 
-    if early_release:
-        build_dir = build_dir / "early_release"
+    if variant:
+        build_dir = build_dir / variant
     build_dir.mkdir(parents=True, exist_ok=True)
     module = cpp_extension.load(
-        name="clef_moe_fp8_sm90_early" if early_release else "clef_moe_fp8_sm90",
+        name=f"clef_moe_fp8_sm90_{variant}" if variant else "clef_moe_fp8_sm90",
         sources=[str(CSRC / name) for name in SOURCES],
         extra_cflags=["-O3"],
-        extra_cuda_cflags=list(cuda_flags(early_release=early_release)),
+        extra_cuda_cflags=list(cuda_flags(variant)),
         build_directory=str(build_dir),
         verbose=verbose,
     )

@@ -141,14 +141,15 @@ def test_sm90_gate_up_replays_in_a_cuda_graph(ext: moe_fp8_sm90.Extension) -> No
     assert not torch.equal(out.view(torch.uint8), eager[0].view(torch.uint8))
 
 
+@pytest.mark.parametrize("variant", list(moe_fp8_sm90.VARIANTS))
 @pytest.mark.parametrize("tokens", [1, 300, 700])
-def test_sm90_early_release_build_gives_the_default_builds_bytes(
-    ext: moe_fp8_sm90.Extension, tokens: int
+def test_sm90_variant_builds_give_the_default_builds_bytes(
+    ext: moe_fp8_sm90.Extension, tokens: int, variant: str
 ) -> None:
-    """The early-release variant (`build(..., early_release=True)`) changes when stages are freed, not what
+    """Each variant (`build(..., variant=...)`) changes when stages are freed or how rows are stored, not what
     is computed: the same gate/up bytes and scales and the same down rows as the default build, persistent,
     one cluster per item and lone CTAs alike."""
-    early = moe_fp8_sm90.build(moe_fp8_sm90.BUILD_DIR, early_release=True)
+    built = moe_fp8_sm90.build(moe_fp8_sm90.BUILD_DIR, variant=variant)
     gen = torch.Generator(device="cuda").manual_seed(200 + tokens)
     q8 = _layer(gen)
     x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).bfloat16()
@@ -158,9 +159,9 @@ def test_sm90_early_release_build_gives_the_default_builds_bytes(
     row, row_s = moe_fp8.activations_fp8(x, order, counts, top_w, q8, row_pass=True)
     down = moe_fp8_sm90.down_fp8(ext, row, row_s, order, counts, q8)
     for launch in ({}, {"clusters": 1 << 30}, {"solo": True}):
-        got, got_s = moe_fp8_sm90.gate_up_fp8(early, x, order, counts, top_w, q8, **launch)
+        got, got_s = moe_fp8_sm90.gate_up_fp8(built, x, order, counts, top_w, q8, **launch)
         assert torch.equal(got.view(torch.uint8), act.view(torch.uint8)), launch
         assert torch.equal(got_s, act_s), launch
-        assert torch.equal(moe_fp8_sm90.down_fp8(early, row, row_s, order, counts, q8, **launch), down), (
+        assert torch.equal(moe_fp8_sm90.down_fp8(built, row, row_s, order, counts, q8, **launch), down), (
             launch
         )

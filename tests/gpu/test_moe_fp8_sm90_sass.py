@@ -22,8 +22,8 @@ from engine.kernels import moe_fp8_sm90
 pytestmark = pytest.mark.gpu
 
 KERNELS = ("moe_gate_up_fp8_sm90.cu", "moe_down_fp8_sm90.cu")
-BUILDS = [(kernel, early) for kernel in KERNELS for early in (False, True)]
-"""Each kernel as `build` compiles it by default and with `early_release`."""
+BUILDS = [(kernel, variant) for kernel in KERNELS for variant in (None, *moe_fp8_sm90.VARIANTS)]
+"""Each kernel as `build` compiles it by default and as each variant."""
 
 
 def _tool(name: str) -> str | None:
@@ -37,20 +37,18 @@ def _tool(name: str) -> str | None:
     return found
 
 
-@pytest.fixture(
-    scope="module", params=BUILDS, ids=[f"{k.split('.')[0]}-{'early' if e else 'default'}" for k, e in BUILDS]
-)
+@pytest.fixture(scope="module", params=BUILDS, ids=[f"{k.split('.')[0]}-{v or 'default'}" for k, v in BUILDS])
 def compiled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     """(ptxas's verbose log, the SASS listing) of one kernel source compiled with `build`'s nvcc flags (and
-    the early-release flag for that variant)."""
+    the variant's flag)."""
     nvcc = _tool("nvcc")
     disasm = _tool("nvdisasm")
     if nvcc is None or disasm is None:
         pytest.skip("needs nvcc and nvdisasm (a CUDA toolkit)")
-    kernel, early = request.param
+    kernel, variant = request.param
     source = moe_fp8_sm90.CSRC / kernel
     cubin = tmp_path_factory.mktemp("sass") / (source.stem + ".cubin")
-    flags = moe_fp8_sm90.cuda_flags(early_release=early)
+    flags = moe_fp8_sm90.cuda_flags(variant)
     command = [nvcc, *flags, "-std=c++17", "-cubin", "-Xptxas", "-v", "-o", str(cubin)]
     built = subprocess.run([*command, str(source)], capture_output=True, text=True, timeout=300, check=False)
     assert built.returncode == 0, built.stderr

@@ -24,7 +24,18 @@ constexpr int kBBytes = kBlockN * kBlockK;
 constexpr int kStageBytes = kABytes + kBBytes;
 constexpr int kThreads = 384;
 constexpr int kRowBytes = kBlockN * 2;  // one bf16 output row of the tile
-constexpr int kSmemBytes = kStages * kStageBytes + kBlockM * kRowBytes + 1024;  // stages, staging, alignment
+
+// Built with CLEF_SM90_BULK_STORE=1 (`moe_fp8_sm90.build(..., variant="bulk_store")`, benches), each output row
+// leaves shared memory by one bulk async copy (512 bytes, issued by one thread of the warpgroup per row) instead
+// of the multipliers' 16-byte stores, so the warpgroup goes on to its next item while the rows are written. Its
+// staged rows are unswizzled and padded to kStagedRowBytes (16 bytes more: the fragment's writes then fall in
+// 32 distinct banks) so that a row is contiguous there as in y.
+#ifndef CLEF_SM90_BULK_STORE
+#define CLEF_SM90_BULK_STORE 0
+#endif
+constexpr bool kBulkStore = CLEF_SM90_BULK_STORE != 0;
+constexpr int kStagedRowBytes = kBulkStore ? kRowBytes + 16 : kRowBytes;
+constexpr int kSmemBytes = kStages * kStageBytes + kBlockM * kStagedRowBytes + 1024;  // stages, staging, alignment
 
 // One item's epilogue inputs for a multiplier thread, read ahead of its k loop (multiply_items' prefetch):
 // the row scales of its two fragment rows (h = 0, 1) and the pair ids of the 16 rows it stores (t / 32 + 4 i;
@@ -107,21 +118,26 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
                     const int row = first + 16 * (t >> 5) + ((t & 31) >> 2) + 8 * h;
                     in.rs[h] = row < item.tile.row_end ? fmaxf(row_scale[row], 1e-30f) : 0.0f;
                 }
+                if constexpr (kBulkStore) {  // thread t < 64 copies row t out
+                    in.pair[0] = t < 64 && first + t < item.tile.row_end ? order[first + t] : -1;
+                } else {
 #pragma unroll
-                for (int i = 0; i < 16; ++i) {
-                    const int row = first + (t >> 5) + 4 * i;
-                    in.pair[i] = row < item.tile.row_end ? order[row] : -1;
+                    for (int i = 0; i < 16; ++i) {
+                        const int row = first + (t >> 5) + 4 * i;
+                        in.pair[i] = row < item.tile.row_end ? order[row] : -1;
+                    }
                 }
                 return in;
             },
             [&](const Item& item, float(&d)[128], int wg, int t, const RowInputs& in) {
             const int warp = t >> 5, lane = t & 31, quad = lane & 3;
-            uint8_t* const out_tile = staging + wg * 64 * kRowBytes;
+            uint8_t* const out_tile = staging + wg * 64 * kStagedRowBytes;
             const int nblk = item.nblk;
             // Fragment: thread t holds rows 16 (t / 32) + (t % 32) / 4 + 8 h, columns 8 j + 2 (t % 4) + c as
             // d[4 j + 2 h + c]. Staged rows are 512 bytes, their 16-byte pieces swizzled by the row's low bits.
             const float* ws = col_scales[wg];
             scales_ready();
+            if constexpr (kBulkStore) bulk_copies_read();  // this thread's copies of the last item's rows
             // the last item's staging is read; this item's column scales are in
             asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
             const float* rs = in.rs;
@@ -134,8 +150,18 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
                     const int r = 16 * warp + (lane >> 2) + 8 * h;
                     const __nv_bfloat162 v =
                         __floats2bfloat162_rn(d[4 * j + 2 * h] * rs[h] * w0, d[4 * j + 2 * h + 1] * rs[h] * w1);
-                    *reinterpret_cast<__nv_bfloat162*>(out_tile + r * kRowBytes + ((j ^ (r & 7)) << 4) + 4 * quad) = v;
+                    const int piece = kBulkStore ? j : j ^ (r & 7);  // bulk copies read rows in order
+                    *reinterpret_cast<__nv_bfloat162*>(out_tile + r * kStagedRowBytes + (piece << 4) + 4 * quad) = v;
                 }
+            }
+            if constexpr (kBulkStore) {
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the rows, to the bulk copies
+                asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+                if (in.pair[0] >= 0) {
+                    bulk_copy_to_global(y + static_cast<int64_t>(in.pair[0]) * hidden + nblk * kBlockN,
+                                        out_tile + t * kStagedRowBytes, kRowBytes);
+                }
+                return;
             }
             asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
 #pragma unroll
@@ -150,6 +176,7 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
             }
             });
     }
+    if constexpr (kBulkStore) bulk_copies_done();  // the last rows are written before the kernel ends
     cluster_sync();  // no CTA leaves while its peer may still write into its shared memory or barriers
 }
 

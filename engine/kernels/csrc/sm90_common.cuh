@@ -69,6 +69,26 @@ __device__ __forceinline__ float div_full(float a, float b) {
     return r;
 }
 
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) from shared memory at `src` to global `dst` by
+// a bulk async copy (async proxy: the writer fences its generic stores first), committed as a group of its own.
+__device__ __forceinline__ void bulk_copy_to_global(void* dst, const void* src, int bytes) {
+    asm volatile(
+        "cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n\t"
+        "cp.async.bulk.commit_group;" ::"l"(dst),
+        "r"(smem_addr(src)), "r"(bytes)
+        : "memory");
+}
+
+// Waits until this thread's bulk copies have read their shared memory (it may be written again).
+__device__ __forceinline__ void bulk_copies_read() {
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+
+// Waits until this thread's bulk copies are complete (their writes done).
+__device__ __forceinline__ void bulk_copies_done() {
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
 }
@@ -268,7 +288,7 @@ __device__ __forceinline__ void load_weight_tile(uint32_t b_dst, const CUtensorM
     }
 }
 
-// Built with CLEF_SM90_EARLY_RELEASE=1 (`moe_fp8_sm90.build(..., early_release=True)`, benches), a multiplier
+// Built with CLEF_SM90_EARLY_RELEASE=1 (`moe_fp8_sm90.build(..., variant="early_release")`, benches), a multiplier
 // warpgroup waits for each k step's products before the next step and frees that step's stage at once, so three
 // of the four stages load ahead instead of two; the other multiplier warpgroup keeps the tensor cores busy
 // meanwhile. The default keeps one step's products in flight and frees the stage a step later.
