@@ -1,6 +1,7 @@
 // Device helpers shared by the sm_90a expert kernels (moe_gate_up_fp8_sm90.cu, moe_down_fp8_sm90.cu): mbarriers,
 // cp.async, TMA (multicast to a two-CTA cluster), wgmma on 128-byte-swizzled K-major tiles, and the pair-tile
-// lookup over the per-expert row counts (a table in shared memory). PTX as the PTX ISA (8.x) documents it; nothing here allocates.
+// lookup over the per-expert row counts (a table in shared memory). PTX as the PTX ISA (8.x) documents it;
+// nothing here allocates.
 #pragma once
 
 #include <cuda.h>
@@ -288,10 +289,10 @@ __device__ __forceinline__ void load_weight_tile(uint32_t b_dst, const CUtensorM
     }
 }
 
-// Built with CLEF_SM90_EARLY_RELEASE=1 (`moe_fp8_sm90.build(..., variant="early_release")`, benches), a multiplier
-// warpgroup waits for each k step's products before the next step and frees that step's stage at once, so three
-// of the four stages load ahead instead of two; the other multiplier warpgroup keeps the tensor cores busy
-// meanwhile. The default keeps one step's products in flight and frees the stage a step later.
+// Built with CLEF_SM90_EARLY_RELEASE=1 (`moe_fp8_sm90.build(..., variant="early_release")`, benches), a
+// multiplier warpgroup waits for each k step's products before the next step and frees that step's stage at once,
+// so three of the four stages load ahead instead of two; the other multiplier warpgroup keeps the tensor cores
+// busy meanwhile. The default keeps one step's products in flight and frees the stage a step later.
 #ifndef CLEF_SM90_EARLY_RELEASE
 #define CLEF_SM90_EARLY_RELEASE 0
 #endif
@@ -361,9 +362,10 @@ __device__ __forceinline__ void scales_ready() {
 // The multiplier warpgroups' part of a kernel (threads 128 and up): take the registers the loader gave up,
 // then for each of this CTA's work items (`mine`, as the loader walks them) start the epilogue's own reads
 // (`pre = prefetch(item, wg, t)`: loads whose values are first used after the k loop, so that their latency
-// passes under it; `pre.midway()` as multiply_item says), run the k loop into d (`multiply_item`, `proxy_fence` as there) and hand the products to
-// `epilogue(item, d, wg, t, pre)`, where wg is the warpgroup (rows 64 wg .. 64 wg + 63 of the tile) and t the
-// thread within it. `ablate` 3 skips the epilogue (benches: nothing is written).
+// passes under it; `pre.midway()` as multiply_item says), run the k loop into d (`multiply_item`, `proxy_fence`
+// as there) and hand the products to `epilogue(item, d, wg, t, pre)`, where wg is the warpgroup (rows
+// 64 wg .. 64 wg + 63 of the tile) and t the thread within it. `ablate` 3 skips the epilogue (benches: nothing
+// is written).
 template <int kStages, int kStageBytes, int kABytes, typename Prefetch, typename Epilogue>
 __device__ __forceinline__ void multiply_items(const Share& mine, bool solo, uint32_t rank, int nblocks,
                                                const TileTable& tab, int experts, uint32_t stages,
