@@ -1,10 +1,12 @@
 """The sm90 expert kernels' work-item lookup (`find_tile`, `engine/kernels/csrc/sm90_common.cuh`) on the host.
 
-Each kernel builds a table of every expert's pair tiles (256 sorted rows each) in shared memory and finds a
-work item's tile by a binary search of it. The search is compiled here as host code by nvcc and checked,
-over row counts with empty experts at the start, middle and end and experts of several tiles, against the
-tiles listed directly from the counts. Needs nvcc (a CUDA toolkit), not a GPU; marked `gpu` as the SASS
-tests are, since only the GPU machine has one (CI never runs them).
+Each kernel builds a table of every expert's pair tiles (256 sorted rows each; 128 in the down kernel's
+ping-pong variant) in shared memory and finds a work item's tile by a binary search of it. The search is
+compiled here as host code by nvcc, for both sizes, and checked, over row counts with empty experts at the
+start, middle and end and experts of several tiles, against the tiles listed directly from the counts. Needs
+nvcc (a CUDA toolkit), not a GPU; marked `gpu` as the SASS tests are, since only the GPU machine has one (CI
+never runs them). nvcc links its static CUDA runtime, from the toolkit or from the wheels torch brings (no
+device is opened).
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from engine.kernels import moe_fp8_sm90
 
 pytestmark = pytest.mark.gpu
 
-PAIR_TILE = 256
-"""Sorted rows of one expert per pair tile: two CTAs of `kBlockM` (128) rows."""
+PAIR_ROWS = (256, 128)
+"""Sorted rows of one expert per pair tile: two CTAs of `kBlockM` (128) rows, or of 64 (the down kernel's
+ping-pong variant)."""
 
-# Reads E and E counts; fills the table in expert order (tile_end a running sum, rows contiguous); prints,
-# for every p from 0 to two past the last tile, find_tile's expert, first row and end row.
+# Built with -DPAIR_ROWS=N. Reads E and E counts; fills the table in expert order (tile_end a running sum,
+# rows contiguous); prints, for every p from 0 to two past the last tile, find_tile's expert, first, end row.
 DRIVER = r"""
 #include <cstdio>
 #include "sm90_common.cuh"
@@ -37,14 +40,14 @@ int main() {
     for (int e = 0; e < experts; ++e) {
         int c = 0;
         if (std::scanf("%d", &c) != 1) return 2;
-        tiles += (c + 2 * clef::kBlockM - 1) / (2 * clef::kBlockM);
+        tiles += (c + PAIR_ROWS - 1) / PAIR_ROWS;
         tab.row_begin[e] = rows;
         rows += c;
         tab.row_end[e] = rows;
         tab.tile_end[e] = tiles;
     }
     for (int p = 0; p < tiles + 2; ++p) {
-        const clef::Tile t = clef::find_tile(tab, experts, p);
+        const clef::Tile t = clef::find_tile<PAIR_ROWS>(tab, experts, p);
         std::printf("%d %d %d\n", t.expert, t.row0, t.row_end);
     }
     return 0;
@@ -66,8 +69,9 @@ def _cudart_dirs() -> list[Path]:
     return [d for d in candidates if (d / "libcudart_static.a").is_file()]
 
 
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=PAIR_ROWS, ids=lambda rows: f"pair-{rows}")
+def driver(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """The driver built for one pair-tile size, and that size."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("needs nvcc (a CUDA toolkit)")
@@ -76,19 +80,31 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source.write_text(DRIVER)
     binary = folder / "tiles"
     libs = [f"-L{d}" for d in _cudart_dirs()]
-    command = [nvcc, "-std=c++17", *libs, "-I", str(moe_fp8_sm90.CSRC), "-o", str(binary), str(source)]
+    rows = int(request.param)
+    define = f"-DPAIR_ROWS={rows}"
+    command = [
+        nvcc,
+        "-std=c++17",
+        define,
+        *libs,
+        "-I",
+        str(moe_fp8_sm90.CSRC),
+        "-o",
+        str(binary),
+        str(source),
+    ]
     built = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert built.returncode == 0, built.stderr
-    return binary
+    return binary, rows
 
 
-def _expected(counts: list[int]) -> list[tuple[int, int, int]]:
+def _expected(counts: list[int], pair_rows: int) -> list[tuple[int, int, int]]:
     """Every pair tile in order as (expert, first row, the expert's end row), then past the last one twice
     (expert = E, rows 0)."""
     out: list[tuple[int, int, int]] = []
     begin = 0
     for e, c in enumerate(counts):
-        out += [(e, begin + i * PAIR_TILE, begin + c) for i in range(-(-c // PAIR_TILE))]
+        out += [(e, begin + i * pair_rows, begin + c) for i in range(-(-c // pair_rows))]
         begin += c
     return out + [(len(counts), 0, 0)] * 2
 
@@ -106,9 +122,12 @@ def _cases() -> list[list[int]]:
 
 
 @pytest.mark.parametrize("counts", _cases(), ids=lambda c: f"{len(c)}-experts")
-def test_find_tile_gives_every_pair_tile_in_order_then_past_the_last(driver: Path, counts: list[int]) -> None:
+def test_find_tile_gives_every_pair_tile_in_order_then_past_the_last(
+    driver: tuple[Path, int], counts: list[int]
+) -> None:
+    binary, pair_rows = driver
     stdin = f"{len(counts)} {' '.join(map(str, counts))}\n"
-    ran = subprocess.run([str(driver)], input=stdin, capture_output=True, text=True, timeout=60, check=False)
+    ran = subprocess.run([str(binary)], input=stdin, capture_output=True, text=True, timeout=60, check=False)
     assert ran.returncode == 0, ran.stderr
     got = [tuple(int(v) for v in line.split()) for line in ran.stdout.splitlines()]
-    assert got == _expected(counts)
+    assert got == _expected(counts, pair_rows)

@@ -18,8 +18,21 @@ namespace {
 
 using namespace clef;  // NOLINT: the helpers and tile constants of sm90_common.cuh
 
+// Built with CLEF_SM90_PINGPONG=1 (`moe_fp8_sm90.build(..., variant="pingpong")`, benches), the two multiplier
+// warpgroups take turns: each takes every other work item of its CTA, 64 rows (a pair tile of 128 rows, the two
+// CTAs still sharing the weight tile), and its k loop starts only once the other's previous k loop has ended
+// (`turn` barriers), so that one warpgroup's epilogue runs while the other's products keep the tensor cores busy.
+// The turns also keep a warpgroup that skips the other's stages from reading a stage barrier's phase parity a
+// round early. Each stage is read by one warpgroup a CTA.
+#ifndef CLEF_SM90_PINGPONG
+#define CLEF_SM90_PINGPONG 0
+#endif
+constexpr bool kPingPong = CLEF_SM90_PINGPONG != 0;
+constexpr int kItemRows = kPingPong ? 64 : kBlockM;  // rows of a CTA's work item
+constexpr int kPairRows = 2 * kItemRows;             // rows of a pair tile (both CTAs)
+
 constexpr int kStages = 3;
-constexpr int kABytes = kBlockM * kBlockK;
+constexpr int kABytes = kItemRows * kBlockK;
 constexpr int kBBytes = kBlockN * kBlockK;
 constexpr int kStageBytes = kABytes + kBBytes;
 constexpr int kThreads = 384;
@@ -47,6 +60,48 @@ struct RowInputs {
     __device__ __forceinline__ void midway() {}
 };
 
+// The ping-pong multipliers (kPingPong): multiply_items' contract, except that warpgroup wg takes the items j of
+// this CTA with j % 2 == wg, 64 rows each (the whole of the CTA's item), skipping the other's k steps in the
+// stage sequence, and starts each k loop only after the other warpgroup's previous one has ended (turn_bar[wg];
+// it arrives on turn_bar[1 - wg] after its own).
+template <typename Prefetch, typename Epilogue>
+__device__ __forceinline__ void multiply_turns(const Share& mine, bool solo, uint32_t rank, int nblocks,
+                                               const TileTable& tab, int experts, uint32_t stages, uint64_t* full_bar,
+                                               uint64_t* empty_bar, uint64_t* turn_bar, int ksteps, int ablate,
+                                               Prefetch&& prefetch, Epilogue&& epilogue) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int wg = (static_cast<int>(threadIdx.x) - 128) >> 7;
+    const int t = threadIdx.x & 127;
+    float d[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) d[i] = 0.0f;
+    fence_operands(d);
+    int j = 0;     // this CTA's items so far, both warpgroups'
+    int done = 0;  // this warpgroup's items so far
+    for (int v = mine.first; v < mine.items; v += mine.stride, ++j) {
+        const Item item = item_at<kPairRows>(v, solo, rank, nblocks, tab, experts);
+        if (item.tile.expert >= experts) break;
+        if (item.empty) {
+            --j;  // skipped by both warpgroups and the loader alike: no stage steps
+            continue;
+        }
+        if ((j & 1) != wg) continue;
+        auto pre = prefetch(item, wg, t);
+        // the other warpgroup's k loop of item j - 1 has ended: its (done - 1 + wg)-th, a phase of turn_bar[wg]
+        if (j > 0) mbar_wait(smem_addr(&turn_bar[wg]), (done - 1 + wg) & 1);
+        int it = j * ksteps;
+        multiply_item<kStages, kStageBytes, kABytes>(d, stages, full_bar, empty_bar, it, ksteps, wg, t, solo, ablate,
+                                                     false, pre, 0u);
+        if (t == 0) mbar_arrive_cluster(smem_addr(&turn_bar[1 - wg]), rank);  // this CTA's own barrier
+        ++done;
+        if (ablate != 3) {
+            epilogue(item, d, wg, t, pre);
+        } else {
+            scales_ready();
+        }
+    }
+}
+
 __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
     const __grid_constant__ CUtensorMap a_map,
     const __grid_constant__ CUtensorMap w_map,
@@ -65,6 +120,8 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
     __shared__ __align__(8) uint64_t full_bar[kStages];
     __shared__ __align__(8) uint64_t empty_bar[kStages];
     __shared__ TileTable tiles;
+    __shared__ __align__(8) uint64_t turn_bar[2];  // ping-pong: turn_bar[w] completes when the other warpgroup's
+                                                   // k loop ends
     __shared__ __align__(16) float col_scales[2][kBlockN];  // each multiplier warpgroup's copy of w_scale's
                                                             // 256 values of its item
 
@@ -75,8 +132,13 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
     const uint32_t raw = smem_addr(smem_raw);
     const uint32_t stages = (raw + 1023u) & ~1023u;
     uint8_t* const staging = smem_raw + (stages - raw) + kStages * kStageBytes;  // the output tile, 64 KB
-    if (tid >= 32 && tid < 64) build_tile_table(counts, experts, tiles);  // warp 1, while thread 0 sets up
-    init_stage_barriers<kStages>(full_bar, empty_bar, 1, solo);  // thread 0's expect_tx; the bytes do the rest
+    if (tid >= 32 && tid < 64) build_tile_table<kPairRows>(counts, experts, tiles);  // warp 1, while thread 0 sets up
+    if (kPingPong && tid == 0) {
+        mbar_init(smem_addr(&turn_bar[0]), 1);
+        mbar_init(smem_addr(&turn_bar[1]), 1);
+    }
+    // thread 0's expect_tx (the bytes do the rest); the stages' readers: both multiplier warpgroups, or one
+    init_stage_barriers<kStages>(full_bar, empty_bar, 1, solo, kPingPong ? 1 : 2);
 
     const int ksteps = inter / kBlockK;
     // Work item w: pair tile w / nblocks, column block w % nblocks; pair tiles past the last one end the loop.
@@ -85,7 +147,7 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
         if (tid < 32) {  // warp 0 finds the tiles, its first lane issues the loads
             int it = 0;
             for (int v = mine.first; v < mine.items; v += mine.stride) {
-                const Item item = item_at(v, solo, my_rank, nblocks, tiles, experts);
+                const Item item = item_at<kPairRows>(v, solo, my_rank, nblocks, tiles, experts);
                 if (item.tile.expert >= experts) break;
                 if (item.empty) continue;
                 for (int ks = 0; ks < ksteps; ++ks, ++it) {
@@ -106,13 +168,11 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
             }
         }
     } else {
-        multiply_items<kStages, kStageBytes, kABytes>(
-            mine, solo, my_rank, nblocks, tiles, experts, stages, full_bar, empty_bar, ksteps, ablate, false,
-            [&](const Item& item, int wg, int t) {
+        const auto prefetch = [&](const Item& item, int wg, int t) {
                 prefetch_scales(col_scales[wg], w_scale + static_cast<int64_t>(item.tile.expert) * hidden +
                                                     item.nblk * kBlockN, t);
                 RowInputs in;
-                const int first = item.row0 + wg * 64;
+                const int first = item.row0 + (kPingPong ? 0 : wg * 64);  // this warpgroup's 64 rows
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int row = first + 16 * (t >> 5) + ((t & 31) >> 2) + 8 * h;
@@ -128,8 +188,8 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
                     }
                 }
                 return in;
-            },
-            [&](const Item& item, float(&d)[128], int wg, int t, const RowInputs& in) {
+            };
+        const auto epilogue = [&](const Item& item, float(&d)[128], int wg, int t, const RowInputs& in) {
             const int warp = t >> 5, lane = t & 31, quad = lane & 3;
             uint8_t* const out_tile = staging + wg * 64 * kStagedRowBytes;
             const int nblk = item.nblk;
@@ -174,7 +234,15 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
                     *reinterpret_cast<uint4*>(y + pair * hidden + nblk * kBlockN + piece * 8) = v;
                 }
             }
-            });
+            };
+        if constexpr (kPingPong) {
+            multiply_turns(mine, solo, my_rank, nblocks, tiles, experts, stages, full_bar, empty_bar, turn_bar, ksteps,
+                           ablate, prefetch, epilogue);
+        } else {
+            multiply_items<kStages, kStageBytes, kABytes>(mine, solo, my_rank, nblocks, tiles, experts, stages,
+                                                          full_bar, empty_bar, ksteps, ablate, false, prefetch,
+                                                          epilogue);
+        }
     }
     if constexpr (kBulkStore) bulk_copies_done();  // the last rows are written before the kernel ends
     cluster_sync();  // no CTA leaves while its peer may still write into its shared memory or barriers
@@ -194,7 +262,9 @@ cudaError_t clef::down_fp8_clusters(int* fit) {
 
 cudaError_t clef::launch_down_fp8(const CUtensorMap& a_map, const CUtensorMap& w_map, const DownArgs& a,
                                   cudaStream_t stream) {
-    return launch_items(down_fp8_kernel, kThreads, kSmemBytes, &down_fit, a.pairs, a.experts, a.hidden / kBlockN,
+    return launch_items<kPairRows>(down_fp8_kernel, kThreads, kSmemBytes, &down_fit, a.pairs, a.experts, a.hidden / kBlockN,
                         a.clusters, a.solo, a.ablate, stream, a_map, w_map, a.row_scale, a.w_scale, a.order, a.counts,
                         a.y, a.hidden, a.inter, a.experts);
 }
+
+int clef::down_fp8_item_rows() { return kItemRows; }

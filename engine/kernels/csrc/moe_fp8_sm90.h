@@ -58,9 +58,12 @@ struct DownArgs {
     int ablate;              // as GateUpArgs::ablate
 };
 
-// `a_map`: the (S, I) e4m3 activations as a 2-D uint8 tensor map in (kBlockM, kBlockK) boxes; `w_map`: the
+// `a_map`: the (S, I) e4m3 activations as a 2-D uint8 tensor map in (down_fp8_item_rows(), kBlockK) boxes; `w_map`: the
 // (E, H, I) e4m3 down weights as a 3-D one in (1, kBlockN / 2, kBlockK) boxes; both with the 128-byte swizzle.
 cudaError_t launch_down_fp8(const CUtensorMap& a_map, const CUtensorMap& w_map, const DownArgs& args,
                             cudaStream_t stream);
+
+// Rows of the down kernel's activation box (`a_map`'s box height): kBlockM, or 64 in the ping-pong variant.
+int down_fp8_item_rows();
 
 }  // namespace clef

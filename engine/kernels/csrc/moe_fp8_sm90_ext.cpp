@@ -110,7 +110,7 @@ void down_fp8(torch::Tensor q, torch::Tensor row_scale, torch::Tensor w, torch::
     TORCH_CHECK(experts <= clef::kMaxExperts, "at most ", clef::kMaxExperts, " experts");
     if (pairs == 0) return;
     const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(inter), static_cast<cuuint64_t>(pairs)};
-    const cuuint32_t a_box[2] = {clef::kBlockK, clef::kBlockM};
+    const cuuint32_t a_box[2] = {clef::kBlockK, static_cast<cuuint32_t>(clef::down_fp8_item_rows())};
     const cuuint64_t w_dims[3] = {static_cast<cuuint64_t>(inter), static_cast<cuuint64_t>(hidden),
                                   static_cast<cuuint64_t>(experts)};
     const cuuint32_t w_box[3] = {clef::kBlockK, clef::kBlockN / 2, 1};

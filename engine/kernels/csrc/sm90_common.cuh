@@ -193,15 +193,17 @@ struct TileTable {
     int row_end[kMaxExperts];    // end sorted row of expert e
 };
 
-// Fills `tab` from the per-expert row counts (`experts` <= kMaxExperts, the binding checks); warp-collective,
-// one warp of the CTA. The readers wait for a CTA barrier after it (init_stage_barriers' cluster_sync).
+// Fills `tab` from the per-expert row counts (`experts` <= kMaxExperts, the binding checks) for pair tiles of
+// `kPairRows` rows; warp-collective, one warp of the CTA. The readers wait for a CTA barrier after it
+// (init_stage_barriers' cluster_sync).
+template <int kPairRows = 2 * kBlockM>
 __device__ inline void build_tile_table(const int* __restrict__ counts, int experts, TileTable& tab) {
     const int lane = threadIdx.x & 31;
     int carry_tiles = 0, carry_rows = 0;
     for (int base = 0; base < experts; base += 32) {
         const int e = base + lane;
         const int c = e < experts ? counts[e] : 0;
-        int tiles = (c + 2 * kBlockM - 1) / (2 * kBlockM), rows = c;
+        int tiles = (c + kPairRows - 1) / kPairRows, rows = c;
 #pragma unroll
         for (int off = 1; off < 32; off <<= 1) {
             const int a = __shfl_up_sync(0xffffffffu, tiles, off);
@@ -221,8 +223,9 @@ __device__ inline void build_tile_table(const int* __restrict__ counts, int expe
     }
 }
 
-// The pair tile `p` (256 sorted rows of one expert): the first expert whose tiles end past `p`, by a binary
-// search of `tab`; any thread alone (and the host: tests/gpu/test_moe_fp8_sm90_tiles.py).
+// The pair tile `p` (`kPairRows` sorted rows of one expert, as `tab` was built): the first expert whose tiles
+// end past `p`, by a binary search of `tab`; any thread alone (and the host: tests/gpu/test_moe_fp8_sm90_tiles.py).
+template <int kPairRows = 2 * kBlockM>
 __host__ __device__ __forceinline__ Tile find_tile(const TileTable& tab, int experts, int p) {
     int lo = 0, hi = experts;
     while (lo < hi) {
@@ -235,27 +238,29 @@ __host__ __device__ __forceinline__ Tile find_tile(const TileTable& tab, int exp
     }
     if (lo >= experts) return Tile{experts, 0, 0};
     const int first = lo > 0 ? tab.tile_end[lo - 1] : 0;
-    return Tile{lo, tab.row_begin[lo] + (p - first) * 2 * kBlockM, tab.row_end[lo]};
+    return Tile{lo, tab.row_begin[lo] + (p - first) * kPairRows, tab.row_end[lo]};
 }
 
-// Thread 0 sets up the stage barriers: each full barrier expects `full_arrivals`, each empty one the two
-// multiplier warpgroups of both CTAs (alone: of this one). Every thread of the cluster then waits until both
-// CTAs have theirs, before any peer may arrive on them or multicast into this CTA; the same barrier (release,
-// then acquire) publishes what other threads wrote to shared memory before it (the tile table).
+// Thread 0 sets up the stage barriers: each full barrier expects `full_arrivals`, each empty one the
+// `consumers_per_cta` multiplier warpgroups that read a stage, of both CTAs (alone: of this one). Every thread of
+// the cluster then waits until both CTAs have theirs, before any peer may arrive on them or multicast into this
+// CTA; the same barrier (release, then acquire) publishes what other threads wrote to shared memory before it (the
+// tile table).
 template <int kStages>
 __device__ __forceinline__ void init_stage_barriers(uint64_t* full_bar, uint64_t* empty_bar, uint32_t full_arrivals,
-                                                    bool solo) {
+                                                    bool solo, uint32_t consumers_per_cta = 2) {
     if (threadIdx.x == 0) {
         for (int s = 0; s < kStages; ++s) {
             mbar_init(smem_addr(&full_bar[s]), full_arrivals);
-            mbar_init(smem_addr(&empty_bar[s]), solo ? 2 : 4);
+            mbar_init(smem_addr(&empty_bar[s]), solo ? consumers_per_cta : 2 * consumers_per_cta);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     cluster_sync();
 }
 
-// One work item of this CTA, from its index `v` in `share`'s sequence: the column block, the pair tile
+// One work item of this CTA (pair tiles of `kPairRows` rows, half each CTA), from its index `v` in `share`'s
+// sequence: the column block, the pair tile
 // (tile.expert >= experts: past the last one, where the loop ends), this CTA's first row, and whether the item
 // is an empty half (solo only: nobody waits on it, skip it).
 struct Item {
@@ -265,11 +270,12 @@ struct Item {
     bool empty;
 };
 
+template <int kPairRows = 2 * kBlockM>
 __device__ inline Item item_at(int v, bool solo, uint32_t rank, int nblocks, const TileTable& tab, int experts) {
     const int w = solo ? v >> 1 : v;
     const int half = solo ? (v & 1) : static_cast<int>(rank);
-    Item item{w % nblocks, find_tile(tab, experts, w / nblocks), 0, false};
-    item.row0 = item.tile.row0 + half * kBlockM;
+    Item item{w % nblocks, find_tile<kPairRows>(tab, experts, w / nblocks), 0, false};
+    item.row0 = item.tile.row0 + half * (kPairRows / 2);
     item.empty = solo && item.row0 >= item.tile.row_end;
     return item;
 }
@@ -305,8 +311,8 @@ __device__ __forceinline__ void release_stage(uint32_t bar, bool solo) {
 }
 
 // A multiplier warpgroup's k loop over one work item: `ksteps` stages from pipeline step `it` on (advanced),
-// each waited for on its full barrier, multiplied into d (rows 64 wg.. of the stage's A tile by its whole B
-// tile; the first step overwrites d) and released to both CTAs (alone: to this one) once its products are done
+// each waited for on its full barrier, multiplied into d (the 64 rows at byte `a_offset` of the stage's A tile
+// by its whole B tile; the first step overwrites d) and released to both CTAs (alone: to this one) once its products are done
 // (see kEarlyRelease). `proxy_fence`: the A tile was written by cp.async (generic proxy) and is read by wgmma
 // (async proxy). `ablate` 1 skips the products (benches). `pre.midway()` runs once, after the first step's
 // products are issued: the epilogue's loads that wait on earlier ones (their addresses) stall there, under the
@@ -314,12 +320,12 @@ __device__ __forceinline__ void release_stage(uint32_t bar, bool solo) {
 template <int kStages, int kStageBytes, int kABytes, typename Pre>
 __device__ __forceinline__ void multiply_item(float (&d)[128], uint32_t stages, uint64_t* full_bar, uint64_t* empty_bar,
                                               int& it, int ksteps, int wg, int t, bool solo, int ablate,
-                                              bool proxy_fence, Pre& pre) {
+                                              bool proxy_fence, Pre& pre, uint32_t a_offset) {
     for (int ks = 0; ks < ksteps; ++ks, ++it) {
         const int s = it % kStages;
         mbar_wait(smem_addr(&full_bar[s]), (it / kStages) & 1);
         if (proxy_fence) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        const uint32_t a = stages + s * kStageBytes + wg * 64 * kBlockK;
+        const uint32_t a = stages + s * kStageBytes + a_offset;
         const uint32_t b = stages + s * kStageBytes + kABytes;
         if (ablate != 1) {  // the whole group or none: a group of a run-time count of products made ptxas
                             // commit a dummy product, and "wait_group 1" then waited for this step's own
@@ -385,7 +391,7 @@ __device__ __forceinline__ void multiply_items(const Share& mine, bool solo, uin
         if (item.empty) continue;
         auto pre = prefetch(item, wg, t);
         multiply_item<kStages, kStageBytes, kABytes>(d, stages, full_bar, empty_bar, it, ksteps, wg, t, solo, ablate,
-                                                     proxy_fence, pre);
+                                                     proxy_fence, pre, wg * 64 * kBlockK);
         if (ablate != 3) {
             epilogue(item, d, wg, t, pre);
         } else {
@@ -427,16 +433,16 @@ cudaError_t clusters_fit_of(void (*kernel)(Params...), int threads, int smem, in
     return cudaSuccess;
 }
 
-// Launches `kernel` over the work items of `pairs` sorted pairs: an upper bound of the 256-row pair tiles times
-// `nblocks` column blocks, in as many two-CTA clusters as fit (`clusters` 0; the count is queried once into
+// Launches `kernel` over the work items of `pairs` sorted pairs: an upper bound of the `kPairRows`-row pair tiles
+// times `nblocks` column blocks, in as many two-CTA clusters as fit (`clusters` 0; the count is queried once into
 // `fit`) or at most `clusters`, never more than there are items; `solo` drops the cluster attribute and runs
 // as many lone CTAs. The kernel takes `args`, then the work items, `solo` and `ablate`.
-template <typename... Params, typename... Args>
+template <int kPairRows = 2 * kBlockM, typename... Params, typename... Args>
 cudaError_t launch_items(void (*kernel)(Params...), int threads, int smem, int* fit, int64_t pairs, int experts,
                          int nblocks, int clusters, bool solo, int ablate, cudaStream_t stream, Args... args) {
     const cudaError_t err = clusters_fit_of(kernel, threads, smem, fit);
     if (err != cudaSuccess) return err;
-    const int64_t pair_tiles = (pairs + int64_t{experts} * (2 * kBlockM - 1)) / (2 * kBlockM);  // upper bound
+    const int64_t pair_tiles = (pairs + int64_t{experts} * (kPairRows - 1)) / kPairRows;  // upper bound
     const int64_t work = pair_tiles * nblocks;
     const int64_t ask = clusters > 0 ? clusters : *fit;
     cudaLaunchAttribute attr[1];
