@@ -262,9 +262,9 @@ cudaError_t clef::down_fp8_clusters(int* fit) {
 
 cudaError_t clef::launch_down_fp8(const CUtensorMap& a_map, const CUtensorMap& w_map, const DownArgs& a,
                                   cudaStream_t stream) {
-    return launch_items<kPairRows>(down_fp8_kernel, kThreads, kSmemBytes, &down_fit, a.pairs, a.experts, a.hidden / kBlockN,
-                        a.clusters, a.solo, a.ablate, stream, a_map, w_map, a.row_scale, a.w_scale, a.order, a.counts,
-                        a.y, a.hidden, a.inter, a.experts);
+    return launch_items<kPairRows>(down_fp8_kernel, kThreads, kSmemBytes, &down_fit, a.pairs, a.experts,
+                                   a.hidden / kBlockN, a.clusters, a.solo, a.ablate, stream, a_map, w_map,
+                                   a.row_scale, a.w_scale, a.order, a.counts, a.y, a.hidden, a.inter, a.experts);
 }
 
 int clef::down_fp8_item_rows() { return kItemRows; }
