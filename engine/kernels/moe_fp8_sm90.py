@@ -92,8 +92,8 @@ VARIANTS = {
 outputs: `early_release` frees each stage as soon as its products are done (`kEarlyRelease`,
 `csrc/sm90_common.cuh`); `bulk_store` has the down kernel store each output row from shared memory by one bulk
 async copy instead of the multipliers' own stores (`kBulkStore`, `csrc/moe_down_fp8_sm90.cu`); `pingpong`
-has the down kernel's two multiplier warpgroups take alternate 64-row items, one's epilogue under the other's
-k loop (`kPingPong`, same file)."""
+has each kernel's two multiplier warpgroups take alternate 64-row items, one's epilogue under the other's k
+loop (`kPingPong`, `csrc/sm90_common.cuh`)."""
 BUILD_DIR = Path(tempfile.gettempdir()) / "clef-sm90-ext"
 """Where the benches and the GPU tests build the extension (an up-to-date build there is loaded, not
 rebuilt)."""

@@ -18,19 +18,6 @@ namespace {
 
 using namespace clef;  // NOLINT: the helpers and tile constants of sm90_common.cuh
 
-// Built with CLEF_SM90_PINGPONG=1 (`moe_fp8_sm90.build(..., variant="pingpong")`, benches), the two multiplier
-// warpgroups take turns: each takes every other work item of its CTA, 64 rows (a pair tile of 128 rows, the two
-// CTAs still sharing the weight tile), and its k loop starts only once the other's previous k loop has ended
-// (`turn` barriers), so that one warpgroup's epilogue runs while the other's products keep the tensor cores busy.
-// The turns also keep a warpgroup that skips the other's stages from reading a stage barrier's phase parity a
-// round early. Each stage is read by one warpgroup a CTA.
-#ifndef CLEF_SM90_PINGPONG
-#define CLEF_SM90_PINGPONG 0
-#endif
-constexpr bool kPingPong = CLEF_SM90_PINGPONG != 0;
-constexpr int kItemRows = kPingPong ? 64 : kBlockM;  // rows of a CTA's work item
-constexpr int kPairRows = 2 * kItemRows;             // rows of a pair tile (both CTAs)
-
 constexpr int kStages = 3;
 constexpr int kABytes = kItemRows * kBlockK;
 constexpr int kBBytes = kBlockN * kBlockK;
@@ -59,48 +46,6 @@ struct RowInputs {
 
     __device__ __forceinline__ void midway() {}
 };
-
-// The ping-pong multipliers (kPingPong): multiply_items' contract, except that warpgroup wg takes the items j of
-// this CTA with j % 2 == wg, 64 rows each (the whole of the CTA's item), skipping the other's k steps in the
-// stage sequence, and starts each k loop only after the other warpgroup's previous one has ended (turn_bar[wg];
-// it arrives on turn_bar[1 - wg] after its own).
-template <typename Prefetch, typename Epilogue>
-__device__ __forceinline__ void multiply_turns(const Share& mine, bool solo, uint32_t rank, int nblocks,
-                                               const TileTable& tab, int experts, uint32_t stages, uint64_t* full_bar,
-                                               uint64_t* empty_bar, uint64_t* turn_bar, int ksteps, int ablate,
-                                               Prefetch&& prefetch, Epilogue&& epilogue) {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-    const int wg = (static_cast<int>(threadIdx.x) - 128) >> 7;
-    const int t = threadIdx.x & 127;
-    float d[128];
-#pragma unroll
-    for (int i = 0; i < 128; ++i) d[i] = 0.0f;
-    fence_operands(d);
-    int j = 0;     // this CTA's items so far, both warpgroups'
-    int done = 0;  // this warpgroup's items so far
-    for (int v = mine.first; v < mine.items; v += mine.stride, ++j) {
-        const Item item = item_at<kPairRows>(v, solo, rank, nblocks, tab, experts);
-        if (item.tile.expert >= experts) break;
-        if (item.empty) {
-            --j;  // skipped by both warpgroups and the loader alike: no stage steps
-            continue;
-        }
-        if ((j & 1) != wg) continue;
-        auto pre = prefetch(item, wg, t);
-        // the other warpgroup's k loop of item j - 1 has ended: its (done - 1 + wg)-th, a phase of turn_bar[wg]
-        if (j > 0) mbar_wait(smem_addr(&turn_bar[wg]), (done - 1 + wg) & 1);
-        int it = j * ksteps;
-        multiply_item<kStages, kStageBytes, kABytes>(d, stages, full_bar, empty_bar, it, ksteps, wg, t, solo, ablate,
-                                                     false, pre, 0u);
-        if (t == 0) mbar_arrive_cluster(smem_addr(&turn_bar[1 - wg]), rank);  // this CTA's own barrier
-        ++done;
-        if (ablate != 3) {
-            epilogue(item, d, wg, t, pre);
-        } else {
-            scales_ready();
-        }
-    }
-}
 
 __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
     const __grid_constant__ CUtensorMap a_map,
@@ -236,8 +181,9 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
             }
             };
         if constexpr (kPingPong) {
-            multiply_turns(mine, solo, my_rank, nblocks, tiles, experts, stages, full_bar, empty_bar, turn_bar, ksteps,
-                           ablate, prefetch, epilogue);
+            multiply_turns<kStages, kStageBytes, kABytes>(mine, solo, my_rank, nblocks, tiles, experts, stages,
+                                                          full_bar, empty_bar, turn_bar, ksteps, ablate, false,
+                                                          prefetch, epilogue);
         } else {
             multiply_items<kStages, kStageBytes, kABytes>(mine, solo, my_rank, nblocks, tiles, experts, stages,
                                                           full_bar, empty_bar, ksteps, ablate, false, prefetch,

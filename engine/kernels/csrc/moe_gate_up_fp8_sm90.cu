@@ -31,7 +31,8 @@ namespace {
 using namespace clef;  // NOLINT: the helpers and tile constants of sm90_common.cuh
 
 constexpr int kStages = 4;
-constexpr int kABytes = kBlockM * kBlockK;
+constexpr int kABytes = kItemRows * kBlockK;
+constexpr int kRowsPerLoader = kItemRows / 16;  // rows each loader thread gathers (16 threads a row)
 constexpr int kBBytes = kBlockN * kBlockK;
 constexpr int kStageBytes = kABytes + kBBytes;
 constexpr int kThreads = 384;
@@ -78,6 +79,8 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
     __shared__ __align__(8) uint64_t full_bar[kStages];
     __shared__ __align__(8) uint64_t empty_bar[kStages];
     __shared__ TileTable tiles;
+    __shared__ __align__(8) uint64_t turn_bar[2];  // ping-pong: turn_bar[w] completes when the other warpgroup's
+                                                   // k loop ends
     __shared__ __align__(16) float col_scales[2][kBlockN];  // each multiplier warpgroup's copy of w_scale's
                                                             // 256 values of its item
 
@@ -89,27 +92,32 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
     const uint32_t stages = (raw + 1023u) & ~1023u;
     uint8_t* const staging = smem_raw + (stages - raw) + kStages * kStageBytes;  // the output tile, 16 KB
     // full: every loader thread's cp.async arrival, + thread 0's expect_tx
-    if (tid >= 32 && tid < 64) build_tile_table(counts, experts, tiles);  // warp 1, while thread 0 sets up
-    init_stage_barriers<kStages>(full_bar, empty_bar, kBlockM + 1, solo);
+    if (tid >= 32 && tid < 64) build_tile_table<kPairRows>(counts, experts, tiles);  // warp 1, while thread 0 sets up
+    if (kPingPong && tid == 0) {
+        mbar_init(smem_addr(&turn_bar[0]), 1);
+        mbar_init(smem_addr(&turn_bar[1]), 1);
+    }
+    // the stages' readers: both multiplier warpgroups, or one
+    init_stage_barriers<kStages>(full_bar, empty_bar, kBlockM + 1, solo, kPingPong ? 1 : 2);
 
     const int ksteps = hidden / kBlockK;
     // Work item w: pair tile w / nblocks, column block w % nblocks. Pair tiles past the last one end the loop
     // (w only grows), for every warp of both CTAs alike.
     if (tid < 128) {
-        // Loader: thread tid gathers 16-byte piece (tid % 8) of rows tid / 8 + 16 i.
+        // Loader: thread tid gathers 16-byte piece (tid % 8) of rows tid / 8 + 16 i, i < kRowsPerLoader.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         const int piece = tid & 7, r_first = tid >> 3;
         const uint32_t swz = static_cast<uint32_t>((piece ^ (r_first & 7)) << 4);
         int it = 0;  // pipeline step, across work items
         for (int v = mine.first; v < mine.items; v += mine.stride) {
-            const Item item = item_at(v, solo, my_rank, nblocks, tiles, experts);
+            const Item item = item_at<kPairRows>(v, solo, my_rank, nblocks, tiles, experts);
             if (item.tile.expert >= experts) break;
             if (item.empty) continue;
             const Tile& tile = item.tile;
             const int row0 = item.row0;
-            uint32_t src[8];
+            uint32_t src[kRowsPerLoader];
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
+            for (int i = 0; i < kRowsPerLoader; ++i) {
                 const int row = row0 + r_first + 16 * i;
                 src[i] = row < tile.row_end
                     ? static_cast<uint32_t>(order[row] / top_k) * static_cast<uint32_t>(hidden) + piece * 16
@@ -127,7 +135,7 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
                     }
                 }
 #pragma unroll
-                for (int i = 0; i < 8; ++i) {
+                for (int i = 0; i < kRowsPerLoader; ++i) {
                     if (ablate != 2 && src[i] != 0xFFFFFFFFu) {
                         cp_async_16(a_dst + (r_first + 16 * i) * kBlockK + swz, x + src[i] + ks * kBlockK);
                     }
@@ -136,25 +144,23 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
             }
         }
     } else {
-        multiply_items<kStages, kStageBytes, kABytes>(
-            mine, solo, my_rank, nblocks, tiles, experts, stages, full_bar, empty_bar, ksteps, ablate, true,
-            [&](const Item& item, int wg, int t) {
+        const auto prefetch = [&](const Item& item, int wg, int t) {
                 prefetch_scales(col_scales[wg], w_scale + static_cast<int64_t>(item.tile.expert) * 2 * inter +
                                                     item.nblk * kBlockN, t);
                 RowInputs in{x_scale, top_w, top_k, {0, 0}, {false, false}, {0.0f, 0.0f}, {0.0f, 0.0f}};
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const int row = item.row0 + wg * 64 + 16 * (t >> 5) + ((t & 31) >> 2) + 8 * h;
+                    const int row = item.row0 + (kPingPong ? 0 : wg * 64) + 16 * (t >> 5) + ((t & 31) >> 2) + 8 * h;
                     in.ok[h] = row < item.tile.row_end;
                     in.pair[h] = in.ok[h] ? order[row] : 0;
                 }
                 return in;
-            },
-            [&](const Item& item, float(&d)[128], int wg, int t, const RowInputs& in) {
+            };
+        const auto epilogue = [&](const Item& item, float(&d)[128], int wg, int t, const RowInputs& in) {
             const int warp = t >> 5, lane = t & 31, quad = lane & 3;
             uint8_t* const out_tile = staging + wg * 64 * kBlockK;
             const Tile& tile = item.tile;
-            const int row0 = item.row0, nblk = item.nblk;
+            const int first = item.row0 + (kPingPong ? 0 : wg * 64), nblk = item.nblk;  // this warpgroup's 64 rows
             // Epilogue. Fragment: thread t holds rows 16 (t / 32) + (t % 32) / 4 + 8 h, columns
             // 8 j + 2 (t % 4) + c as d[4 j + 2 h + c]; c = 0 is a gate row, c = 1 its up row (channel 4 j + t % 4).
             const float* ws = col_scales[wg];
@@ -192,7 +198,7 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
                     out_tile[r * kBlockK + (ch ^ ((r & 7) << 4))] =
                         __nv_cvt_float_to_fp8(div_full(d[4 * j + 2 * h], scale), __NV_SATFINITE, __NV_E4M3);
                 }
-                const int row = row0 + wg * 64 + r;
+                const int row = first + r;
                 if (row < tile.row_end && quad == 0) q_scale[static_cast<int64_t>(row) * nblocks + nblk] = scale;
             }
             asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
@@ -200,13 +206,22 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
             for (int i = 0; i < 4; ++i) {
                 const int piece_id = t + 128 * i;
                 const int r = piece_id >> 3, piece = piece_id & 7;
-                const int row = row0 + wg * 64 + r;
+                const int row = first + r;
                 if (row < tile.row_end) {
                     const uint4 v = *reinterpret_cast<const uint4*>(out_tile + r * kBlockK + ((piece ^ (r & 7)) << 4));
                     *reinterpret_cast<uint4*>(q + static_cast<int64_t>(row) * inter + nblk * kGroup + piece * 16) = v;
                 }
             }
-            });
+            };
+        if constexpr (kPingPong) {
+            multiply_turns<kStages, kStageBytes, kABytes>(mine, solo, my_rank, nblocks, tiles, experts, stages,
+                                                          full_bar, empty_bar, turn_bar, ksteps, ablate, true,
+                                                          prefetch, epilogue);
+        } else {
+            multiply_items<kStages, kStageBytes, kABytes>(mine, solo, my_rank, nblocks, tiles, experts, stages,
+                                                          full_bar, empty_bar, ksteps, ablate, true, prefetch,
+                                                          epilogue);
+        }
     }
     cluster_sync();  // no CTA leaves while its peer may still write into its shared memory or barriers
 }
@@ -224,7 +239,8 @@ cudaError_t clef::gate_up_fp8_clusters(int* fit) {
 }
 
 cudaError_t clef::launch_gate_up_fp8(const CUtensorMap& w_map, const GateUpArgs& a, cudaStream_t stream) {
-    return launch_items(gate_up_fp8_kernel, kThreads, kSmemBytes, &gate_up_fit, a.pairs, a.experts,
-                        a.inter / kGroup, a.clusters, a.solo, a.ablate, stream, w_map, a.x, a.x_scale, a.w_scale,
-                        a.order, a.counts, a.top_w, a.q, a.q_scale, a.hidden, a.inter, a.experts, a.top_k);
+    return launch_items<kPairRows>(gate_up_fp8_kernel, kThreads, kSmemBytes, &gate_up_fit, a.pairs, a.experts,
+                                   a.inter / kGroup, a.clusters, a.solo, a.ablate, stream, w_map, a.x, a.x_scale,
+                                   a.w_scale, a.order, a.counts, a.top_w, a.q, a.q_scale, a.hidden, a.inter,
+                                   a.experts, a.top_k);
 }

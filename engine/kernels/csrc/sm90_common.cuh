@@ -185,6 +185,19 @@ struct Tile {
     int row_end;  // end row of the expert
 };
 
+// Built with CLEF_SM90_PINGPONG=1 (`moe_fp8_sm90.build(..., variant="pingpong")`, benches), each kernel's two
+// multiplier warpgroups take turns: each takes every other work item of its CTA, 64 rows (a pair tile of 128 rows,
+// the two CTAs still sharing the weight tile), and its k loop starts only once the other's previous k loop has ended
+// (`turn` barriers), so that one warpgroup's epilogue runs while the other's products keep the tensor cores busy.
+// The turns also keep a warpgroup that skips the other's stages from reading a stage barrier's phase parity a
+// round early. Each stage is read by one warpgroup a CTA.
+#ifndef CLEF_SM90_PINGPONG
+#define CLEF_SM90_PINGPONG 0
+#endif
+constexpr bool kPingPong = CLEF_SM90_PINGPONG != 0;
+constexpr int kItemRows = kPingPong ? 64 : kBlockM;  // rows of a CTA's work item in both kernels
+constexpr int kPairRows = 2 * kItemRows;             // rows of a pair tile (both CTAs)
+
 // The pair tiles of every expert, built once per CTA into shared memory (`build_tile_table`) so that finding a
 // work item's tile is a binary search there instead of a scan of `counts` in global memory per item.
 struct TileTable {
@@ -194,16 +207,16 @@ struct TileTable {
 };
 
 // Fills `tab` from the per-expert row counts (`experts` <= kMaxExperts, the binding checks) for pair tiles of
-// `kPairRows` rows; warp-collective, one warp of the CTA. The readers wait for a CTA barrier after it
+// `kTileRows` rows; warp-collective, one warp of the CTA. The readers wait for a CTA barrier after it
 // (init_stage_barriers' cluster_sync).
-template <int kPairRows = 2 * kBlockM>
+template <int kTileRows = 2 * kBlockM>
 __device__ inline void build_tile_table(const int* __restrict__ counts, int experts, TileTable& tab) {
     const int lane = threadIdx.x & 31;
     int carry_tiles = 0, carry_rows = 0;
     for (int base = 0; base < experts; base += 32) {
         const int e = base + lane;
         const int c = e < experts ? counts[e] : 0;
-        int tiles = (c + kPairRows - 1) / kPairRows, rows = c;
+        int tiles = (c + kTileRows - 1) / kTileRows, rows = c;
 #pragma unroll
         for (int off = 1; off < 32; off <<= 1) {
             const int a = __shfl_up_sync(0xffffffffu, tiles, off);
@@ -223,9 +236,9 @@ __device__ inline void build_tile_table(const int* __restrict__ counts, int expe
     }
 }
 
-// The pair tile `p` (`kPairRows` sorted rows of one expert, as `tab` was built): the first expert whose tiles
+// The pair tile `p` (`kTileRows` sorted rows of one expert, as `tab` was built): the first expert whose tiles
 // end past `p`, by a binary search of `tab`; any thread alone (and the host: tests/gpu/test_moe_fp8_sm90_tiles.py).
-template <int kPairRows = 2 * kBlockM>
+template <int kTileRows = 2 * kBlockM>
 __host__ __device__ __forceinline__ Tile find_tile(const TileTable& tab, int experts, int p) {
     int lo = 0, hi = experts;
     while (lo < hi) {
@@ -238,7 +251,7 @@ __host__ __device__ __forceinline__ Tile find_tile(const TileTable& tab, int exp
     }
     if (lo >= experts) return Tile{experts, 0, 0};
     const int first = lo > 0 ? tab.tile_end[lo - 1] : 0;
-    return Tile{lo, tab.row_begin[lo] + (p - first) * kPairRows, tab.row_end[lo]};
+    return Tile{lo, tab.row_begin[lo] + (p - first) * kTileRows, tab.row_end[lo]};
 }
 
 // Thread 0 sets up the stage barriers: each full barrier expects `full_arrivals`, each empty one the
@@ -259,7 +272,7 @@ __device__ __forceinline__ void init_stage_barriers(uint64_t* full_bar, uint64_t
     cluster_sync();
 }
 
-// One work item of this CTA (pair tiles of `kPairRows` rows, half each CTA), from its index `v` in `share`'s
+// One work item of this CTA (pair tiles of `kTileRows` rows, half each CTA), from its index `v` in `share`'s
 // sequence: the column block, the pair tile
 // (tile.expert >= experts: past the last one, where the loop ends), this CTA's first row, and whether the item
 // is an empty half (solo only: nobody waits on it, skip it).
@@ -270,12 +283,12 @@ struct Item {
     bool empty;
 };
 
-template <int kPairRows = 2 * kBlockM>
+template <int kTileRows = 2 * kBlockM>
 __device__ inline Item item_at(int v, bool solo, uint32_t rank, int nblocks, const TileTable& tab, int experts) {
     const int w = solo ? v >> 1 : v;
     const int half = solo ? (v & 1) : static_cast<int>(rank);
-    Item item{w % nblocks, find_tile<kPairRows>(tab, experts, w / nblocks), 0, false};
-    item.row0 = item.tile.row0 + half * (kPairRows / 2);
+    Item item{w % nblocks, find_tile<kTileRows>(tab, experts, w / nblocks), 0, false};
+    item.row0 = item.tile.row0 + half * (kTileRows / 2);
     item.empty = solo && item.row0 >= item.tile.row_end;
     return item;
 }
@@ -312,8 +325,8 @@ __device__ __forceinline__ void release_stage(uint32_t bar, bool solo) {
 
 // A multiplier warpgroup's k loop over one work item: `ksteps` stages from pipeline step `it` on (advanced),
 // each waited for on its full barrier, multiplied into d (the 64 rows at byte `a_offset` of the stage's A tile
-// by its whole B tile; the first step overwrites d) and released to both CTAs (alone: to this one) once its products are done
-// (see kEarlyRelease). `proxy_fence`: the A tile was written by cp.async (generic proxy) and is read by wgmma
+// by its whole B tile; the first step overwrites d) and released to both CTAs (alone: to this one) once its
+// products are done (see kEarlyRelease). `proxy_fence`: the A tile was written by cp.async (generic proxy) and is read by wgmma
 // (async proxy). `ablate` 1 skips the products (benches). `pre.midway()` runs once, after the first step's
 // products are issued: the epilogue's loads that wait on earlier ones (their addresses) stall there, under the
 // tensor cores' work, not before it.
@@ -400,6 +413,48 @@ __device__ __forceinline__ void multiply_items(const Share& mine, bool solo, uin
     }
 }
 
+// The ping-pong multipliers (kPingPong): multiply_items' contract (`proxy_fence` as there), except that
+// warpgroup wg takes the items j of this CTA with j % 2 == wg, 64 rows each (the whole of the CTA's item),
+// skipping the other's k steps in the stage sequence, and starts each k loop only after the other warpgroup's
+// previous one has ended (turn_bar[wg]; it arrives on turn_bar[1 - wg] after its own).
+template <int kStages, int kStageBytes, int kABytes, typename Prefetch, typename Epilogue>
+__device__ __forceinline__ void multiply_turns(const Share& mine, bool solo, uint32_t rank, int nblocks,
+                                               const TileTable& tab, int experts, uint32_t stages, uint64_t* full_bar,
+                                               uint64_t* empty_bar, uint64_t* turn_bar, int ksteps, int ablate,
+                                               bool proxy_fence, Prefetch&& prefetch, Epilogue&& epilogue) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int wg = (static_cast<int>(threadIdx.x) - 128) >> 7;
+    const int t = threadIdx.x & 127;
+    float d[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) d[i] = 0.0f;
+    fence_operands(d);
+    int j = 0;     // this CTA's items so far, both warpgroups'
+    int done = 0;  // this warpgroup's items so far
+    for (int v = mine.first; v < mine.items; v += mine.stride, ++j) {
+        const Item item = item_at<kPairRows>(v, solo, rank, nblocks, tab, experts);
+        if (item.tile.expert >= experts) break;
+        if (item.empty) {
+            --j;  // skipped by both warpgroups and the loader alike: no stage steps
+            continue;
+        }
+        if ((j & 1) != wg) continue;
+        auto pre = prefetch(item, wg, t);
+        // the other warpgroup's k loop of item j - 1 has ended: its (done - 1 + wg)-th, a phase of turn_bar[wg]
+        if (j > 0) mbar_wait(smem_addr(&turn_bar[wg]), (done - 1 + wg) & 1);
+        int it = j * ksteps;
+        multiply_item<kStages, kStageBytes, kABytes>(d, stages, full_bar, empty_bar, it, ksteps, wg, t, solo, ablate,
+                                                     proxy_fence, pre, 0u);
+        if (t == 0) mbar_arrive_cluster(smem_addr(&turn_bar[1 - wg]), rank);  // this CTA's own barrier
+        ++done;
+        if (ablate != 3) {
+            epilogue(item, d, wg, t, pre);
+        } else {
+            scales_ready();
+        }
+    }
+}
+
 // The launch configuration of a kernel of `threads` threads and `smem` bytes of dynamic shared memory in
 // two-CTA clusters (the attribute lives in `attr`); the grid is left to the caller.
 inline cudaLaunchConfig_t cluster_config(cudaLaunchAttribute* attr, int threads, int smem, cudaStream_t stream) {
@@ -433,16 +488,16 @@ cudaError_t clusters_fit_of(void (*kernel)(Params...), int threads, int smem, in
     return cudaSuccess;
 }
 
-// Launches `kernel` over the work items of `pairs` sorted pairs: an upper bound of the `kPairRows`-row pair tiles
+// Launches `kernel` over the work items of `pairs` sorted pairs: an upper bound of the `kTileRows`-row pair tiles
 // times `nblocks` column blocks, in as many two-CTA clusters as fit (`clusters` 0; the count is queried once into
 // `fit`) or at most `clusters`, never more than there are items; `solo` drops the cluster attribute and runs
 // as many lone CTAs. The kernel takes `args`, then the work items, `solo` and `ablate`.
-template <int kPairRows = 2 * kBlockM, typename... Params, typename... Args>
+template <int kTileRows = 2 * kBlockM, typename... Params, typename... Args>
 cudaError_t launch_items(void (*kernel)(Params...), int threads, int smem, int* fit, int64_t pairs, int experts,
                          int nblocks, int clusters, bool solo, int ablate, cudaStream_t stream, Args... args) {
     const cudaError_t err = clusters_fit_of(kernel, threads, smem, fit);
     if (err != cudaSuccess) return err;
-    const int64_t pair_tiles = (pairs + int64_t{experts} * (kPairRows - 1)) / kPairRows;  // upper bound
+    const int64_t pair_tiles = (pairs + int64_t{experts} * (kTileRows - 1)) / kTileRows;  // upper bound
     const int64_t work = pair_tiles * nblocks;
     const int64_t ask = clusters > 0 ? clusters : *fit;
     cudaLaunchAttribute attr[1];
