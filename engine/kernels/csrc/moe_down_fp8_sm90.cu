@@ -180,15 +180,8 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_kernel(
                 }
             }
             };
-        if constexpr (kPingPong) {
-            multiply_turns<kStages, kStageBytes, kABytes>(mine, solo, my_rank, nblocks, tiles, experts, stages,
-                                                          full_bar, empty_bar, turn_bar, ksteps, ablate, false,
-                                                          prefetch, epilogue);
-        } else {
-            multiply_items<kStages, kStageBytes, kABytes>(mine, solo, my_rank, nblocks, tiles, experts, stages,
-                                                          full_bar, empty_bar, ksteps, ablate, false, prefetch,
-                                                          epilogue);
-        }
+        multiply_items<kStages, kStageBytes, kABytes>(mine, solo, my_rank, nblocks, tiles, experts, stages, full_bar,
+                                                      empty_bar, turn_bar, ksteps, ablate, false, prefetch, epilogue);
     }
     if constexpr (kBulkStore) bulk_copies_done();  // the last rows are written before the kernel ends
     cluster_sync();  // no CTA leaves while its peer may still write into its shared memory or barriers

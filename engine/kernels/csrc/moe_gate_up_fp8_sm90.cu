@@ -213,15 +213,8 @@ __global__ void __launch_bounds__(kThreads, 1) gate_up_fp8_kernel(
                 }
             }
             };
-        if constexpr (kPingPong) {
-            multiply_turns<kStages, kStageBytes, kABytes>(mine, solo, my_rank, nblocks, tiles, experts, stages,
-                                                          full_bar, empty_bar, turn_bar, ksteps, ablate, true,
-                                                          prefetch, epilogue);
-        } else {
-            multiply_items<kStages, kStageBytes, kABytes>(mine, solo, my_rank, nblocks, tiles, experts, stages,
-                                                          full_bar, empty_bar, ksteps, ablate, true, prefetch,
-                                                          epilogue);
-        }
+        multiply_items<kStages, kStageBytes, kABytes>(mine, solo, my_rank, nblocks, tiles, experts, stages, full_bar,
+                                                      empty_bar, turn_bar, ksteps, ablate, true, prefetch, epilogue);
     }
     cluster_sync();  // no CTA leaves while its peer may still write into its shared memory or barriers
 }

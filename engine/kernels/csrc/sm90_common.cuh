@@ -326,10 +326,10 @@ __device__ __forceinline__ void release_stage(uint32_t bar, bool solo) {
 // A multiplier warpgroup's k loop over one work item: `ksteps` stages from pipeline step `it` on (advanced),
 // each waited for on its full barrier, multiplied into d (the 64 rows at byte `a_offset` of the stage's A tile
 // by its whole B tile; the first step overwrites d) and released to both CTAs (alone: to this one) once its
-// products are done (see kEarlyRelease). `proxy_fence`: the A tile was written by cp.async (generic proxy) and is read by wgmma
-// (async proxy). `ablate` 1 skips the products (benches). `pre.midway()` runs once, after the first step's
-// products are issued: the epilogue's loads that wait on earlier ones (their addresses) stall there, under the
-// tensor cores' work, not before it.
+// products are done (see kEarlyRelease). `proxy_fence`: the A tile was written by cp.async (generic proxy) and
+// is read by wgmma (async proxy). `ablate` 1 skips the products (benches). `pre.midway()` runs once, after the
+// first step's products are issued: the epilogue's loads that wait on earlier ones (their addresses) stall there,
+// under the tensor cores' work, not before it.
 template <int kStages, int kStageBytes, int kABytes, typename Pre>
 __device__ __forceinline__ void multiply_item(float (&d)[128], uint32_t stages, uint64_t* full_bar, uint64_t* empty_bar,
                                               int& it, int ksteps, int wg, int t, bool solo, int ablate,
@@ -382,14 +382,18 @@ __device__ __forceinline__ void scales_ready() {
 // then for each of this CTA's work items (`mine`, as the loader walks them) start the epilogue's own reads
 // (`pre = prefetch(item, wg, t)`: loads whose values are first used after the k loop, so that their latency
 // passes under it; `pre.midway()` as multiply_item says), run the k loop into d (`multiply_item`, `proxy_fence`
-// as there) and hand the products to `epilogue(item, d, wg, t, pre)`, where wg is the warpgroup (rows
-// 64 wg .. 64 wg + 63 of the tile) and t the thread within it. `ablate` 3 skips the epilogue (benches: nothing
-// is written).
+// as there) and hand the products to `epilogue(item, d, wg, t, pre)`, where wg is the warpgroup and t the
+// thread within it. Each item is 64 rows of the tile for each warpgroup (rows 64 wg ..); with kPingPong,
+// warpgroup wg takes the whole of the items j with j % 2 == wg instead, skipping the other's k steps in the stage
+// sequence, and starts each k loop only after the other warpgroup's previous one has ended (it waits on
+// `turn_bar[wg]` and arrives on `turn_bar[1 - wg]`; unused otherwise). `ablate` 3 skips the epilogue (benches:
+// nothing is written).
 template <int kStages, int kStageBytes, int kABytes, typename Prefetch, typename Epilogue>
 __device__ __forceinline__ void multiply_items(const Share& mine, bool solo, uint32_t rank, int nblocks,
                                                const TileTable& tab, int experts, uint32_t stages,
-                                               uint64_t* full_bar, uint64_t* empty_bar, int ksteps, int ablate,
-                                               bool proxy_fence, Prefetch&& prefetch, Epilogue&& epilogue) {
+                                               uint64_t* full_bar, uint64_t* empty_bar, uint64_t* turn_bar,
+                                               int ksteps, int ablate, bool proxy_fence, Prefetch&& prefetch,
+                                               Epilogue&& epilogue) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int wg = (static_cast<int>(threadIdx.x) - 128) >> 7;
     const int t = threadIdx.x & 127;
@@ -397,38 +401,7 @@ __device__ __forceinline__ void multiply_items(const Share& mine, bool solo, uin
 #pragma unroll
     for (int i = 0; i < 128; ++i) d[i] = 0.0f;
     fence_operands(d);
-    int it = 0;
-    for (int v = mine.first; v < mine.items; v += mine.stride) {
-        const Item item = item_at(v, solo, rank, nblocks, tab, experts);
-        if (item.tile.expert >= experts) break;
-        if (item.empty) continue;
-        auto pre = prefetch(item, wg, t);
-        multiply_item<kStages, kStageBytes, kABytes>(d, stages, full_bar, empty_bar, it, ksteps, wg, t, solo, ablate,
-                                                     proxy_fence, pre, wg * 64 * kBlockK);
-        if (ablate != 3) {
-            epilogue(item, d, wg, t, pre);
-        } else {
-            scales_ready();  // 3: without the epilogue (benches); its prefetched scales land before the next
-        }
-    }
-}
-
-// The ping-pong multipliers (kPingPong): multiply_items' contract (`proxy_fence` as there), except that
-// warpgroup wg takes the items j of this CTA with j % 2 == wg, 64 rows each (the whole of the CTA's item),
-// skipping the other's k steps in the stage sequence, and starts each k loop only after the other warpgroup's
-// previous one has ended (turn_bar[wg]; it arrives on turn_bar[1 - wg] after its own).
-template <int kStages, int kStageBytes, int kABytes, typename Prefetch, typename Epilogue>
-__device__ __forceinline__ void multiply_turns(const Share& mine, bool solo, uint32_t rank, int nblocks,
-                                               const TileTable& tab, int experts, uint32_t stages, uint64_t* full_bar,
-                                               uint64_t* empty_bar, uint64_t* turn_bar, int ksteps, int ablate,
-                                               bool proxy_fence, Prefetch&& prefetch, Epilogue&& epilogue) {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-    const int wg = (static_cast<int>(threadIdx.x) - 128) >> 7;
-    const int t = threadIdx.x & 127;
-    float d[128];
-#pragma unroll
-    for (int i = 0; i < 128; ++i) d[i] = 0.0f;
-    fence_operands(d);
+    int it = 0;    // pipeline step
     int j = 0;     // this CTA's items so far, both warpgroups'
     int done = 0;  // this warpgroup's items so far
     for (int v = mine.first; v < mine.items; v += mine.stride, ++j) {
@@ -438,19 +411,21 @@ __device__ __forceinline__ void multiply_turns(const Share& mine, bool solo, uin
             --j;  // skipped by both warpgroups and the loader alike: no stage steps
             continue;
         }
-        if ((j & 1) != wg) continue;
+        if (kPingPong && (j & 1) != wg) continue;
         auto pre = prefetch(item, wg, t);
-        // the other warpgroup's k loop of item j - 1 has ended: its (done - 1 + wg)-th, a phase of turn_bar[wg]
-        if (j > 0) mbar_wait(smem_addr(&turn_bar[wg]), (done - 1 + wg) & 1);
-        int it = j * ksteps;
+        if constexpr (kPingPong) {
+            // the other warpgroup's k loop of item j - 1 has ended: its (done - 1 + wg)-th, a phase of turn_bar[wg]
+            if (j > 0) mbar_wait(smem_addr(&turn_bar[wg]), (done - 1 + wg) & 1);
+            it = j * ksteps;
+        }
         multiply_item<kStages, kStageBytes, kABytes>(d, stages, full_bar, empty_bar, it, ksteps, wg, t, solo, ablate,
-                                                     proxy_fence, pre, 0u);
-        if (t == 0) mbar_arrive_cluster(smem_addr(&turn_bar[1 - wg]), rank);  // this CTA's own barrier
+                                                     proxy_fence, pre, kPingPong ? 0u : wg * 64 * kBlockK);
+        if (kPingPong && t == 0) mbar_arrive_cluster(smem_addr(&turn_bar[1 - wg]), rank);  // this CTA's own
         ++done;
         if (ablate != 3) {
             epilogue(item, d, wg, t, pre);
         } else {
-            scales_ready();
+            scales_ready();  // 3: without the epilogue (benches); its prefetched scales land before the next
         }
     }
 }
