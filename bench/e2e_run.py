@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from bench.e2e_report import Emit, load_figures, service_counters, service_window
 from bench.e2e_traffic import LINGER_MS, Ledger, Producer, Tail
@@ -29,7 +29,16 @@ SAMPLE_EVERY_S = 1.0
 KAFKA_CALL_TIMEOUT_S = 5.0
 
 
-FP8_MODES: dict[str, dict[str, bool]] = {
+class FastPathFlags(TypedDict, total=False):
+    """The bool switches of `ClefOmniModel.enable_fast_path` that the benches' modes set."""
+
+    fp8_experts: bool
+    fp8_attention: bool
+    text_only: bool
+    fused_experts: bool
+
+
+FP8_MODES: dict[str, FastPathFlags] = {
     "off": {},
     "experts": {"fp8_experts": True},
     "attention": {"fp8_experts": True, "fp8_attention": True},
@@ -55,7 +64,7 @@ def build_engines(
     on CPU (both the same); `stub`: `StubEngine`, events sized with the tiny release. `lane_stream`: the
     full engine's `EngineConfig.lane_stream`. `sm90` (full, FP8 only; bench-only, the service has no such
     setting): the FP8 experts through `engine.kernels.moe_fp8_sm90`'s CUDA cluster kernels, built here (nvcc
-    and ninja needed), the graphs recaptured with them."""
+    and ninja needed), the graphs captured with them."""
     from bench.load import build
     from engine.batching.cut import BatchLimits
 
@@ -79,13 +88,12 @@ def build_engines(
         from bench.batch_sizes import buckets_to
 
         buckets = buckets_to(min(graph_to, max_tokens))
-    # with sm90 the graphs are captured once the CUDA kernels are in (use_sm90_experts needs the fast path)
-    engine.model.enable_fast_path(graph_buckets=() if sm90 else buckets, **FP8_MODES[fp8])
+    ext = None
     if sm90:
         from engine.kernels import moe_fp8_sm90
 
-        engine.model.use_sm90_experts(moe_fp8_sm90.build(moe_fp8_sm90.BUILD_DIR))
-        engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[fp8])
+        ext = moe_fp8_sm90.build(moe_fp8_sm90.BUILD_DIR)
+    engine.model.enable_fast_path(graph_buckets=buckets, sm90_experts=ext, **FP8_MODES[fp8])
     return engine, engine
 
 

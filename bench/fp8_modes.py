@@ -32,9 +32,10 @@ from pathlib import Path
 
 import torch
 
+from bench.e2e_run import FastPathFlags
 from bench.report import emit_line as emit
 
-MODES: dict[str, dict[str, bool]] = {
+MODES: dict[str, FastPathFlags] = {
     "bf16": {},
     "fp8_cutlass": {"fp8_experts": True, "fused_experts": False},
     "fp8_triton": {"fp8_experts": True},

@@ -102,8 +102,8 @@ def main() -> int:
         from engine.kernels import moe_fp8_sm90
 
         ext = moe_fp8_sm90.build(moe_fp8_sm90.BUILD_DIR)
-        engine.model.use_sm90_experts(ext)
-        engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])  # graphs recaptured
+        # graphs recaptured with the CUDA kernels in
+        engine.model.enable_fast_path(graph_buckets=buckets, sm90_experts=ext, **FP8_MODES[args.fp8])
         for records in (int(n) for n in args.records.split(",")):
             reqs = measure(rows, engine, records, args, None, sm90=True)
     (out / "one_request.jsonl").write_text("\n".join(rows) + "\n")

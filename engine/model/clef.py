@@ -84,6 +84,7 @@ class ClefOmniModel(nn.Module):
         triton_attention: bool = True,
         text_only: bool = False,
         fp8_attention: bool = False,
+        sm90_experts: moe_fp8_sm90.Extension | None = None,
     ) -> bool:
         """Use the padding-free varlen decoder (`engine.model.decoder`) for text-only batches on CUDA.
 
@@ -94,6 +95,8 @@ class ClefOmniModel(nn.Module):
         about half the memory, and from then on a batch with media raises ValueError (`text_only`).
         `fp8_attention` runs the attention projections (fused QKV, output) in FP8 as well
         (`PackedTextDecoder.use_fp8_attention`; opt-in, apart from the experts; the media path stays bf16).
+        `sm90_experts` (benches) runs the FP8 experts of the calls `moe_fp8_sm90.takes` through that built
+        `engine.kernels.moe_fp8_sm90` extension's CUDA cluster kernels, the rest through Triton (None: all).
         `fused_experts=False` runs bf16 experts unfused (CUTLASS grouped GEMMs instead of
         `engine.kernels.moe`), `triton_attention=False` runs attention through torch's varlen
         FlashAttention 2 instead of `engine.kernels.attention`. Calling again switches any of them and
@@ -110,6 +113,7 @@ class ClefOmniModel(nn.Module):
         self._fast.use_fp8_attention(fp8_attention)
         self._fast.fused_experts = fused_experts
         self._fast.triton_attention = triton_attention
+        self._fast.sm90_experts = sm90_experts
         built = time.monotonic()
         self._graphed = (
             GraphedDecoder(self._fast, graph_buckets, max_graph_records) if graph_buckets else None
@@ -127,14 +131,6 @@ class ClefOmniModel(nn.Module):
             time.monotonic() - built,
         )
         return True
-
-    def use_sm90_experts(self, ext: moe_fp8_sm90.Extension | None) -> None:
-        """Run the FP8 experts of the calls `moe_fp8_sm90.takes` through `ext`'s CUDA cluster kernels (a
-        built `engine.kernels.moe_fp8_sm90` extension; benches), or through Triton for every call (None).
-        Needs the fast path; graphs captured before replay the old kernels (call `enable_fast_path` again)."""
-        if self._fast is None:
-            raise RuntimeError("use_sm90_experts needs the fast path (enable_fast_path first)")
-        self._fast.sm90_experts = ext
 
     @property
     def text_model(self) -> Any:
