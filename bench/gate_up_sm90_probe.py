@@ -284,6 +284,8 @@ def main() -> int:
         help="also time the kernels without their products, after the sweep (the first such run never ended)",
     )
     args, out, rows = start(p)
+    if unknown := set(filter(None, args.variants.split(","))) - set(moe_fp8_sm90.VARIANTS):
+        p.error(f"unknown variants {sorted(unknown)}: known are {', '.join(moe_fp8_sm90.VARIANTS)}")
     emit(rows, **kernel_info())
     began = time.perf_counter()
     ext = moe_fp8_sm90.build(args.build_dir)
