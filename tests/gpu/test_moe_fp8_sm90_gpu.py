@@ -146,9 +146,10 @@ def test_sm90_gate_up_replays_in_a_cuda_graph(ext: moe_fp8_sm90.Extension) -> No
 def test_sm90_variant_builds_give_the_default_builds_bytes(
     ext: moe_fp8_sm90.Extension, tokens: int, variant: str
 ) -> None:
-    """Each variant (`build(..., variant=...)`) changes when stages are freed or how rows are stored, not what
-    is computed: the same gate/up bytes and scales and the same down rows as the default build, persistent,
-    one cluster per item and lone CTAs alike."""
+    """Each variant (`build(..., variant=...)`) changes when stages are freed, how rows are stored or how the
+    warpgroups share the items out (64-row items in 128-row pair tiles), not what is computed: the same
+    gate/up bytes and scales and the same down rows as the default build, persistent, one cluster per item and
+    lone CTAs alike."""
     built = moe_fp8_sm90.build(moe_fp8_sm90.BUILD_DIR, variant=variant)
     gen = torch.Generator(device="cuda").manual_seed(200 + tokens)
     q8 = _layer(gen)
