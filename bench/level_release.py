@@ -142,10 +142,15 @@ def recorded_routers(model: Any) -> Iterator[dict[int, RouterStats]]:
     original = PackedTextDecoder._moe
 
     def moe(
-        self: PackedTextDecoder, i: int, mlp: Any, x: torch.Tensor, xq: Quantized | None = None
+        self: PackedTextDecoder,
+        i: int,
+        mlp: Any,
+        x: torch.Tensor,
+        xq: Quantized | None = None,
+        valid: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         record(i, x)
-        return original(self, i, mlp, x, xq)
+        return original(self, i, mlp, x, xq, valid)
 
     def hook_for(i: int) -> Callable[[Any, tuple[Any, ...]], None]:
         def hook(module: Any, args: tuple[Any, ...]) -> None:

@@ -46,8 +46,10 @@ def recorded_routes() -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
     original = moe.route_topk
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def wrapper(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        w, i = original(logits, k, normalize)
+    def wrapper(
+        logits: torch.Tensor, k: int, normalize: bool, valid: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        w, i = original(logits, k, normalize, valid)
         seen.append((logits.float().mean(dim=0), i.detach().clone()))
         return w, i
 

@@ -132,18 +132,21 @@ def add_pairs_rms_norm(
     k: int,
     weight: torch.Tensor,
     eps: float,
+    valid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + d, RMSNorm(x + d)) with d (T, H) each token's sum of its k expert outputs (`combine`).
 
     `x` (T, H) the residual; `rows` the expert outputs, (T k, H) in pair order (token * k + j) when
     `inv` is None, else (S, H) in expert order with `inv` (T k,) the slot of each pair. d is summed in
     float32 in j order and rounded to `rows`' dtype before the add: the same numbers as `combine`
-    followed by `add_rms_norm`, in one pass over the rows instead of two kernels.
+    followed by `add_rms_norm`, in one pass over the rows instead of two kernels. `valid` (pair order
+    only), a (1,) int32 tensor on x's device: the tokens from `valid[0]` on are padding that no expert
+    ran (`moe.route_topk`): their d is 0 and their rows are not read; the other tokens keep their bits.
     """
     if not _use_triton(x):
-        y = x + sum_pairs_reference(rows, inv, k)
+        y = x + _masked(sum_pairs_reference(rows, inv, k), inv, valid)
         return y, rms_norm_reference(y, weight, eps)
-    y, n, _ = _sum_rows(rows, inv, k, (x, weight, eps))
+    y, n, _ = _sum_rows(rows, inv, k, (x, weight, eps), valid=valid)
     return y, n
 
 
@@ -156,15 +159,16 @@ def add_pairs_rms_norm_fp8(
     eps: float,
     *,
     keep_normed: bool = True,
+    valid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, Quantized]:
     """`add_pairs_rms_norm` and the normalised rows quantised as `add_rms_norm_fp8` does them. Without
     `keep_normed` the bf16 normalised rows are not stored and None comes in their place (a consumer that
     reads the e4m3 rows only, the next layer's FP8 QKV projection: one (T, H) store fewer); the other
-    outputs keep their bits."""
+    outputs keep their bits. `valid` as there."""
     if not _use_triton(x):
-        y, n = add_pairs_rms_norm(x, rows, inv, k, weight, eps)
+        y, n = add_pairs_rms_norm(x, rows, inv, k, weight, eps, valid)
         return y, (n if keep_normed else None), quantize_rows(n)
-    y, n, q = _sum_rows(rows, inv, k, (x, weight, eps), quant=True, keep_normed=keep_normed)
+    y, n, q = _sum_rows(rows, inv, k, (x, weight, eps), quant=True, keep_normed=keep_normed, valid=valid)
     assert q is not None
     return y, (n if keep_normed else None), q
 
@@ -176,6 +180,15 @@ def combine(y: torch.Tensor, inv: torch.Tensor | None, k: int) -> torch.Tensor:
         return sum_pairs_reference(y, inv, k)
     out, _, _ = _sum_rows(y, inv, k, None)
     return out
+
+
+def _masked(d: torch.Tensor, inv: torch.Tensor | None, valid: torch.Tensor | None) -> torch.Tensor:
+    # d (T, H) with the rows from valid[0] on zeroed (the twins' padding, as `_sum_rows_kernel` masks it)
+    if valid is None:
+        return d
+    assert inv is None, "padding is masked in pair order only"
+    pad = torch.arange(d.shape[0], device=d.device)[:, None] >= valid  # (T, 1)
+    return d.masked_fill(pad, 0.0)
 
 
 def sum_pairs_reference(y: torch.Tensor, inv: torch.Tensor | None, k: int) -> torch.Tensor:
@@ -191,11 +204,13 @@ def _sum_rows(
     residual: tuple[torch.Tensor, torch.Tensor, float] | None,
     quant: bool = False,
     keep_normed: bool = True,
+    valid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, Quantized | None]:
     # One launch of `_sum_rows_kernel`: (y, normed, None) with a (x, weight, eps) residual, else (sum,
     # sum, None); with `quant` (a residual too) the third is normed in e4m3 and its row scales. Without
     # `keep_normed` (with `quant`: the e4m3 rows are then the only normed output) the normed rows are not
-    # stored and the second is y.
+    # stored and the second is y. `valid` (pair order only): the padding tokens' sums are 0.
+    assert valid is None or inv is None, "padding is masked in pair order only"
     hidden = rows.shape[1]
     t = (rows.shape[0] if inv is None else inv.numel()) // k
     x, weight, eps = residual if residual is not None else (rows, rows, 0.0)
@@ -215,6 +230,7 @@ def _sum_rows(
             n,
             q,
             qs,
+            y if valid is None else valid,  # not read without `masked`
             eps,
             hidden=hidden,
             k=k,
@@ -223,6 +239,7 @@ def _sum_rows(
             residual=residual is not None,
             quant=quant and residual is not None,
             store_normed=store_normed,
+            masked=valid is not None,
             fp8_max=FP8_MAX,
             num_warps=8,
         )

@@ -11,7 +11,8 @@ import triton.language as tl
 
 @triton.jit
 def _pair_row(rows_ptr, inv_ptr, pair, cols, mask, hidden: tl.constexpr, indexed: tl.constexpr):
-    # Row `pair` (token * k + j) of the expert outputs in float32: rows[inv[pair]] when `indexed`.
+    # Row `pair` (token * k + j) of the expert outputs in float32: rows[inv[pair]] when `indexed`. Columns
+    # outside `mask` read 0.
     if indexed:  # noqa: SIM108 - a constexpr branch, resolved when Triton compiles
         src = tl.load(inv_ptr + pair).to(tl.int64)
     else:
@@ -29,6 +30,7 @@ def _sum_rows_kernel(
     n_ptr,
     q_ptr,
     qs_ptr,
+    valid_ptr,
     eps,
     hidden: tl.constexpr,
     k: tl.constexpr,
@@ -37,6 +39,7 @@ def _sum_rows_kernel(
     residual: tl.constexpr,
     quant: tl.constexpr,
     store_normed: tl.constexpr,
+    masked: tl.constexpr,
     fp8_max: tl.constexpr,
 ):
     # One program per token t: d = sum_j rows[r_j] in float32, in j order, with r_j = inv[t k + j] when
@@ -44,14 +47,19 @@ def _sum_rows_kernel(
     # the rows' dtype as a separate sum kernel would store it. With `residual`: y = x + d and
     # n = RMSNorm(y) * w (`x_ptr`, `w_ptr`, `n_ptr` are unused without it); else y = d. With `quant` too,
     # n's row quantised to e4m3 as `_row_quant_fp8_kernel` does it: q = n / s, s = amax(|n|) / fp8_max.
-    # Without `store_normed` (with `residual` only) n is computed but not stored (`n_ptr` unused).
+    # Without `store_normed` (with `residual` only) n is computed but not stored (`n_ptr` unused). With
+    # `masked` (pair order only), the tokens from `valid_ptr[0]` on are padding: d is 0 and their rows,
+    # which no expert wrote, are not read.
     t = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, block)
     mask = cols < hidden
+    read = mask
+    if masked:
+        read = mask & (t < tl.load(valid_ptr))
     # The first row starts the sum (no 0 + d: with k = 1 this is exactly a plain residual add).
-    acc = _pair_row(rows_ptr, inv_ptr, t * k, cols, mask, hidden, indexed)
+    acc = _pair_row(rows_ptr, inv_ptr, t * k, cols, read, hidden, indexed)
     for j in tl.static_range(1, k):
-        acc += _pair_row(rows_ptr, inv_ptr, t * k + j, cols, mask, hidden, indexed)
+        acc += _pair_row(rows_ptr, inv_ptr, t * k + j, cols, read, hidden, indexed)
     d = acc.to(rows_ptr.dtype.element_ty)
     base = t * hidden
     if residual:

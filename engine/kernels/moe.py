@@ -73,18 +73,26 @@ def _use_triton(t: torch.Tensor) -> bool:
     return HAVE_TRITON and (t.is_cuda or _INTERPRETED)
 
 
-def route_topk(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def route_topk(
+    logits: torch.Tensor, k: int, normalize: bool, valid: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k experts per token from router logits (T, E): float32 softmax as the reference thinker does.
 
     Returns weights (T, k) float32 (renormalised to sum 1 over the k when `normalize`) and expert ids
     (T, k), largest first. On CUDA the ids are int32 and a tie goes to the lowest expert id; the CPU twin
-    returns `torch.topk`'s int64 ids.
+    returns `torch.topk`'s int64 ids. `valid`, a (1,) int32 tensor on the logits' device, marks the rows
+    from `valid[0]` on as padding (a CUDA graph's bucket tail): their ids are E, past every expert, which
+    `group_by_expert` leaves out, and their weights 0; the other rows keep their bits.
     """
     if not _use_triton(logits):
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # (T, E)
         top_w, top_i = torch.topk(probs, k, dim=-1)  # (T, k)
         if normalize:
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+        if valid is not None:
+            pad = torch.arange(logits.shape[0], device=logits.device)[:, None] >= valid  # (T, 1)
+            top_w = top_w.masked_fill(pad, 0.0)
+            top_i = top_i.masked_fill(pad, logits.shape[1])
         return top_w, top_i
     t, e = logits.shape
     top_w = torch.empty(t, k, dtype=torch.float32, device=logits.device)
@@ -95,12 +103,14 @@ def route_topk(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Ten
             logits.contiguous(),
             top_w,
             top_i,
+            top_i if valid is None else valid,  # not read without `masked`
             t,
             e=e,
             e_pad=triton.next_power_of_2(e),
             k=k,
             k_pad=triton.next_power_of_2(k),
             normalize=normalize,
+            masked=valid is not None,
             block_rows=rows,
             num_warps=4,
         )
@@ -116,7 +126,8 @@ def group_by_expert(
     expert (a stable sort: `torch.argsort(stable=True)`), and `counts` (E,) int32, the pairs per expert
     (`torch.bincount`). Up to `COUNTING_SORT_MAX_PAIRS` pairs one Triton launch of grid (E,), above it
     torch's radix sort and histc; no host sync either way (CUDA-graph capturable). The CPU twin takes
-    `torch.topk`'s int64 ids. `block` is the ids per scan step (benchmarks, tests).
+    `torch.topk`'s int64 ids. `block` is the ids per scan step (benchmarks, tests). Ids equal to E
+    (`route_topk`'s padding) are counted nowhere: `order` past `counts.sum()` is unspecified.
     """
     order, counts, _, _ = _group(top_i, num_experts, False, block)
     return order, counts
@@ -127,7 +138,8 @@ def group_by_expert_inverse(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`group_by_expert` for the grouped GEMMs: `order` (T k,) int32, `ends` (E,) int32 cumulative pair
     counts (`grouped_mm`'s offs) and `inv` (T k,) int32, the slot of each pair in `order`
-    (order[inv[p]] == p), from the same launch."""
+    (order[inv[p]] == p), from the same launch. Every id must name an expert (no padding: `inv` of a
+    padding pair would be unspecified)."""
     order, _, ends, inv = _group(top_i, num_experts, True, block)
     assert inv is not None
     return order, ends, inv
@@ -141,13 +153,14 @@ def _group(
     flat = top_i.reshape(-1)  # (S,) pair p = token * k + j
     s = flat.numel()
     if not _use_triton(flat) or s > COUNTING_SORT_MAX_PAIRS:
-        # Radix sort (stable) of 1-byte keys: one pass instead of eight for int64 expert ids.
-        keys = flat.to(torch.uint8) if num_experts <= 256 else flat.to(torch.int32)
+        # Radix sort (stable) of 1-byte keys: one pass instead of eight for int64 expert ids (padding's E
+        # must fit them too: it sorts last).
+        keys = flat.to(torch.uint8) if num_experts < 256 else flat.to(torch.int32)
         order = torch.argsort(keys, stable=True).to(torch.int32)  # (S,)
         if flat.is_cuda:  # histc, not bincount: static shapes, no host sync (CUDA graphs)
             counts = torch.histc(flat.int(), bins=num_experts, min=0, max=num_experts - 1).int()  # (E,)
         else:
-            counts = torch.bincount(flat.long(), minlength=num_experts).to(torch.int32)  # (E,)
+            counts = torch.bincount(flat.long(), minlength=num_experts)[:num_experts].to(torch.int32)  # (E,)
         if not inverse:  # `group_by_expert` drops `ends`: no cumsum kernel for it
             return order, counts, counts, None
         ends = torch.cumsum(counts, dim=0, dtype=torch.int32)  # (E,)

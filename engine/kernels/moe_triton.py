@@ -232,16 +232,19 @@ def _route_topk_kernel(
     logits_ptr,
     w_ptr,
     i_ptr,
+    valid_ptr,
     rows,
     e: tl.constexpr,
     e_pad: tl.constexpr,
     k: tl.constexpr,
     k_pad: tl.constexpr,
     normalize: tl.constexpr,
+    masked: tl.constexpr,
     block_rows: tl.constexpr,
 ):
     # One program per `block_rows` tokens: float32 softmax statistics, k rounds of arg-max (lowest index
-    # wins a tie), then the chosen probabilities, renormalised over the k when `normalize`.
+    # wins a tie), then the chosen probabilities, renormalised over the k when `normalize`. With `masked`,
+    # the rows from `valid_ptr[0]` on are padding: ids `e` (past every expert) and weights 0.
     r = tl.program_id(0).to(tl.int64) * block_rows + tl.arange(0, block_rows)[:, None]  # (R, 1)
     c = tl.arange(0, e_pad)[None, :]  # (1, Ep)
     kc = tl.arange(0, k_pad)[None, :]  # (1, kp)
@@ -261,6 +264,10 @@ def _route_topk_kernel(
         vals = vals / tl.sum(vals, axis=1)[:, None]
     else:
         vals = vals / denom
+    if masked:
+        pad = r >= tl.load(valid_ptr)  # (R, 1)
+        vals = tl.where(pad, 0.0, vals)
+        idxs = tl.where(pad, e, idxs)
     tl.store(w_ptr + r * k + kc, vals, mask=valid & (kc < k))
     tl.store(i_ptr + r * k + kc, idxs, mask=valid & (kc < k))
 

@@ -58,13 +58,17 @@ class PackedInputs:
 
     `inputs_embeds` (T, hidden); `position_ids` (3, T) multimodal rope positions (identical rows for text);
     `cu_seqlens` (N+1,) int32 record boundaries; `max_seqlen` the longest record (text
-    only: media batches take transformers' path, `engine.model.media`).
+    only: media batches take transformers' path, `engine.model.media`). `valid`: None when every token is
+    a record's, else a (1,) int32 device tensor, the count of the records' tokens in front of padding (a
+    CUDA graph's bucket tail, in records of its own): the experts then skip the padding tokens, whose
+    outputs nobody reads.
     """
 
     inputs_embeds: torch.Tensor
     position_ids: torch.Tensor
     cu_seqlens: torch.Tensor
     max_seqlen: int
+    valid: torch.Tensor | None = None
 
 
 _rms_norm = elementwise.rms_norm_reference
@@ -218,23 +222,35 @@ class PackedTextDecoder:
         )
 
     def _moe(
-        self, i: int, mlp: Any, x: torch.Tensor, xq: Quantized | None = None
+        self,
+        i: int,
+        mlp: Any,
+        x: torch.Tensor,
+        xq: Quantized | None = None,
+        valid: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The experts' outputs for `x` (T, hidden), not yet summed per token
         (`elementwise.add_pairs_rms_norm` sums them into the residual): (T k, hidden) in pair order and
         None from the fused Triton experts, else (S, hidden) in expert order and the (T k,) slot of each
-        pair in it. `xq`: x in e4m3 with its row scales, used where `_moe_takes_fp8`."""
+        pair in it. `xq`: x in e4m3 with its row scales, used where `_moe_takes_fp8`. `valid`
+        (`PackedInputs.valid`): in pair order, the padding tokens go to no expert and their rows are left
+        unwritten (the sum must then take `valid` too); the expert-order paths run every token."""
         experts = mlp.experts
         num_experts = mlp.gate.weight.shape[0]  # the router's rows (the bf16 experts may be dropped)
         k = self.top_k
-        # transformers' router module has no `bias` attribute (the release's router has none); a bias is
-        # honoured when one is set on it (benches set one to skew expert load).
-        logits = F.linear(x, mlp.gate.weight, getattr(mlp.gate, "bias", None))  # (T, E)
-        top_w, top_i = moe.route_topk(logits, k, self.norm_topk)  # (T, k) each
         q8 = self._fp8[i] if self._fp8_on else None
         inter = q8.down.shape[2] if q8 is not None else experts.down_proj.shape[2]
         fused = self.fused_experts and x.is_cuda
-        if q8 is not None and fused and moe_fp8.supported(x.shape[1], inter):
+        fused_fp8 = q8 is not None and fused and moe_fp8.supported(x.shape[1], inter)
+        fused_bf16 = q8 is None and fused and moe.supported(x.shape[1], inter)
+        # transformers' router module has no `bias` attribute (the release's router has none); a bias is
+        # honoured when one is set on it (benches set one to skew expert load).
+        logits = F.linear(x, mlp.gate.weight, getattr(mlp.gate, "bias", None))  # (T, E)
+        top_w, top_i = moe.route_topk(
+            logits, k, self.norm_topk, valid if fused_fp8 or fused_bf16 else None
+        )  # (T, k) each
+        if fused_fp8:
+            assert q8 is not None
             order, counts = moe.group_by_expert(top_i, num_experts)  # (S,) by expert, (E,)
             ext = self.sm90_experts
             if ext is not None and moe_fp8_sm90.takes(top_w.numel(), num_experts, x.shape[1], inter):
@@ -242,7 +258,7 @@ class PackedTextDecoder:
             else:
                 y8 = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, xq=xq)
             return y8, None  # (T k, hidden) pair order
-        if q8 is None and fused and moe.supported(x.shape[1], inter):
+        if fused_bf16:
             # gather, SwiGLU and the inverse permutation inside two Triton GEMMs (`engine.kernels.moe`)
             order, counts = moe.group_by_expert(top_i, num_experts)  # (S,) by expert, (E,)
             y = moe.experts_pairs(x, order, counts, top_w, experts.gate_up_proj, experts.down_proj)
@@ -315,14 +331,15 @@ class PackedTextDecoder:
             quant_next = self._fp8_att_on and x.is_cuda and i + 1 < end  # next layer's QKV input
             hq = None
             if moe_block:  # the per-token sum of the k experts inside the residual add
-                rows, inv = self._moe(i, mlp, h, mq)
+                rows, inv = self._moe(i, mlp, h, mq, p.valid)
+                valid = p.valid if inv is None else None  # the rows the experts skipped are not summed
                 if quant_next:  # the bf16 rows too only for a QKV the scaled GEMM does not take
                     keep = self._fp8_att[i + 1] is None
                     x, hn, hq = elementwise.add_pairs_rms_norm_fp8(
-                        x, rows, inv, self.top_k, nxt, self.eps, keep_normed=keep
+                        x, rows, inv, self.top_k, nxt, self.eps, keep_normed=keep, valid=valid
                     )
                 else:
-                    x, hn = elementwise.add_pairs_rms_norm(x, rows, inv, self.top_k, nxt, self.eps)
+                    x, hn = elementwise.add_pairs_rms_norm(x, rows, inv, self.top_k, nxt, self.eps, valid)
             else:
                 x, hn = elementwise.add_rms_norm(x, mlp(h), nxt, self.eps)
             if between is not None and i + 1 < end:

@@ -144,7 +144,8 @@ class _Graphs:
     """One (bucket, cap)'s replays (one per piece, in order), its record offsets and its output."""
 
     replays: tuple[Callable[[], None], ...]
-    cu: torch.Tensor  # (slots,) int32, read by every piece
+    host: torch.Tensor  # (slots + 1,) int32: the record offsets (`cu`), then the records' token count
+    cu: torch.Tensor  # (slots,) int32 view of `host`, read by every piece
     out: torch.Tensor  # (bucket, hidden) final normalised states
 
 
@@ -153,9 +154,11 @@ class GraphedDecoder:
     the embedding lookup and the layer range in pieces (`graph_pieces`), replayed in order.
 
     Records are packed into the first tokens; the tail of the bucket is padding (pad id 0), split into
-    records of at most the cap each (own cu_seqlens segments), so it never touches real records. A replay's
-    inputs take four operations: the ids and positions copied into the bucket's buffer, the padding tail
-    from a per-cap template, and the record offsets (real and padding) built on the host and copied once.
+    records of at most the cap each (own cu_seqlens segments), so it never touches real records, and the
+    experts skip it (`PackedInputs.valid`: at 70% load a bucket's tail is about a tenth of its tokens, all
+    of one state, so all routed to the same k experts). A replay's inputs take four operations: the ids
+    and positions copied into the bucket's buffer, the padding tail from a per-cap template, and the
+    record offsets (real and padding) with the records' token count, built on the host and copied once.
     Graphs are captured lazily, largest first is not required, and share one memory pool: replays must not
     overlap (call `run` from one thread, under inference mode) and each result must be consumed before
     the next `run`. Launch overhead vanishes: eager Python launches ~40 kernels per layer, which at large
@@ -231,10 +234,13 @@ class GraphedDecoder:
             tokens = self._tokens[bucket] = torch.zeros(4, bucket, dtype=torch.int64, device=device)
         self._tail(cap, device)  # made here, at capture time, not by a request
         slots = self._slots(bucket, cap)
-        cu = host_offsets((), padding_offsets(0, 0, bucket, cap, slots)).to(device)  # (slots,) padding only
+        # (slots + 1,): padding records only, and the whole bucket counted as records' tokens, so that the
+        # warm-up runs the experts on every token (each replay writes its own offsets and count)
+        host = host_offsets((), [*padding_offsets(0, 0, bucket, cap, slots), bucket]).to(device)
+        cu, valid = host[:slots], host[slots:]
 
         def inputs() -> PackedInputs:
-            return PackedInputs(self._embed(tokens[0]), tokens[1:], cu, cap)
+            return PackedInputs(self._embed(tokens[0]), tokens[1:], cu, cap, valid)
 
         if warm:
             self._capture.warm(lambda: self.decoder(inputs()))
@@ -246,13 +252,13 @@ class GraphedDecoder:
         for start, end in graph_pieces(self.decoder.num_layers):
 
             def piece(prev: DecoderState | None = state, a: int = start, b: int = end) -> DecoderState:
-                p = inputs() if prev is None else PackedInputs(prev.x, tokens[1:], cu, cap)
+                p = inputs() if prev is None else PackedInputs(prev.x, tokens[1:], cu, cap, valid)
                 return self.decoder.layers(prev or self.decoder.begin(p), p, a, b)
 
             replay, state = self._capture.capture(piece)
             replays.append(replay)
         assert state is not None
-        return _Graphs(tuple(replays), cu, state.h)
+        return _Graphs(tuple(replays), host, cu, state.h)
 
     def run(self, batch: PackedIds, between: Between | None = None) -> torch.Tensor:
         """Hidden states (T, hidden) for the packed records of `batch` (T = its token count). A batch that
@@ -275,8 +281,8 @@ class GraphedDecoder:
         tokens[1:, :t].copy_(batch.position_ids)
         tokens[:, t:].copy_(self._tail(cap, device)[:, : bucket - t])
         tail = padding_offsets(t, n, bucket, cap, graphs.cu.numel())
-        host = host_offsets(batch.lengths, tail, pinned=device.type == "cuda")
-        graphs.cu.copy_(host, non_blocking=True)
+        host = host_offsets(batch.lengths, [*tail, t], pinned=device.type == "cuda")
+        graphs.host.copy_(host, non_blocking=True)
         for replay in graphs.replays:  # the GPU starts on the first piece while the host launches the next
             replay()
         return graphs.out[:t]

@@ -156,6 +156,54 @@ def test_triton_fp8_experts_match_their_twin_and_stay_near_bf16_cuda(tokens: int
     assert float((alone - got[:first]).abs().max()) <= 1e-2 * float(got[:first].abs().max())
 
 
+@pytest.mark.parametrize(("tokens", "valid"), [(896, 807), (3584, 3222), (8192, 8000)])
+def test_a_graph_buckets_padding_goes_to_no_expert_and_the_rest_keeps_its_bits_cuda(
+    tokens: int, valid: int
+) -> None:
+    """At full expert size, for the buckets of one request, a mid-size batch and the radix sort's sizes:
+    with `valid` the padding tokens (here all of one state, as a bucket's tail is) are grouped nowhere, the
+    fused FP8 and bf16 experts give the real pairs the rows they give without it, bit for bit (the tile
+    regime follows the bucket's pairs either way), and the sums give the real tokens the same bits."""
+    hidden, inter, experts, k = 2048, 768, 128, 8
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    gate_up = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) / hidden**0.5).bfloat16()
+    down = (torch.randn(experts, hidden, inter, device="cuda", generator=gen) / inter**0.5).bfloat16()
+    q8 = fp8.quantize_experts(gate_up, down)
+    x = torch.randn(tokens, hidden, device="cuda", generator=gen).bfloat16()
+    x[valid:] = x[valid]  # the padding: one state
+    logits = torch.randn(tokens, experts, device="cuda", generator=gen)
+    logits[valid:] = logits[valid]
+    v = torch.tensor([valid], dtype=torch.int32, device="cuda")
+    top_w, top_i = moe.route_topk(logits, k, True)
+    pw, pi = moe.route_topk(logits, k, True, v)
+    assert torch.equal(pw[:valid], top_w[:valid])
+    assert torch.equal(pi[:valid], top_i[:valid])
+    order, counts = moe.group_by_expert(top_i, experts)
+    po, pc = moe.group_by_expert(pi, experts)
+    real = valid * k
+    assert int(pc.sum()) == real
+    assert torch.equal(po[:real], order[order < real])
+    busiest = (int(counts.max()), int(pc.max()))
+    print(f"padding {tokens - valid} of {tokens} tokens: busiest expert {busiest[0]} rows, now {busiest[1]}")
+    for name, run in (
+        ("fp8", lambda o, c, w: moe_fp8.experts_pairs_fp8(x, o, c, w, q8)),
+        ("bf16", lambda o, c, w: moe.experts_pairs(x, o, c, w, gate_up, down)),
+    ):
+        want = run(order, counts, top_w)[:real]
+        got = run(po, pc, pw)[:real]
+        assert torch.equal(got, want), name
+    rows = moe_fp8.experts_pairs_fp8(x, po, pc, pw, q8)
+    w = torch.ones(hidden, device="cuda", dtype=torch.bfloat16)
+    y, n, (q, _qs) = elementwise.add_pairs_rms_norm_fp8(x, rows, None, k, w, 1e-6, valid=v)
+    full = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8)
+    wy, wn, (wq, _wqs) = elementwise.add_pairs_rms_norm_fp8(x, full, None, k, w, 1e-6)
+    assert n is not None
+    assert torch.equal(y[:valid], wy[:valid])
+    assert torch.equal(n[:valid], wn[:valid])
+    assert torch.equal(q[:valid].view(torch.uint8), wq[:valid].view(torch.uint8))
+    assert torch.equal(y[valid:], x[valid:])  # nothing added to the padding's residual
+
+
 @pytest.mark.parametrize("tokens", [300, 5000])
 def test_fp8_row_scalings_match_their_twin_and_each_other_cuda(tokens: int) -> None:
     """The row scalings of the FP8 down GEMM (`moe_fp8.SCALINGS`) at full expert size, both tile regimes:

@@ -7,6 +7,10 @@ Triton's interpreter, against plain PyTorch.
   of the scan block, no pairs at all, int32 (CUDA routing) and int64 (CPU routing) ids.
 - `add_pairs_rms_norm`, `combine` and `add_rms_norm` (one kernel) against `x + sum_pairs_reference`
   and `rms_norm_reference`, in pair order and through the inverse index.
+- A graph bucket's padding (`valid`): `route_topk` gives its tokens id E and weight 0 and the other
+  tokens their unmasked bits; `group_by_expert` leaves those pairs out (the counting sort and the radix
+  sort above `COUNTING_SORT_MAX_PAIRS`); the sums give the real tokens their unmasked bits, add 0 to
+  the padding's residual and never read its rows (they hold NaN here).
 
 Prints one line per case, `case <kind> <args> ...`, and exits 1 when a case fails.
 """
@@ -152,12 +156,61 @@ def quant_case(t: int, hidden: int, k: int, dtype: torch.dtype, gen: torch.Gener
     return ok
 
 
+# (tokens, records' tokens in front of the padding, experts, k): a partial routing block of padding, no
+# padding, all padding, and more pairs than the counting sort takes (the radix sort's path)
+PADDINGS = (
+    (37, 29, 8, 2),
+    (16, 16, 5, 3),
+    (12, 0, 4, 2),
+    (4200, 4000, 128, 8),
+)
+
+
+def padding_case(t: int, v: int, experts: int, k: int, gen: torch.Generator) -> bool:
+    case = (t, v, experts, k)
+    valid = torch.tensor([v], dtype=torch.int32)
+    logits = torch.randn(t, experts, generator=gen)
+    want_w, want_i = moe.route_topk(logits, k, True)
+    top_w, top_i = moe.route_topk(logits, k, True, valid)
+    ok = torch.equal(top_w[:v], want_w[:v]) and torch.equal(top_i[:v], want_i[:v])
+    ok = ok and bool((top_i[v:] == experts).all()) and bool((top_w[v:] == 0).all())
+    order, counts = moe.group_by_expert(top_i, experts)
+    real = top_i[:v].reshape(-1)
+    n = real.numel()
+    ok = ok and torch.equal(counts.long(), torch.bincount(real.long(), minlength=experts))
+    ok = ok and torch.equal(order[:n].long(), torch.argsort(real, stable=True))
+    # the sums over the tokens around the padding's start (one program a token: the interpreter is slow)
+    t, v = min(t, v + 16) - max(0, v - 16), v - max(0, v - 16)
+    valid = torch.tensor([v], dtype=torch.int32)
+    hidden, eps = 32, 1e-6
+    x = torch.randn(t, hidden, generator=gen).to(torch.bfloat16)
+    weight = (1.0 + 0.1 * torch.randn(hidden, generator=gen)).to(torch.bfloat16)
+    rows = torch.randn(t * k, hidden, generator=gen).to(torch.bfloat16)  # (T k, H) pair order
+    masked = rows.clone()
+    masked[v * k :] = float("nan")  # rows no expert wrote: never read
+    y, nrm, (q, qs) = elementwise.add_pairs_rms_norm_fp8(x, masked, None, k, weight, eps, valid=valid)
+    want_y, want_n, (want_q, want_s) = elementwise.add_pairs_rms_norm_fp8(x, rows, None, k, weight, eps)
+    pad_y, pad_n = elementwise.add_rms_norm(x[v:], torch.zeros_like(x[v:]), weight, eps)
+    ok = ok and torch.equal(y[:v], want_y[:v]) and nrm is not None and torch.equal(nrm[:v], want_n[:v])
+    ok = (
+        ok
+        and torch.equal(q[:v].view(torch.uint8), want_q[:v].view(torch.uint8))
+        and torch.equal(qs[:v], want_s[:v])
+    )
+    ok = ok and torch.equal(y[v:], pad_y) and torch.equal(nrm[v:], pad_n)
+    y2, n2 = elementwise.add_pairs_rms_norm(x, masked, None, k, weight, eps, valid)
+    ok = ok and torch.equal(y2, y) and torch.equal(n2, nrm)
+    print(f"case padding {case} pairs {case[0] * k} grouped {int(counts.sum())} exact {ok}")
+    return ok
+
+
 def main() -> int:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run under TRITON_INTERPRET=1"
     gen = torch.Generator().manual_seed(0)
     failed = sum(not grouping_case(*case, gen) for case in GROUPINGS)
     failed += sum(not sums_case(*case, gen) for case in SUMS)
     failed += sum(not quant_case(*case, gen) for case in QUANTS)
+    failed += sum(not padding_case(*case, gen) for case in PADDINGS)
     return 1 if failed else 0
 
 

@@ -49,6 +49,36 @@ def test_grouping_twin_is_a_stable_argsort_and_a_histogram(dtype: torch.dtype) -
     assert torch.equal(order[inv.long()], torch.arange(8, dtype=torch.int32))
 
 
+def test_the_twins_send_a_graph_buckets_padding_to_no_expert_and_sum_nothing_for_it() -> None:
+    """`valid` on CPU (the twins): the tokens from valid[0] on get id E and weight 0, are grouped nowhere,
+    and their residual takes 0 without their rows being read; the other tokens keep their bits."""
+    gen = torch.Generator().manual_seed(5)
+    t, v, e, k, hidden = 9, 6, 5, 2, 16
+    valid = torch.tensor([v], dtype=torch.int32)
+    logits = torch.randn(t, e, generator=gen)
+    want_w, want_i = moe.route_topk(logits, k, True)
+    top_w, top_i = moe.route_topk(logits, k, True, valid)
+    assert torch.equal(top_w[:v], want_w[:v])
+    assert torch.equal(top_i[:v], want_i[:v])
+    assert top_i[v:].eq(e).all()
+    assert top_w[v:].eq(0).all()
+    order, counts = moe.group_by_expert(top_i, e)
+    assert counts.tolist() == torch.bincount(want_i[:v].reshape(-1), minlength=e).tolist()
+    assert torch.equal(order[: v * k].long(), torch.argsort(want_i[:v].reshape(-1), stable=True))
+    x = torch.randn(t, hidden, generator=gen)
+    w = torch.randn(hidden, generator=gen)
+    rows = torch.randn(t * k, hidden, generator=gen)
+    rows[v * k :] = float("nan")
+    y, n = elementwise.add_pairs_rms_norm(x, rows, None, k, w, 1e-6, valid)
+    want = elementwise.add_pairs_rms_norm(x[:v], rows[: v * k], None, k, w, 1e-6)
+    assert torch.equal(y[:v], want[0])
+    assert torch.equal(n[:v], want[1])
+    assert torch.equal(y[v:], x[v:])
+    assert torch.equal(n[v:], elementwise.rms_norm_reference(x[v:], w, 1e-6))
+    with pytest.raises(AssertionError, match="pair order"):
+        elementwise.add_pairs_rms_norm(x, rows, torch.arange(t * k, dtype=torch.int32), k, w, 1e-6, valid)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_pair_sums_in_the_residual_norm_are_combine_then_add_rms_norm_on_cpu(dtype: torch.dtype) -> None:
     """The CPU twin of the fused sum + add + RMSNorm keeps the two-step numbers bit for bit."""
@@ -106,3 +136,5 @@ def test_grouping_and_pair_sum_kernels_under_the_interpreter_match_torch() -> No
     assert out.count("case sums ") == 4
     assert out.count("case quant ") == 3
     assert out.count("bit_equal True") == 3
+    assert out.count("case padding ") == 4
+    assert out.count("exact True") == 7 + 4

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from engine.model.decoder import DecoderState, PackedTextDecoder
+from engine.model.decoder import DecoderState, PackedInputs, PackedTextDecoder
 from engine.model.graphs import GraphedDecoder, caps_for, graph_pieces, padding_offsets
 from engine.model.packed_ids import PackedIds, host_offsets, packed_inputs
 from engine.model.release import LoadedModel
@@ -169,3 +169,32 @@ def test_capture_all_captures_every_bucket_and_cap_once_and_replays_each_once(
         assert capture.warmed == 3
         graphed.run(_batch([30, 20], seed=6))
     assert capture.captured == pairs * pieces  # nothing captured by a request
+
+
+def test_every_piece_of_a_replay_reads_the_records_token_count_and_a_capture_counts_the_whole_bucket(
+    decoder: PackedTextDecoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`PackedInputs.valid` is what lets the experts skip the bucket's padding: each piece must read the
+    count of the batch being replayed (rewritten with the offsets), and the capture's warm-up the whole
+    bucket (every token through the experts, as before the count existed)."""
+    seen: list[tuple[int, int]] = []  # (tokens in the state, valid) per layer-range call
+    layers = decoder.layers
+
+    def recording(
+        state: DecoderState, p: PackedInputs, start: int, end: int, between: object = None
+    ) -> DecoderState:
+        assert p.valid is not None
+        assert p.valid.dtype == torch.int32
+        assert p.valid.shape == (1,)
+        seen.append((state.x.shape[0], int(p.valid[0])))
+        return layers(state, p, start, end)
+
+    monkeypatch.setattr(decoder, "layers", recording)
+    graphed = GraphedDecoder(decoder, BUCKETS, max_records=8, capture=RecomputeCapture())
+    pieces = len(graph_pieces(decoder.num_layers))
+    with torch.inference_mode():
+        graphed.run(_batch([300, 200], seed=7))  # bucket 512 (cap 512): warm-up, capture, replay
+        assert seen[-pieces:] == [(512, 500)] * pieces
+        assert (512, 512) in seen[:-pieces]  # the capture's
+        graphed.run(_batch([3, 9, 2], seed=8))
+        assert seen[-pieces:] == [(512, 14)] * pieces
