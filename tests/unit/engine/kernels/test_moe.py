@@ -131,10 +131,11 @@ def test_fp8_expert_kernels_under_the_interpreter_match_their_twin() -> None:
 @_needs_triton
 def test_grouping_and_pair_sum_kernels_under_the_interpreter_match_torch() -> None:
     out = _interpreted("glue_interpreted.py")
+    lines = out.splitlines()
     assert out.count("case group ") == 7
-    assert out.count("exact True") == 7
+    assert sum(line.startswith("case group ") and line.endswith("exact True") for line in lines) == 7
     assert out.count("case sums ") == 4
     assert out.count("case quant ") == 3
     assert out.count("bit_equal True") == 3
     assert out.count("case padding ") == 4
-    assert out.count("exact True") == 7 + 4
+    assert sum(line.startswith("case padding ") and line.endswith("exact True") for line in lines) == 4
