@@ -6,11 +6,12 @@ every record of a batch is concatenated into one token axis `T` and attention is
 record (`engine.kernels.attention`, one Triton kernel over cumulative sequence offsets), so no token ever
 attends outside its own record and no compute is spent on padding. `triton_attention = False` runs
 torch's variable-length FlashAttention 2 instead (`torch.nn.attention.varlen.varlen_attn`).
-Per MoE layer: the router GEMM, `moe.route_topk`, one counting sort grouping the pairs by expert
-(`moe.group_by_expert`), the experts through two fused Triton GEMMs (`moe.experts_pairs` in bf16,
-`moe_fp8.experts_pairs_fp8` in FP8 mode) or, when `fused_experts` is off, through CUTLASS grouped GEMMs
-(`torch.nn.functional.grouped_mm`, `torch._scaled_grouped_mm` in FP8), and the per-token sum of the k
-expert outputs folded into the residual add and the next RMSNorm (`elementwise.add_pairs_rms_norm`).
+Per MoE layer (`engine.model.moe_block`): the router GEMM, `moe.route_topk`, one counting sort grouping
+the pairs by expert (`moe.group_by_expert`), the experts through two fused Triton GEMMs
+(`moe.experts_pairs` in bf16, `moe_fp8.experts_pairs_fp8` in FP8 mode) or, when `fused_experts` is off,
+through CUTLASS grouped GEMMs (`torch.nn.functional.grouped_mm`, `torch._scaled_grouped_mm` in FP8), and
+the per-token sum of the k expert outputs folded into the residual add and the next RMSNorm
+(`elementwise.add_pairs_rms_norm`). A CUDA graph's padding tokens (`PackedInputs.valid`) skip the experts.
 
 The module holds no weights of its own: it reads the parameters of an existing
 `Qwen3OmniMoeThinkerTextModel`, so the strict loader stays the single source of truth. Fused QKV weights
@@ -29,9 +30,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from engine.kernels import attention, elementwise, moe, moe_fp8, moe_fp8_sm90
+from engine.kernels import attention, elementwise, moe_fp8, moe_fp8_sm90
 from engine.kernels import fp8 as fp8_mode
 from engine.kernels.fp8 import Quantized
+from engine.model import moe_block
 from engine.model.pacer import LaunchPacer
 from engine.types import Between
 
@@ -43,13 +45,6 @@ def varlen_available() -> bool:
     except ImportError:
         return False
     return hasattr(F, "grouped_mm") or hasattr(torch, "_grouped_mm")
-
-
-def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """(S, K) rows grouped by `offs` times per-group (G, K, N) -> (S, N)."""
-    if hasattr(F, "grouped_mm"):
-        return F.grouped_mm(a, b, offs=offs)
-    return torch._grouped_mm(a, b, offs=offs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,60 +224,13 @@ class PackedTextDecoder:
         xq: Quantized | None = None,
         valid: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The experts' outputs for `x` (T, hidden), not yet summed per token
-        (`elementwise.add_pairs_rms_norm` sums them into the residual): (T k, hidden) in pair order and
-        None from the fused Triton experts, else (S, hidden) in expert order and the (T k,) slot of each
-        pair in it. `xq`: x in e4m3 with its row scales, used where `_moe_takes_fp8`. `valid`
-        (`PackedInputs.valid`): in pair order, the padding tokens go to no expert and their rows are left
-        unwritten (the sum must then take `valid` too); the expert-order paths run every token."""
-        experts = mlp.experts
-        num_experts = mlp.gate.weight.shape[0]  # the router's rows (the bf16 experts may be dropped)
-        k = self.top_k
+        """Layer i's expert rows for `x` (T, hidden), not yet summed per token (`moe_block.expert_rows`,
+        with this decoder's switches and layer i's e4m3 experts in FP8 mode)."""
         q8 = self._fp8[i] if self._fp8_on else None
-        inter = q8.down.shape[2] if q8 is not None else experts.down_proj.shape[2]
         fused = self.fused_experts and x.is_cuda
-        fused_fp8 = q8 is not None and fused and moe_fp8.supported(x.shape[1], inter)
-        fused_bf16 = q8 is None and fused and moe.supported(x.shape[1], inter)
-        # transformers' router module has no `bias` attribute (the release's router has none); a bias is
-        # honoured when one is set on it (benches set one to skew expert load).
-        logits = F.linear(x, mlp.gate.weight, getattr(mlp.gate, "bias", None))  # (T, E)
-        top_w, top_i = moe.route_topk(
-            logits, k, self.norm_topk, valid if fused_fp8 or fused_bf16 else None
-        )  # (T, k) each
-        if fused_fp8:
-            assert q8 is not None
-            order, counts = moe.group_by_expert(top_i, num_experts)  # (S,) by expert, (E,)
-            ext = self.sm90_experts
-            if ext is not None and moe_fp8_sm90.takes(top_w.numel(), num_experts, x.shape[1], inter):
-                y8 = moe_fp8_sm90.experts_pairs_fp8(ext, x, order, counts, top_w, q8, xq=xq)
-            else:
-                y8 = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, xq=xq)
-            return y8, None  # (T k, hidden) pair order
-        if fused_bf16:
-            # gather, SwiGLU and the inverse permutation inside two Triton GEMMs (`engine.kernels.moe`)
-            order, counts = moe.group_by_expert(top_i, num_experts)  # (S,) by expert, (E,)
-            y = moe.experts_pairs(x, order, counts, top_w, experts.gate_up_proj, experts.down_proj)
-            return y, None  # (T k, hidden) pair order
-        # (S,) pairs by expert, (E,) cumulative counts (grouped_mm's offs), (S,) sorted slot of each pair
-        order, offs, inv = moe.group_by_expert_inverse(top_i, num_experts)
-        if q8 is not None:
-            x8, x_scale = fp8_mode.quantize_rows(x)  # (T, hidden) e4m3, (T,)
-            src = order // k  # (S,) token of each sorted pair
-            h8 = fp8_mode.grouped_mm(
-                fp8_mode.gather_rows(x8, src),
-                x_scale.index_select(0, src),
-                q8.gate_up,
-                q8.gate_up_scale,
-                offs,
-            )  # (S, 2I) bf16
-            aq, a_scale = fp8_mode.swiglu_quantized(h8, top_w.reshape(-1)[order])  # (S, I) e4m3, (S,)
-            y8 = fp8_mode.grouped_mm(aq, a_scale, q8.down, q8.down_scale, offs)  # (S, hidden) bf16
-            return y8, inv  # (S, hidden) expert order
-        xs = x.index_select(0, order // k)  # (S, hidden)
-        h = _grouped_mm(xs, experts.gate_up_proj.transpose(-2, -1), offs)  # (S, 2I)
-        a = elementwise.swiglu_weighted(h, top_w.reshape(-1)[order])  # (S, I)
-        y = _grouped_mm(a, experts.down_proj.transpose(-2, -1), offs)  # (S, hidden)
-        return y, inv  # (S, hidden) expert order
+        return moe_block.expert_rows(
+            mlp, x, self.top_k, self.norm_topk, q8=q8, fused=fused, sm90=self.sm90_experts, xq=xq, valid=valid
+        )
 
     def __call__(self, p: PackedInputs, between: Between | None = None) -> torch.Tensor:
         """Final RMS-normalised hidden states (T, hidden) for every packed token; `between` is called after
