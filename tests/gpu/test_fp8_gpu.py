@@ -329,8 +329,8 @@ def test_fp8_attention_norm_without_bf16_rows_gives_the_same_answers_cuda(
 
     norm = elementwise.add_pairs_rms_norm_fp8
 
-    def keeping_bf16_rows(*args: Any, keep_normed: bool = True) -> Any:
-        return norm(*args, keep_normed=True)
+    def keeping_bf16_rows(*args: Any, keep_normed: bool = True, **kwargs: Any) -> Any:
+        return norm(*args, keep_normed=True, **kwargs)
 
     monkeypatch.setattr(elementwise, "add_pairs_rms_norm_fp8", keeping_bf16_rows)
     assert model.enable_fast_path(graph_buckets=(512, 1024), fp8_experts=True, fp8_attention=True)
