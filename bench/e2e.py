@@ -39,7 +39,8 @@ one code between runs).
 Environment, for experiments: `BENCH_E2E_LOG_LEVEL` (default `warning`; `info` keeps the batcher's line per
 batch, where an urgent batch's line says where its time went), `BENCH_E2E_SWITCH_INTERVAL_MS` (the GIL
 switch interval of the process; Python's 5 ms when unset), `BENCH_E2E_STAGE_PROBE` (1: `bench.stage_probe`
-times `Engine.stage` and its device copy, wall and thread CPU, printed at exit) and
+times `Engine.stage` and its device copy, and `Engine.run` split into the launch and the wait for the GPU,
+wall and thread CPU, printed at exit) and
 `BENCH_E2E_LAYERS_AHEAD` (how many layers of an eager forward the launch pacer keeps queued on the GPU; the
 decoder's 3 when unset; the info line says it) and
 `BENCH_E2E_GRAPH_TO` (CUDA graphs for the buckets up to this many tokens, `bench.batch_sizes.buckets_to`:

@@ -1,12 +1,16 @@
-"""Bench-only probe (`BENCH_E2E_STAGE_PROBE=1 python3 -m bench.e2e ...`): where `Engine.stage` spends its
-time inside a running service. Wraps `Engine.stage` and `ModelBatch.to` (the device copy at its end, timed
-inside a stage only) in this process and records, per call, the wall time and the calling thread's CPU time
-(`time.thread_time`).
+"""Bench-only probe (`BENCH_E2E_STAGE_PROBE=1 python3 -m bench.e2e ...`): where `Engine.stage` and
+`Engine.run` spend their time inside a running service. Wraps, in this process, `Engine.stage` with the
+device copy at its end (`ModelBatch.to`, timed inside a stage only), and `Engine.run` with the wait for the
+GPU at its end (`engine.model.clef.to_host`, timed inside a run only), and records per call the wall time
+and the calling thread's CPU time (`time.thread_time`).
 
-A stage whose wall time is far above its CPU time waited: for the GIL (other threads' Python) or inside a
-CUDA call. `to` apart from the rest tells the copy (one pinned buffer per dtype, torch calls that release
-and retake the GIL) from the collate (numpy). `summary()` gives the means and quantiles; bench.e2e prints
-it to stderr at exit as one JSON line starting with `stage_probe`. Never imported by the product.
+A call whose wall time is far above its CPU time waited: for the GIL (other threads' Python) or inside a
+CUDA call. `to_device` apart from the rest of a stage tells the copy from the collate (numpy). A run is the
+host launching the batch's kernels (graph replays, the head's eager kernels), then `to_host` waiting for
+the GPU to finish them: `launch` is each run less its `to_host` calls. A launch that grows in wall time
+while its CPU time does not waited for the GIL, and the GPU may have idled meanwhile; a `to_host` that
+grows is GPU time. `summary()` gives the means and quantiles; bench.e2e prints it to stderr at exit as
+one JSON line starting with `stage_probe`. Never imported by the product.
 """
 
 from __future__ import annotations
@@ -21,49 +25,72 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 _lock = threading.Lock()
-_samples: dict[str, list[tuple[float, float]]] = {"stage": [], "to_device": []}
+_samples: dict[str, list[tuple[float, float]]] = {
+    "stage": [],
+    "to_device": [],
+    "run": [],
+    "to_host": [],
+    "launch": [],
+}
+OUTER_OF = {"to_device": "stage", "to_host": "run"}
+"""Each inner call and the outer call it is timed inside (only there)."""
+_inside = threading.local()  # .<outer>: [inner wall, inner CPU] while this thread is inside that outer call
 
 
-_inside = threading.local()  # .stage: this thread is inside a wrapped `Engine.stage`
-
-
-def _timed(name: str, fn: Callable[P, T], *, outer: bool) -> Callable[P, T]:
-    """`fn` timed under `name`: the outer call (stage) always, an inner one (the copy) only inside it."""
+def _timed(name: str, fn: Callable[P, T]) -> Callable[P, T]:
+    """`fn` timed under `name`: an outer call (stage, run) always, an inner one only inside its outer one.
+    An outer call with inner ones also adds a sample of itself less them (run: `launch`)."""
+    outer = OUTER_OF.get(name)
 
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        if not outer and not getattr(_inside, "stage", False):
-            return fn(*args, **kwargs)
+        inner: list[float] | None = None
+        if outer is not None:
+            inner = getattr(_inside, outer, None)
+            if inner is None:
+                return fn(*args, **kwargs)
         wall0, cpu0 = time.perf_counter(), time.thread_time()
-        if outer:
-            _inside.stage = True
+        if outer is None:
+            setattr(_inside, name, [0.0, 0.0])
         try:
             return fn(*args, **kwargs)
         finally:
-            if outer:
-                _inside.stage = False
             sample = (time.perf_counter() - wall0, time.thread_time() - cpu0)
+            rest: tuple[float, float] | None = None
+            if inner is not None:
+                inner[0] += sample[0]
+                inner[1] += sample[1]
+            else:
+                spent = getattr(_inside, name)
+                setattr(_inside, name, None)
+                if name == "run":
+                    rest = (sample[0] - spent[0], sample[1] - spent[1])
             with _lock:
                 _samples[name].append(sample)
+                if rest is not None:
+                    _samples["launch"].append(rest)
 
     return wrapper
 
 
 def install() -> None:
-    """Wrap `Engine.stage` and `ModelBatch.to` (process-wide, once)."""
+    """Wrap `Engine.stage`, `ModelBatch.to`, `Engine.run` and `engine.model.clef.to_host` (process-wide,
+    once)."""
     from engine.batching.collate import ModelBatch
+    from engine.model import clef
     from engine.runner import Engine
 
     if getattr(Engine.stage, "__wrapped_by_probe__", False):
         return
-    stage = _timed("stage", Engine.stage, outer=True)
-    to = _timed("to_device", ModelBatch.to, outer=False)
+    stage = _timed("stage", Engine.stage)
     stage.__wrapped_by_probe__ = True  # type: ignore[attr-defined]
     Engine.stage = stage  # type: ignore[method-assign]
-    ModelBatch.to = to  # type: ignore[method-assign]
+    ModelBatch.to = _timed("to_device", ModelBatch.to)  # type: ignore[method-assign]
+    Engine.run = _timed("run", Engine.run)  # type: ignore[method-assign]
+    clef.to_host = _timed("to_host", clef.to_host)
 
 
 def summary() -> dict[str, dict[str, float]]:
-    """Per wrapped call: count, wall and CPU ms (mean, p50, p90, p99)."""
+    """Per wrapped call (and `launch`): count, wall and CPU ms (mean, p50, p90, p99)."""
     out: dict[str, dict[str, float]] = {}
     with _lock:
         samples = {k: list(v) for k, v in _samples.items()}
