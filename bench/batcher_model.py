@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
+from bench.gil_convoy import launches
 from bench.queue_model import Cost, mix_mean, poisson_arrivals, simulate
 from consumer.batching.adaptive import CostLike, CostModel
 from consumer.batching.batch_metrics import COST_DIRECTIONS
@@ -43,6 +44,7 @@ from consumer.metrics import Metrics
 from consumer.settings import BatchingSettings
 from devtools.stub import StubEngine
 from engine.batching.cut import SERVICE_LIMITS, BatchLimits
+from engine.model.graphs import graph_pieces
 from engine.types import Between
 from schemas.request import SystemOneRequest
 from schemas.response import SystemOneResponse
@@ -121,6 +123,13 @@ class TimedEngine:
     """Each run's GPU time is the cost times a uniform draw from [1 - jitter, 1 + jitter] (seeded)."""
     buckets: tuple[int, ...] = ()
     """Graph buckets: a run costs its `padded` tokens, as a graph replay computes the whole bucket."""
+    launch_ops: int = 0
+    """With launches modelled (> 0): the run's GPU time less `head_s` is the decoder's, in the product's
+    graph pieces (`engine.model.graphs.graph_pieces` of 48 layers), each launched by one tiny torch call
+    (`bench.gil_convoy.launches`: it gives the GIL up and takes it back, as a CUDA launch does) and run
+    on the modelled GPU from its launch or the previous piece's end, whichever is later; then the head's
+    `launch_ops` launches, and its `head_s` of GPU time after the last of them and the decoder's end."""
+    head_s: float = 0.001
     runs: list[Run] = field(default_factory=list)
     _rng: random.Random = field(default_factory=lambda: random.Random(7))
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -144,7 +153,16 @@ class TimedEngine:
         try:
             factor = 1.0 + self.jitter * self._rng.uniform(-1.0, 1.0) if self.jitter else 1.0
             tokens = padded(sum(r.num_tokens for r in staged), self.buckets)
-            time.sleep(self.cost.batch_s(tokens) * factor)
+            gpu_s = self.cost.batch_s(tokens) * factor
+            end = start + gpu_s
+            if self.launch_ops:
+                decoder_s = max(0.0, gpu_s - self.head_s)
+                for a, b in graph_pieces(48):
+                    launches(1)
+                    end = max(end if a else start, time.perf_counter()) + decoder_s * (b - a) / 48
+                launches(self.launch_ops)
+                end = max(end, time.perf_counter()) + self.head_s
+            time.sleep(max(0.0, end - time.perf_counter()))
         finally:
             self._idle.set()
         with self._lock:
@@ -264,6 +282,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--graph-buckets", action="store_true", help="the GPU pads each run to the engine's graph buckets"
     )
     p.add_argument("--pad-cost", action="store_true", help="the batcher's cost model pads to them too")
+    p.add_argument(
+        "--launch-ops", type=int, default=0, help="GIL round trips (tiny torch calls) at each run's start"
+    )
     args = p.parse_args(argv)
     configure_logging("warning")
     cost = Cost(args.fixed_ms / 1000, args.per_record_ms / 1000, mix_mean())
@@ -291,6 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "jitter": args.jitter,
                 "graph_buckets": args.graph_buckets,
                 "pad_cost": args.pad_cost,
+                "launch_ops": args.launch_ops,
             }
         ),
         flush=True,
@@ -307,6 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stage_waits_for_run=args.stage_waits_for_run,
             jitter=args.jitter,
             buckets=buckets if args.graph_buckets else (),
+            launch_ops=args.launch_ops,
         )
         metrics = Metrics()
         model_cost = PaddedCost(buckets) if args.pad_cost else None
@@ -329,6 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "to_gpu_end_p50_ms": _ms(to_end, 0.5),
             "to_gpu_end_p99_ms": _ms(to_end, 0.99),
             "records_per_batch": round(sum(len(r.arrivals) for r in engine.runs) / len(engine.runs), 2),
+            "run_ms_p50": _ms([r.end - r.start for r in engine.runs], 0.5),
+            "run_ms_p90": _ms([r.end - r.start for r in engine.runs], 0.9),
             "gpu_busy": round(busy / span, 3),
             "idle_waiting_ms_mean": round(statistics.fmean(gaps) * 1000, 2) if gaps else 0.0,
             "idle_waiting_ms_p50": _ms(gaps, 0.5),

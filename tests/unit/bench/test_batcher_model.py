@@ -72,6 +72,40 @@ def test_jitter_spreads_each_run_within_its_bound() -> None:
     assert min(jittered_s) < 0.0095 < max(jittered_s)  # 12 seeded draws from [0.5, 1.5]: some below 0.95
 
 
+def test_modelled_launches_starve_the_gpu_of_a_piece_launched_late(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With launches modelled: one launch per graph piece of 48 layers, then the head's; a piece runs on the
+    modelled GPU from its launch or the previous piece's end, so a launch held up (here the second piece's,
+    by 30 ms, as a GIL wait would) delays the rest of the decoder and the head by as much. Launches on time
+    hide under the GPU time."""
+    import time
+
+    import bench.batcher_model as model
+
+    calls: list[int] = []
+    hold_second = [False]
+
+    def launch(ops: int) -> float:
+        calls.append(ops)
+        if hold_second[0] and len(calls) == 2:
+            time.sleep(0.03)
+        return 0.0
+
+    monkeypatch.setattr(model, "launches", launch)
+    request = parse_request({"state": "s", "questions": {"o": {"type": "noul", "instructions": "?"}}})
+    answer = StubEngine().execute([StubEngine().prepare(request)])[0]
+    engine = TimedEngine(Cost(0.02, 0.0, 690.0), 0.0, 0.0, 0.0, answer, launch_ops=50)
+    engine.run([])
+    assert calls == [1] * 7 + [50]  # pieces of 2 and then 8 layers, then the head
+    on_time = engine.runs[-1].end - engine.runs[-1].start
+    calls.clear()
+    hold_second[0] = True
+    engine.run([])
+    late = engine.runs[-1].end - engine.runs[-1].start
+    assert 0.02 <= on_time < late
+    # piece 1 (2 of 48 layers of the 19 ms decoder) ran meanwhile; the other 46 layers and the 1 ms head after
+    assert late >= 0.03 + 0.019 * 46 / 48 + 0.001
+
+
 def test_cost_error_gives_the_share_over_and_the_mean_error_each_way() -> None:
     m = Metrics()
     assert cost_error(m) == {"over_share": 0.0, "over_ms_mean": 0.0, "under_ms_mean": 0.0}
