@@ -268,17 +268,17 @@ class PackedTextDecoder:
             pacer.step()
             att = self._attention(i, layer, hn, cos, sin, p, hq)
             mlp = layer.mlp
-            moe_block = hasattr(mlp, "experts")
+            routed = hasattr(mlp, "experts")
             post = layer.post_attention_layernorm.weight
             mq: Quantized | None = None
-            if moe_block and self._moe_takes_fp8(i, x):  # the experts' row quantisation in the norm's pass
+            if routed and self._moe_takes_fp8(i, x):  # the experts' row quantisation in the norm's pass
                 x, h, mq = elementwise.add_rms_norm_fp8(x, att, post, self.eps)
             else:
                 x, h = elementwise.add_rms_norm(x, att, post, self.eps)
             nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else tm.norm.weight
             quant_next = self._fp8_att_on and x.is_cuda and i + 1 < end  # next layer's QKV input
             hq = None
-            if moe_block:  # the per-token sum of the k experts inside the residual add
+            if routed:  # the per-token sum of the k experts inside the residual add
                 rows, inv = self._moe(i, mlp, h, mq, p.valid)
                 valid = p.valid if inv is None else None  # the rows the experts skipped are not summed
                 if quant_next:  # the bf16 rows too only for a QKV the scaled GEMM does not take
