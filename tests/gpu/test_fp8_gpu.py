@@ -113,16 +113,27 @@ def test_fp8_experts_batch_invariance_cuda(tmp_path: Path) -> None:
     assert drift <= 5e-2
 
 
+FULL_SIZE = (2048, 768, 128, 8)
+"""hidden, expert intermediate, experts and k of the full-size thinker."""
+
+
+def _full_size_experts(seed: int) -> tuple[torch.Generator, torch.Tensor, torch.Tensor, fp8.Fp8Experts]:
+    """A CUDA generator seeded `seed` and, drawn from it first, random full-size bf16 gate/up and down
+    experts and their e4m3 copies: (generator, gate_up, down, q8); the test draws its inputs after."""
+    hidden, inter, experts, _ = FULL_SIZE
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    gate_up = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) / hidden**0.5).bfloat16()
+    down = (torch.randn(experts, hidden, inter, device="cuda", generator=gen) / inter**0.5).bfloat16()
+    return gen, gate_up, down, fp8.quantize_experts(gate_up, down)
+
+
 @pytest.mark.parametrize("tokens", [300, 5000])
 def test_triton_fp8_experts_match_their_twin_and_stay_near_bf16_cuda(tokens: int) -> None:
     """At full expert size, in both tile regimes: the fused FP8 kernels against their float32 twin (same
     e4m3 values and scales), and against the bf16 kernels and the unfused CUTLASS FP8 path; the first
     300 tokens' rows do not depend on the rest of the batch beyond accumulation order."""
-    hidden, inter, experts, k = 2048, 768, 128, 8
-    gen = torch.Generator(device="cuda").manual_seed(3)
-    gate_up = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) / hidden**0.5).bfloat16()
-    down = (torch.randn(experts, hidden, inter, device="cuda", generator=gen) / inter**0.5).bfloat16()
-    q8 = fp8.quantize_experts(gate_up, down)
+    hidden, _, experts, k = FULL_SIZE
+    gen, gate_up, down, q8 = _full_size_experts(3)
     x = torch.randn(tokens, hidden, device="cuda", generator=gen).bfloat16()
     logits = torch.randn(tokens, experts, device="cuda", generator=gen)
     top_w, top_i = moe.route_topk(logits, k, True)
@@ -164,11 +175,8 @@ def test_a_graph_buckets_padding_goes_to_no_expert_and_the_rest_keeps_its_bits_c
     with `valid` the padding tokens (here all of one state, as a bucket's tail is) are grouped nowhere, the
     fused FP8 and bf16 experts give the real pairs the rows they give without it, bit for bit (the tile
     regime follows the bucket's pairs either way), and the sums give the real tokens the same bits."""
-    hidden, inter, experts, k = 2048, 768, 128, 8
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    gate_up = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) / hidden**0.5).bfloat16()
-    down = (torch.randn(experts, hidden, inter, device="cuda", generator=gen) / inter**0.5).bfloat16()
-    q8 = fp8.quantize_experts(gate_up, down)
+    hidden, _, experts, k = FULL_SIZE
+    gen, gate_up, down, q8 = _full_size_experts(5)
     x = torch.randn(tokens, hidden, device="cuda", generator=gen).bfloat16()
     x[valid:] = x[valid]  # the padding: one state
     logits = torch.randn(tokens, experts, device="cuda", generator=gen)
@@ -209,11 +217,8 @@ def test_fp8_row_scalings_match_their_twin_and_each_other_cuda(tokens: int) -> N
     """The row scalings of the FP8 down GEMM (`moe_fp8.SCALINGS`) at full expert size, both tile regimes:
     bit-equal to each other and to the default, near their float32 twin and the bf16 kernels, and a
     record's rows alone (the default way of its regime) equal to the same rows in a batch."""
-    hidden, inter, experts, k = 2048, 768, 128, 8
-    gen = torch.Generator(device="cuda").manual_seed(4)
-    gate_up = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) / hidden**0.5).bfloat16()
-    down = (torch.randn(experts, hidden, inter, device="cuda", generator=gen) / inter**0.5).bfloat16()
-    q8 = fp8.quantize_experts(gate_up, down)
+    hidden, _, experts, k = FULL_SIZE
+    gen, gate_up, down, q8 = _full_size_experts(4)
     x = torch.randn(tokens, hidden, device="cuda", generator=gen).bfloat16()
     top_w, top_i = moe.route_topk(torch.randn(tokens, experts, device="cuda", generator=gen), k, True)
     order, counts = moe.group_by_expert(top_i, experts)
