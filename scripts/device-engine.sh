@@ -15,7 +15,9 @@
 # index, no dependencies; built by scripts/device-carry.sh), runs each step under its own
 # `timeout` with its stderr kept, and packs every result into $OUT/results.tar.gz beside the small ones (the
 # device returns a handful of files). BENCH_TREE=.carry/base runs the bench steps on an earlier commit's
-# packages (scripts/base-tree.sh; its tree has no tests/, so not the tests step).
+# packages (scripts/base-tree.sh; its tree has no tests/, so not the tests step). Results go to $OUT when set:
+# two runs of this script in one device call (new tree, then BENCH_TREE) need an OUT each (OUT=$OUT/new ...),
+# or the second's results.tar.gz and JSON files replace the first's.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
