@@ -11,8 +11,9 @@ from bench import stage_probe
 
 
 def _spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+    """Run Python until this thread has had `seconds` of CPU (however loaded the machine)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
         pass
 
 
@@ -34,9 +35,9 @@ def test_a_runs_launch_is_the_run_less_its_wait_for_the_gpu(monkeypatch: pytest.
         samples["run"], samples["to_host"], samples["launch"], strict=True
     ):
         assert launch_wall == pytest.approx(run_wall - wait_wall)
-        assert 0.019 <= launch_wall < 0.028
-        assert 0.029 <= wait_wall < 0.045
-        assert launch_cpu >= 0.015  # the spin's CPU stays with the launch
+        assert launch_wall >= 0.02
+        assert wait_wall >= 0.03
+        assert launch_cpu >= 0.02  # the spin's CPU stays with the launch
         assert run_cpu - launch_cpu < 0.005  # the sleep took none
     summary = stage_probe.summary()
     assert summary["launch"]["calls"] == 2
