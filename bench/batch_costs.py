@@ -10,9 +10,10 @@ as the batcher's does:
   engine's `GRAPH_BUCKETS`).
 
 It prints one JSON line per model: batches predicted, the mean and p90 absolute error (ms), the share over,
-and the mean error each way. Then, for the linear model, one line per graph bucket: batches and mean signed
-error (ms). If the linear model's error follows the bucket and the padded one's is small, the padding is the
-cause. A line that is not JSON, or not a normal batch's, is skipped.
+and the mean error each way. Then, for the linear model, one line per graph bucket: batches, mean signed
+error (ms) and the p10 / p50 / p90 of those batches' run times (ms). If the linear model's error follows the
+bucket and the padded one's is small, the padding is the cause; if the bucket's mean error is small but its
+run times spread, the run time itself varies. A line that is not JSON, or not a normal batch's, is skipped.
 """
 
 from __future__ import annotations
@@ -80,20 +81,29 @@ def by_bucket(
     runs: Sequence[tuple[int, float]], errs: Sequence[float], buckets: Sequence[int]
 ) -> list[dict[str, object]]:
     """The linear model's mean signed error (ms) per graph bucket (the batches it predicted: the last
-    `len(errs)` of `runs`), buckets in ascending order; above the largest, one row `eager`."""
-    groups: dict[int, list[float]] = {}
-    for (tokens, _), err in zip(runs[len(runs) - len(errs) :], errs, strict=True):
-        groups.setdefault(padded(tokens, buckets), []).append(err)
+    `len(errs)` of `runs`), with the p10 / p50 / p90 of their run times (ms), buckets in ascending order;
+    above the largest, one row `eager`."""
+    groups: dict[int, list[tuple[float, float]]] = {}
+    for (tokens, seconds), err in zip(runs[len(runs) - len(errs) :], errs, strict=True):
+        groups.setdefault(padded(tokens, buckets), []).append((err, seconds))
     largest = max(buckets, default=0)
-    rows: dict[str, list[float]] = {}
+    rows: dict[str, list[tuple[float, float]]] = {}
     for size in sorted(groups):
         rows.setdefault(str(size) if size <= largest else "eager", []).extend(groups[size])
+
+    def run_ms(pairs: Sequence[tuple[float, float]], q: float) -> float:
+        ordered = sorted(seconds for _, seconds in pairs)
+        return round(ordered[int(q * (len(ordered) - 1))] * 1000, 2)
+
     return [
         {
             "kind": "bucket",
             "bucket": key,
             "batches": len(v),
-            "error_ms_mean": round(statistics.fmean(v) * 1000, 2),
+            "error_ms_mean": round(statistics.fmean(err for err, _ in v) * 1000, 2),
+            "run_ms_p10": run_ms(v, 0.1),
+            "run_ms_p50": round(statistics.median(seconds for _, seconds in v) * 1000, 2),
+            "run_ms_p90": run_ms(v, 0.9),
         }
         for key, v in rows.items()
     ]

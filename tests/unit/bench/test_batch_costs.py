@@ -54,6 +54,17 @@ def test_padding_explains_a_step_cost_and_the_linear_error_follows_the_bucket() 
     assert sum(int(str(r["batches"])) for r in rows) == 298
 
 
+def test_a_buckets_row_gives_the_spread_of_its_run_times() -> None:
+    """Run times of one bucket that the fit predicts on average but that spread: the mean error is small,
+    the p10 / p50 / p90 of the run times show the spread (one batch in five 20 ms longer)."""
+    runs = [(3000, 0.036 + (0.02 if i % 5 == 4 else 0.0)) for i in range(100)]
+    rows = by_bucket(runs, errors(runs, CostModel()), BUCKETS)
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["bucket"] == "3072"
+    assert (row["run_ms_p10"], row["run_ms_p50"], row["run_ms_p90"]) == (36.0, 36.0, 56.0)
+
+
 def test_summary_splits_the_errors_each_way() -> None:
     s = summary("m", [0.002, 0.004, -0.001, -0.003, 0.0])
     assert s == {
