@@ -182,13 +182,18 @@ def combine(y: torch.Tensor, inv: torch.Tensor | None, k: int) -> torch.Tensor:
     return out
 
 
+def padding_rows(rows: int, valid: torch.Tensor) -> torch.Tensor:
+    """(rows, 1) bool on `valid`'s device, True from row valid[0] on: a graph bucket's padding
+    (`PackedInputs.valid`), for the PyTorch twins that mask it."""
+    return torch.arange(rows, device=valid.device)[:, None] >= valid
+
+
 def _masked(d: torch.Tensor, inv: torch.Tensor | None, valid: torch.Tensor | None) -> torch.Tensor:
     # d (T, H) with the rows from valid[0] on zeroed (the twins' padding, as `_sum_rows_kernel` masks it)
     if valid is None:
         return d
     assert inv is None, "padding is masked in pair order only"
-    pad = torch.arange(d.shape[0], device=d.device)[:, None] >= valid  # (T, 1)
-    return d.masked_fill(pad, 0.0)
+    return d.masked_fill(padding_rows(d.shape[0], valid), 0.0)
 
 
 def sum_pairs_reference(y: torch.Tensor, inv: torch.Tensor | None, k: int) -> torch.Tensor:

@@ -90,7 +90,7 @@ def route_topk(
         if normalize:
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)
         if valid is not None:
-            pad = torch.arange(logits.shape[0], device=logits.device)[:, None] >= valid  # (T, 1)
+            pad = elementwise.padding_rows(logits.shape[0], valid)  # (T, 1)
             top_w = top_w.masked_fill(pad, 0.0)
             top_i = top_i.masked_fill(pad, logits.shape[1])
         return top_w, top_i
