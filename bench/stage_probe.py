@@ -9,12 +9,16 @@ CUDA call. `to_device` apart from the rest of a stage tells the copy from the co
 host launching the batch's kernels (graph replays, the head's eager kernels), then `to_host` waiting for
 the GPU to finish them: `launch` is each run less its `to_host` calls. A launch that grows in wall time
 while its CPU time does not waited for the GIL, and the GPU may have idled meanwhile; a `to_host` that
-grows is GPU time. `summary()` gives the means and quantiles; bench.e2e prints it to stderr at exit as
-one JSON line starting with `stage_probe`. Never imported by the product.
+grows is GPU time. `install` also times every pass of the cyclic garbage collector (`gc.callbacks`): a
+pass holds the GIL from start to end, whatever thread triggered it, so it stalls the launches and the staging
+alike. `summary()` gives the means and quantiles, the collector's passes per generation, and how the runs
+that met a pass of at least 1 ms compare with the rest; bench.e2e prints it to stderr at exit as one JSON line
+starting with `stage_probe`. Never imported by the product.
 """
 
 from __future__ import annotations
 
+import gc
 import statistics
 import threading
 import time
@@ -32,6 +36,11 @@ _samples: dict[str, list[tuple[float, float]]] = {
     "to_host": [],
     "launch": [],
 }
+_runs: list[tuple[float, float]] = []  # each timed run's (start, end), perf_counter seconds
+_gc: list[tuple[float, float, int]] = []  # each collector pass's (start, end, generation)
+_gc_started = threading.local()  # .at: perf_counter when this thread's pass began
+GC_MET_S = 0.001
+"""A run "met" the collector when a pass of at least this long overlapped it."""
 OUTER_OF = {"to_device": "stage", "to_host": "run"}
 """Each inner call and the outer call it is timed inside (only there)."""
 _inside = threading.local()  # .<outer>: [inner wall, inner CPU] while this thread is inside that outer call
@@ -54,7 +63,8 @@ def _timed(name: str, fn: Callable[P, T]) -> Callable[P, T]:
         try:
             return fn(*args, **kwargs)
         finally:
-            sample = (time.perf_counter() - wall0, time.thread_time() - cpu0)
+            ended = time.perf_counter()
+            sample = (ended - wall0, time.thread_time() - cpu0)
             rest: tuple[float, float] | None = None
             if inner is not None:
                 inner[0] += sample[0]
@@ -68,6 +78,7 @@ def _timed(name: str, fn: Callable[P, T]) -> Callable[P, T]:
                 _samples[name].append(sample)
                 if rest is not None:
                     _samples["launch"].append(rest)
+                    _runs.append((wall0, ended))
 
     return wrapper
 
@@ -84,16 +95,63 @@ def install() -> None:
     stage = _timed("stage", Engine.stage)
     stage.__wrapped_by_probe__ = True  # type: ignore[attr-defined]
     Engine.stage = stage  # type: ignore[method-assign]
+    gc.callbacks.append(_on_gc)
     ModelBatch.to = _timed("to_device", ModelBatch.to)  # type: ignore[method-assign]
     Engine.run = _timed("run", Engine.run)  # type: ignore[method-assign]
     clef.to_host = _timed("to_host", clef.to_host)
 
 
+def _on_gc(phase: str, info: dict[str, int]) -> None:
+    """`gc.callbacks` hook: record each pass's start, end and generation. Takes no lock (a pass may start
+    inside `_lock`, in the thread holding it); a list's append is atomic under the GIL."""
+    if phase == "start":
+        _gc_started.at = time.perf_counter()
+        return
+    began = getattr(_gc_started, "at", None)
+    if began is not None:
+        _gc.append((began, time.perf_counter(), int(info["generation"])))
+
+
+def _ms(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {
+        "calls": len(ordered),
+        "ms_mean": round(statistics.fmean(ordered), 3),
+        "ms_p50": round(ordered[len(ordered) // 2], 3),
+        "ms_max": round(ordered[-1], 3),
+        "ms_total": round(sum(ordered), 3),
+    }
+
+
+def gc_summary(
+    runs: list[tuple[float, float]], passes: list[tuple[float, float, int]]
+) -> dict[str, dict[str, float]]:
+    """The collector's passes per generation (`gc_gen<N>`: calls, ms mean / p50 / max / total) and the runs'
+    wall ms split by whether a pass of at least `GC_MET_S` overlapped them (`runs_met_gc`, `runs_no_gc`:
+    calls and ms mean / p50 / max)."""
+    out: dict[str, dict[str, float]] = {}
+    for generation in sorted({g for _, _, g in passes}):
+        out[f"gc_gen{generation}"] = _ms([(e - s) * 1000 for s, e, g in passes if g == generation])
+    long = [(s, e) for s, e, _ in passes if e - s >= GC_MET_S]
+    met: list[float] = []
+    clear: list[float] = []
+    for start, end in runs:
+        hit = any(s < end and e > start for s, e in long)
+        (met if hit else clear).append((end - start) * 1000)
+    for name, walls in (("runs_met_gc", met), ("runs_no_gc", clear)):
+        if walls:
+            row = _ms(walls)
+            del row["ms_total"]
+            out[name] = row
+    return out
+
+
 def summary() -> dict[str, dict[str, float]]:
-    """Per wrapped call (and `launch`): count, wall and CPU ms (mean, p50, p90, p99)."""
+    """Per wrapped call (and `launch`): count, wall and CPU ms (mean, p50, p90, p99); then `gc_summary`."""
     out: dict[str, dict[str, float]] = {}
     with _lock:
         samples = {k: list(v) for k, v in _samples.items()}
+        runs, passes = list(_runs), list(_gc)
     for name, rows in samples.items():
         if len(rows) < 2:
             continue
@@ -111,4 +169,5 @@ def summary() -> dict[str, dict[str, float]]:
             "cpu_p50_ms": round(qc[49], 3),
             "cpu_p90_ms": round(qc[89], 3),
         }
+    out.update(gc_summary(runs, passes))
     return out

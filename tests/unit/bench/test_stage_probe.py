@@ -20,6 +20,8 @@ def _spin(seconds: float) -> None:
 def test_a_runs_launch_is_the_run_less_its_wait_for_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     samples: dict[str, list[tuple[float, float]]] = {k: [] for k in stage_probe._samples}
     monkeypatch.setattr(stage_probe, "_samples", samples)
+    monkeypatch.setattr(stage_probe, "_runs", [])
+    monkeypatch.setattr(stage_probe, "_gc", [])
     to_host = stage_probe._timed("to_host", lambda: time.sleep(0.03))  # waits: wall, no CPU
 
     def run() -> None:
@@ -41,4 +43,38 @@ def test_a_runs_launch_is_the_run_less_its_wait_for_the_gpu(monkeypatch: pytest.
         assert run_cpu - launch_cpu < 0.005  # the sleep took none
     summary = stage_probe.summary()
     assert summary["launch"]["calls"] == 2
-    assert set(summary) == {"run", "to_host", "launch"}
+    assert set(summary) == {"run", "to_host", "launch", "runs_no_gc"}  # no collector pass was recorded
+    assert summary["runs_no_gc"]["calls"] == 2
+    assert summary["runs_no_gc"]["ms_mean"] >= 50.0
+
+
+def test_the_runs_a_collector_pass_overlapped_are_told_apart() -> None:
+    runs = [(0.0, 0.010), (0.020, 0.030), (0.040, 0.070)]
+    passes = [
+        (0.005, 0.0065, 2),  # 1.5 ms inside the first run
+        (0.031, 0.0395, 1),  # 8.5 ms between the second and the third: meets neither
+        (0.069, 0.0692, 0),  # 0.2 ms at the third's end: too short to count
+    ]
+    out = stage_probe.gc_summary(runs, passes)
+    assert out["gc_gen2"]["calls"] == 1
+    assert out["gc_gen2"]["ms_max"] == pytest.approx(1.5)
+    assert out["gc_gen1"]["ms_total"] == pytest.approx(8.5)
+    assert out["gc_gen0"]["ms_p50"] == pytest.approx(0.2)
+    assert out["runs_met_gc"]["calls"] == 1
+    assert out["runs_met_gc"]["ms_max"] == pytest.approx(10.0)
+    assert out["runs_no_gc"]["calls"] == 2
+    assert out["runs_no_gc"]["ms_mean"] == pytest.approx(20.0)
+
+
+def test_install_times_the_collectors_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    monkeypatch.setattr(stage_probe, "_gc", [])
+    gc.callbacks.append(stage_probe._on_gc)  # what install adds, without wrapping the engine
+    try:
+        gc.collect(1)
+    finally:
+        gc.callbacks.remove(stage_probe._on_gc)
+    assert [g for _, _, g in stage_probe._gc] == [1]
+    start, end, _ = stage_probe._gc[0]
+    assert end >= start
