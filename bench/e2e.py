@@ -296,6 +296,11 @@ def run(args: argparse.Namespace) -> int:
             backlog = [requests[i % len(requests)] for i in range(args.capacity_events)]
             cap = asyncio.run(capacity(engine, backlog, batching))
             emit(kind="capacity", mode=batching["mode"], max_batch_tokens=batching["max_batch_tokens"], **cap)
+        if os.environ.get("BENCH_E2E_STAGE_PROBE"):  # the probe's figures: the Kafka phase only
+            from bench import stage_probe
+
+            stage_probe.reset()
+            emit(kind="note", t=round(time.perf_counter() - t_start, 2), message="stage probe reset")
         if args.mixed:
             line = _mixed(args, broker, engine, values, batching, cap, t_start, emit)
             loads = [line] if line is not None else []

@@ -41,6 +41,8 @@ _gc: list[tuple[float, float, int]] = []  # each collector pass's (start, end, g
 _gc_started = threading.local()  # .at: perf_counter when this thread's pass began
 GC_MET_S = 0.001
 """A run "met" the collector when a pass of at least this long overlapped it."""
+GC_LONG_S = 0.01
+"""Passes at least this long are also listed one by one (`gc_long`)."""
 OUTER_OF = {"to_device": "stage", "to_host": "run"}
 """Each inner call and the outer call it is timed inside (only there)."""
 _inside = threading.local()  # .<outer>: [inner wall, inner CPU] while this thread is inside that outer call
@@ -101,6 +103,16 @@ def install() -> None:
     clef.to_host = _timed("to_host", clef.to_host)
 
 
+def reset() -> None:
+    """Forget every sample so far (bench.e2e: before the Kafka phase, so the engine-only capacity run's
+    batches and the full collections of start-up do not count)."""
+    with _lock:
+        for rows in _samples.values():
+            rows.clear()
+        _runs.clear()
+        _gc.clear()
+
+
 def _on_gc(phase: str, info: dict[str, int]) -> None:
     """`gc.callbacks` hook: record each pass's start, end and generation. Takes no lock (a pass may start
     inside `_lock`, in the thread holding it); a list's append is atomic under the GIL."""
@@ -128,7 +140,8 @@ def gc_summary(
 ) -> dict[str, dict[str, float]]:
     """The collector's passes per generation (`gc_gen<N>`: calls, ms mean / p50 / max / total) and the runs'
     wall ms split by whether a pass of at least `GC_MET_S` overlapped them (`runs_met_gc`, `runs_no_gc`:
-    calls and ms mean / p50 / max)."""
+    calls and ms mean / p50 / max); `gc_long` lists the passes of at least `GC_LONG_S` (at most 40) as
+    `s<seconds after the first run began, negative before it>_gen<N>`: ms."""
     out: dict[str, dict[str, float]] = {}
     for generation in sorted({g for _, _, g in passes}):
         out[f"gc_gen{generation}"] = _ms([(e - s) * 1000 for s, e, g in passes if g == generation])
@@ -143,6 +156,10 @@ def gc_summary(
             row = _ms(walls)
             del row["ms_total"]
             out[name] = row
+    first = min((start for start, _ in runs), default=0.0)
+    listed = [(s, e, g) for s, e, g in passes if e - s >= GC_LONG_S][:40]
+    if listed:
+        out["gc_long"] = {f"s{s - first:.3f}_gen{g}": round((e - s) * 1000, 3) for s, e, g in listed}
     return out
 
 

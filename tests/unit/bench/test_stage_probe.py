@@ -46,6 +46,13 @@ def test_a_runs_launch_is_the_run_less_its_wait_for_the_gpu(monkeypatch: pytest.
     assert set(summary) == {"run", "to_host", "launch", "runs_no_gc"}  # no collector pass was recorded
     assert summary["runs_no_gc"]["calls"] == 2
     assert summary["runs_no_gc"]["ms_mean"] >= 50.0
+    stage_probe._gc.append((0.0, 0.02, 2))
+    stage_probe.reset()  # bench.e2e, before the Kafka phase
+    assert not any(samples.values())
+    assert not stage_probe._runs
+    assert not stage_probe._gc
+    timed_run()
+    assert stage_probe.summary()["runs_no_gc"]["calls"] == 1
 
 
 def test_the_runs_a_collector_pass_overlapped_are_told_apart() -> None:
@@ -64,6 +71,9 @@ def test_the_runs_a_collector_pass_overlapped_are_told_apart() -> None:
     assert out["runs_met_gc"]["ms_max"] == pytest.approx(10.0)
     assert out["runs_no_gc"]["calls"] == 2
     assert out["runs_no_gc"]["ms_mean"] == pytest.approx(20.0)
+    assert "gc_long" not in out  # no pass of 10 ms or more
+    late = stage_probe.gc_summary(runs, [*passes, (0.1, 0.125, 2), (-1.0, -0.9, 2)])
+    assert late["gc_long"] == {"s0.100_gen2": pytest.approx(25.0), "s-1.000_gen2": pytest.approx(100.0)}
 
 
 def test_install_times_the_collectors_passes(monkeypatch: pytest.MonkeyPatch) -> None:
