@@ -13,12 +13,18 @@ It prints one JSON line per model: batches predicted, the mean and p90 absolute 
 and the mean error each way. Then, for the linear model, one line per graph bucket: batches, mean signed
 error (ms) and the p10 / p50 / p90 of those batches' run times (ms). If the linear model's error follows the
 bucket and the padded one's is small, the padding is the cause; if the bucket's mean error is small but its
-run times spread, the run time itself varies. A line that is not JSON, or not a normal batch's, is skipped.
+run times spread, the run time itself varies. Last, `next_stage` lines: each batch's run time less the
+median of its bucket's (its residual), grouped by how long the batch after it took to stage (`stage_ms`, which
+runs on the prepare thread while this batch is on the GPU thread), with the correlation of the two. A
+residual that grows with the next batch's staging says the two meet something in common (the GIL, the
+driver, a wait for the GPU); which, the stage probe's `to_device`, `launch` and `gc_*` rows tell. A line that
+is not JSON, or not a normal batch's, is skipped.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 from collections.abc import Iterable, Sequence
@@ -30,7 +36,12 @@ from consumer.batching.adaptive import CostLike, CostModel
 
 def batches(lines: Iterable[str]) -> list[tuple[int, float]]:
     """(tokens, GPU seconds) of each normal batch logged in `lines`, in order."""
-    out: list[tuple[int, float]] = []
+    return [(tokens, seconds) for tokens, seconds, _ in batch_rows(lines)]
+
+
+def batch_rows(lines: Iterable[str]) -> list[tuple[int, float, float]]:
+    """(tokens, GPU seconds, staging ms; 0.0 when not logged) of each normal batch in `lines`, in order."""
+    out: list[tuple[int, float, float]] = []
     for line in lines:
         try:
             row = json.loads(line)
@@ -40,7 +51,7 @@ def batches(lines: Iterable[str]) -> list[tuple[int, float]]:
             continue
         if row.get("splits") or row.get("failed") or "run_ms" not in row:
             continue
-        out.append((int(row["tokens"]), float(row["run_ms"]) / 1000.0))
+        out.append((int(row["tokens"]), float(row["run_ms"]) / 1000.0, float(row.get("stage_ms", 0.0))))
     return out
 
 
@@ -109,6 +120,47 @@ def by_bucket(
     ]
 
 
+NEXT_STAGE_BANDS = (0.0, 2.0, 4.0, 6.0, 10.0)
+"""Lower edges (ms) of the `next_stage` groups; the last is open."""
+
+
+def next_stage(rows: Sequence[tuple[int, float, float]], buckets: Sequence[int]) -> list[dict[str, object]]:
+    """Each batch but the last: its run time less its bucket's median run time (ms), grouped by the next
+    batch's staging ms (`NEXT_STAGE_BANDS`): batches, residual mean and p50 per group (empty groups left
+    out), then one `next_stage_corr` row with the Pearson correlation of the two (None under 3 batches or
+    with no spread)."""
+    groups: dict[int, list[float]] = {}
+    for tokens, seconds, _ in rows:
+        groups.setdefault(padded(tokens, buckets), []).append(seconds)
+    medians = {size: statistics.median(v) for size, v in groups.items()}
+    pairs = [
+        ((seconds - medians[padded(tokens, buckets)]) * 1000, after[2])
+        for (tokens, seconds, _), after in itertools.pairwise(rows)
+    ]
+    out: list[dict[str, object]] = []
+    edges = [*NEXT_STAGE_BANDS, float("inf")]
+    for low, high in itertools.pairwise(edges):
+        residuals = [r for r, stage in pairs if low <= stage < high]
+        if residuals:
+            out.append(
+                {
+                    "kind": "next_stage",
+                    "stage_ms": f"{low:g}-{high:g}",
+                    "batches": len(residuals),
+                    "residual_ms_mean": round(statistics.fmean(residuals), 2),
+                    "residual_ms_p50": round(statistics.median(residuals), 2),
+                }
+            )
+    corr: float | None = None
+    if len(pairs) >= 3:
+        try:
+            corr = round(statistics.correlation([r for r, _ in pairs], [s for _, s in pairs]), 3)
+        except statistics.StatisticsError:  # one of them constant
+            corr = None
+    out.append({"kind": "next_stage_corr", "batches": len(pairs), "correlation": corr})
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python3 -m bench.batch_costs", description=(__doc__ or "").split("\n")[0]
@@ -118,12 +170,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     from engine.model.graphs import GRAPH_BUCKETS
 
-    runs = batches(args.log.read_text(encoding="utf-8", errors="replace").splitlines())
+    rows = batch_rows(args.log.read_text(encoding="utf-8", errors="replace").splitlines())
+    runs = [(tokens, seconds) for tokens, seconds, _ in rows]
     linear = errors(runs, CostModel(args.window))
     padded_errs = errors(runs, PaddedCost(GRAPH_BUCKETS, CostModel(args.window)))
     print(json.dumps(summary("linear", linear)))
     print(json.dumps(summary("padded", padded_errs)))
-    for row in by_bucket(runs, linear, GRAPH_BUCKETS):
+    for row in [*by_bucket(runs, linear, GRAPH_BUCKETS), *next_stage(rows, GRAPH_BUCKETS)]:
         print(json.dumps(row))
     return 0
 

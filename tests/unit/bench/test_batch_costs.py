@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.batch_costs import batches, by_bucket, errors, main, summary
+from bench.batch_costs import batch_rows, batches, by_bucket, errors, main, next_stage, summary
 from bench.batcher_model import PaddedCost, padded
 from consumer.batching.adaptive import CostModel
 
@@ -38,6 +38,35 @@ def test_only_normal_clean_batches_count() -> None:
         _line(1600, 20.0),
     ]
     assert batches(lines) == [(800, 0.0125), (1600, 0.02)]
+    assert batch_rows([_line(800, 12.5, stage_ms=3.5), _line(900, 13.0)]) == [
+        (800, 0.0125, 3.5),
+        (900, 0.013, 0.0),  # no stage_ms logged
+    ]
+
+
+def test_a_runs_residual_is_grouped_by_the_next_batchs_staging() -> None:
+    """Every fourth batch runs 20 ms over its bucket's median and the batch after it took 12 ms to stage;
+    the others stage in 3 ms and run at the median: the 10+ group holds the long runs, the correlation is
+    high."""
+    rows = []
+    for i in range(40):
+        long = i % 4 == 0
+        rows.append((3000, 0.036 + (0.02 if long else 0.0), 0.0))
+    rows = [(t, s, 12.0 if i > 0 and rows[i - 1][1] > 0.04 else 3.0) for i, (t, s, _) in enumerate(rows)]
+    out = next_stage(rows, BUCKETS)
+    groups = {r["stage_ms"]: r for r in out if r["kind"] == "next_stage"}
+    assert set(groups) == {"2-4", "10-inf"}
+    assert groups["10-inf"]["batches"] == 10
+    assert groups["10-inf"]["residual_ms_mean"] == pytest.approx(20.0)
+    assert groups["2-4"]["batches"] == 29  # the last batch has no next one
+    assert groups["2-4"]["residual_ms_p50"] == pytest.approx(0.0)
+    corr = out[-1]
+    assert corr["kind"] == "next_stage_corr"
+    assert corr["batches"] == 39
+    assert isinstance(corr["correlation"], float)
+    assert corr["correlation"] > 0.99
+    flat = next_stage([(3000, 0.036, 3.0)] * 5, BUCKETS)
+    assert flat[-1]["correlation"] is None  # no spread: no correlation
 
 
 def test_padding_explains_a_step_cost_and_the_linear_error_follows_the_bucket() -> None:
@@ -90,3 +119,4 @@ def test_main_prints_both_models_and_the_buckets(tmp_path: Path, capsys: pytest.
     assert [r["model"] for r in rows if r["kind"] == "model"] == ["linear", "padded"]
     assert rows[1]["abs_ms_mean"] == 0.0
     assert any(r["kind"] == "bucket" for r in rows)
+    assert rows[-1]["kind"] == "next_stage_corr"
