@@ -27,6 +27,7 @@ import itertools
 import json
 import random
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -285,8 +286,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--launch-ops", type=int, default=0, help="GIL round trips (tiny torch calls) at each run's start"
     )
+    p.add_argument(
+        "--switch-interval-ms", type=float, default=None, help="the GIL switch interval (default: Python's 5)"
+    )
     args = p.parse_args(argv)
     configure_logging("warning")
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1000.0)
     cost = Cost(args.fixed_ms / 1000, args.per_record_ms / 1000, mix_mean())
     buckets: tuple[int, ...] = ()
     if args.graph_buckets or args.pad_cost:
@@ -313,6 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "graph_buckets": args.graph_buckets,
                 "pad_cost": args.pad_cost,
                 "launch_ops": args.launch_ops,
+                "switch_interval_ms": round(sys.getswitchinterval() * 1000, 3),
             }
         ),
         flush=True,

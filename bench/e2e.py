@@ -38,7 +38,8 @@ one code between runs).
 
 Environment, for experiments: `BENCH_E2E_LOG_LEVEL` (default `warning`; `info` keeps the batcher's line per
 batch, where an urgent batch's line says where its time went), `BENCH_E2E_SWITCH_INTERVAL_MS` (the GIL
-switch interval of the process; Python's 5 ms when unset), `BENCH_E2E_STAGE_PROBE` (1: `bench.stage_probe`
+switch interval of the process, which the pipeline's `gil_switch_interval_ms` then keeps; Python's 5 ms when
+unset), `BENCH_E2E_STAGE_PROBE` (1: `bench.stage_probe`
 times `Engine.stage` and its device copy, and `Engine.run` split into the launch and the wait for the GPU,
 wall and thread CPU, printed at exit) and
 `BENCH_E2E_LAYERS_AHEAD` (how many layers of an eager forward the launch pacer keeps queued on the GPU; the
@@ -257,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
             "sm90": args.sm90 if kind == "full" else None,
             "layers_ahead": ahead,
             "producer_linger_ms": args.producer_linger_ms,
+            "switch_interval_ms": round(sys.getswitchinterval() * 1000.0, 3),  # the pipeline keeps it
             "graph_to": int(os.environ.get("BENCH_E2E_GRAPH_TO", "0")) or None,  # None: default buckets
             "device": torch.cuda.get_device_name() if kind == "full" else "cpu",
             "torch": torch.__version__,

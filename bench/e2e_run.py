@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -242,10 +243,15 @@ async def service_session(
 
     bootstrap = broker.bootstrap_servers
     group = f"e2e-{uuid.uuid4().hex[:8]}"
+    # the pipeline sets the GIL switch interval at start: this process's (BENCH_E2E_SWITCH_INTERVAL_MS),
+    # unless `fields` names one
+    top = {"gil_switch_interval_ms": sys.getswitchinterval() * 1000.0} | {
+        k: v for k, v in fields.items() if k != "kafka"
+    }
     settings = load_settings(
         kafka={**fields.get("kafka", {}), "bootstrap_servers": bootstrap, "group_id": group},
         log_level="warning",
-        **{k: v for k, v in fields.items() if k != "kafka"},
+        **top,
     )
     topics = settings.topics
     names = service_topics(topics, settings.routing.department_map.values())

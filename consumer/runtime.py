@@ -7,6 +7,13 @@ default makes collections a tenth of the CPU time, mostly re-scanning live in-fl
 raises the generation-0 threshold and freezes what start-up left alive (modules, engine, settings), so
 collections scan only new objects. Garbage cycles are still collected, just in larger, rarer passes.
 
+`set_switch_interval` sets how long a thread running Python keeps the GIL while another thread waits for it
+(`sys.setswitchinterval`). The GPU thread gives the GIL up around every torch call it makes (a batch launches
+a few hundred kernels, the joint head's eagerly) and must take it back each time; beside a thread that runs
+Python (preparing records, staging or answering a batch, the event loop) each take-back can wait out a whole
+interval, while the GPU idles if its queue has run dry (`bench.gil_convoy`, `bench.batcher_model
+--switch-interval-ms`; BENCHMARKS.md).
+
 `bounded` runs one shutdown step (leaving the group, closing a client) within the time left, so a stop
 returns within its bound even when a step waits on the broker (e.g. a rebalance in progress).
 """
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 from collections.abc import Awaitable
 
 from consumer.logging import get_logger
@@ -33,6 +41,15 @@ def tune_gc(gen0_threshold: int, *, freeze: bool) -> None:
         _, gen1, gen2 = gc.get_threshold()
         gc.set_threshold(gen0_threshold, gen1, gen2)
     log.info("gc_tuned", gen0_threshold=gc.get_threshold()[0], frozen=gc.get_freeze_count())
+
+
+def set_switch_interval(ms: float) -> None:
+    """Set the GIL switch interval to `ms` milliseconds (`sys.setswitchinterval`; Python's default is 5).
+    Process-wide; call it once at start-up. Raises ValueError for a value that is not positive."""
+    if not ms > 0:
+        raise ValueError(f"the switch interval must be positive, got {ms} ms")
+    sys.setswitchinterval(ms / 1000.0)
+    log.info("gil_switch_interval", ms=round(sys.getswitchinterval() * 1000.0, 3))
 
 
 async def bounded(step: Awaitable[None], timeout_s: float, what: str) -> bool:

@@ -250,6 +250,13 @@ class Settings(BaseSettings):
         default=10_000, ge=0, description="cyclic GC generation-0 threshold set at start (0: Python's 700)"
     )
     gc_freeze: bool = Field(default=True, description="gc.freeze() what start-up left alive")
+    gil_switch_interval_ms: float = Field(
+        default=5.0,
+        gt=0,
+        le=100,
+        description="GIL switch interval set at start (ms; Python's default 5): how long another thread's"
+        " Python may hold the GIL while the GPU thread waits to launch its next kernel",
+    )
 
     @classmethod
     def settings_customise_sources(

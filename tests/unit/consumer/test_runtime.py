@@ -1,0 +1,42 @@
+"""`consumer.runtime.set_switch_interval`: the GIL switch interval the service sets at start, from its
+setting (Python's 5 ms by default; a shorter one is an operator's choice, BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from consumer.runtime import set_switch_interval
+from consumer.settings import SettingsError, load_settings
+
+
+@pytest.fixture(autouse=True)
+def _keep_interval() -> Iterator[None]:
+    """The interval is process-wide: each test leaves it as it found it."""
+    before = sys.getswitchinterval()
+    yield
+    sys.setswitchinterval(before)
+
+
+def test_the_setting_becomes_the_processs_interval() -> None:
+    set_switch_interval(0.5)
+    assert sys.getswitchinterval() == pytest.approx(0.0005)
+    set_switch_interval(load_settings().gil_switch_interval_ms)
+    assert sys.getswitchinterval() == pytest.approx(0.005)  # the default is Python's own
+
+
+@pytest.mark.parametrize("ms", [0.0, -1.0, float("nan")])
+def test_a_switch_interval_that_is_not_positive_is_refused(ms: float) -> None:
+    before = sys.getswitchinterval()
+    with pytest.raises(ValueError, match="must be positive"):
+        set_switch_interval(ms)
+    assert sys.getswitchinterval() == before
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "101"])
+def test_the_setting_is_bounded(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLEF_GIL_SWITCH_INTERVAL_MS", value)
+    with pytest.raises(SettingsError, match="gil_switch_interval_ms"):
+        load_settings()
