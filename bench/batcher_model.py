@@ -42,6 +42,7 @@ from consumer.batching.batcher import Batcher, Outcome
 from consumer.batching.gpu import BATCH_STEPS
 from consumer.logging import configure_logging
 from consumer.metrics import Metrics
+from consumer.runtime import set_switch_interval
 from consumer.settings import BatchingSettings
 from devtools.stub import StubEngine
 from engine.batching.cut import SERVICE_LIMITS, BatchLimits
@@ -292,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     configure_logging("warning")
     if args.switch_interval_ms is not None:
-        sys.setswitchinterval(args.switch_interval_ms / 1000.0)
+        set_switch_interval(args.switch_interval_ms)  # as the service sets its setting
     cost = Cost(args.fixed_ms / 1000, args.per_record_ms / 1000, mix_mean())
     buckets: tuple[int, ...] = ()
     if args.graph_buckets or args.pad_cost:

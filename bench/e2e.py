@@ -396,5 +396,7 @@ if __name__ == "__main__":
     # the batcher logs a line per batch at info (an urgent one with its lane times): BENCH_E2E_LOG_LEVEL=info
     configure_logging(os.environ.get("BENCH_E2E_LOG_LEVEL", "warning"))
     if os.environ.get("BENCH_E2E_SWITCH_INTERVAL_MS"):  # an experiment's GIL switch interval (default 5 ms)
-        sys.setswitchinterval(float(os.environ["BENCH_E2E_SWITCH_INTERVAL_MS"]) / 1000.0)
+        from consumer.runtime import set_switch_interval
+
+        set_switch_interval(float(os.environ["BENCH_E2E_SWITCH_INTERVAL_MS"]))
     raise SystemExit(main())
