@@ -186,17 +186,14 @@ def collate(
 
 
 def segment_mean(
-    values: torch.Tensor, rows: torch.Tensor | None, segment: torch.Tensor, num_segments: int
+    values: torch.Tensor, rows: torch.Tensor | None, segment: torch.Tensor, counts: torch.Tensor
 ) -> torch.Tensor:
-    """Float32 mean of `values[rows]` (or `values`) per segment id: (num_segments, D)."""
+    """Float32 mean of `values[rows]` (or `values`) per segment id: (S, D) for `counts` (S,), the rows of
+    each segment (at least 1; int64 from the host's `SpanIndex`, so no device work counts them)."""
     picked = values if rows is None else values[rows]  # (M, D)
-    sums = torch.zeros(num_segments, picked.shape[-1], dtype=torch.float32, device=picked.device)  # (S, D)
+    sums = torch.zeros(counts.shape[0], picked.shape[-1], dtype=torch.float32, device=picked.device)  # (S, D)
     sums.index_add_(0, segment, picked.float())
-    # index_add rather than bincount: bincount sizes its output from the data, a device-to-host sync.
-    ones = torch.ones(segment.shape[0], dtype=torch.float32, device=segment.device)  # (M,)
-    counts = torch.zeros(num_segments, dtype=torch.float32, device=segment.device)  # (S,)
-    counts = counts.index_add_(0, segment, ones).clamp_min(1.0)
-    return sums / counts[:, None]  # (S, D)
+    return sums / counts[:, None]  # (S, D) float32: an int64 divisor is cast exactly in the division
 
 
 def segment_softmax(logits: torch.Tensor, segment: torch.Tensor, num_segments: int) -> torch.Tensor:

@@ -32,9 +32,11 @@ class SpanIndex:
     memory_padding: torch.Tensor  # (B, Lmax) bool, True = padding
     question_tokens: torch.Tensor  # (Mq,) flat token indices of all question spans
     question_segment: torch.Tensor  # (Mq,) question of each of those tokens
+    question_length: torch.Tensor  # (Q,) tokens of each question span (at least 1; the means' divisor)
     option_tokens: torch.Tensor  # (Mo,) flat token indices of all option spans
     option_segment: torch.Tensor  # (Mo,) option of each of those tokens
     option_token_ids: torch.Tensor  # (Mo,) token ids at option_tokens (rows of E)
+    option_length: torch.Tensor  # (N,) tokens of each option span (at least 1; the means' divisor)
     question_record: torch.Tensor  # (Q,)
     question_slot: torch.Tensor  # (Q,) index of the question inside its record
     question_type: torch.Tensor  # (Q,) 0 noul, 1 choice, 2 score
@@ -157,9 +159,11 @@ def span_index(encoded: Sequence[EncodedRequest], tokens: FlatTokens, spans: Fla
         memory_padding=torch.from_numpy(np.arange(max_len)[None, :] >= tokens.lengths[:, None]),
         question_tokens=int_tensor(q_tok),
         question_segment=int_tensor(np.repeat(np.arange(len(q_rec)), q_len)),
+        question_length=int_tensor(q_len),
         option_tokens=int_tensor(o_tok),
         option_segment=int_tensor(np.repeat(np.arange(len(o_q)), o_len)),
         option_token_ids=int_tensor(tokens.ids[o_tok]),
+        option_length=int_tensor(o_len),
         question_record=int_tensor(q_rec),
         question_slot=int_tensor(_slots(q_rec, num_records)),
         question_type=int_tensor([t for rec in encoded for t in rec.question_types]),

@@ -101,20 +101,29 @@ class EvidenceLayer(nn.Module):
         self.feedforward_norm = nn.LayerNorm(width)
         self.feedforward = _two_layer(width, feedforward, width)
 
-    def forward(self, q: torch.Tensor, memory: torch.Tensor, memory_pad: torch.Tensor | None) -> torch.Tensor:
-        """q: (B, O, w) option queries; memory: (B, L, w); memory_pad: (B, L) True = padding, or None
-        when no row has padding."""
-        q = q + attend(self.attention, self.query_norm(q), self.memory_norm(memory), memory_pad)  # (B, O, w)
+    def forward(
+        self, q: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """q: (B, O, w) option queries; memory: (B, L, w); memory_mask: `attend_mask` of the memory's
+        (B, L) padding, or None when no row has padding."""
+        q = q + attend(self.attention, self.query_norm(q), self.memory_norm(memory), memory_mask)  # (B, O, w)
         out: torch.Tensor = q + self.feedforward(self.feedforward_norm(q))  # (B, O, w)
         return out
 
 
+def attend_mask(padding: torch.Tensor | None) -> torch.Tensor | None:
+    """The SDPA mask (B, 1, 1, L), True = attend, of a (B, L) key padding mask (True = padding), or None.
+    Built once per head call: every attention over the same keys takes the same mask."""
+    return None if padding is None else ~padding[:, None, None, :]
+
+
 def attend(
-    attention: nn.MultiheadAttention, x: torch.Tensor, memory: torch.Tensor, memory_pad: torch.Tensor | None
+    attention: nn.MultiheadAttention, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None
 ) -> torch.Tensor:
-    """`attention(x, memory, memory, key_padding_mask=memory_pad)` (batch first, no weights returned)
+    """`attention(x, memory, memory, key_padding_mask=padding)` (batch first, no weights returned)
     through one `F.scaled_dot_product_attention` call, masked or not: (B, n, w) for x (B, n, w) and
-    memory (B, L, w); memory_pad (B, L) True = padding, or None. Self-attention when `memory is x`.
+    memory (B, L, w); memory_mask is `attend_mask(padding)` of the (B, L) key padding, or None.
+    Self-attention when `memory is x`.
 
     nn.MultiheadAttention computes masked and unmasked attention differently (its fused native path for
     self-attention treats a mask apart), so through it a lone record (no mask) and the same record in a
@@ -130,9 +139,8 @@ def attend(
     else:
         q = F.linear(x, w[:width], None if b is None else b[:width])  # (B, n, w)
         k, v = F.linear(memory, w[width:], None if b is None else b[width:]).chunk(2, dim=-1)  # (B, L, w)
-    mask = None if memory_pad is None else ~memory_pad[:, None, None, :]  # (B, 1, 1, L) True = attend
     out = F.scaled_dot_product_attention(
-        _split_heads(q, heads), _split_heads(k, heads), _split_heads(v, heads), attn_mask=mask
+        _split_heads(q, heads), _split_heads(k, heads), _split_heads(v, heads), attn_mask=memory_mask
     )  # (B, heads, n, w / heads)
     projected: torch.Tensor = attention.out_proj(out.transpose(1, 2).flatten(2))  # (B, n, w)
     return projected
@@ -146,14 +154,15 @@ def decoder_layer(
     layer: nn.TransformerDecoderLayer,
     x: torch.Tensor,
     memory: torch.Tensor,
-    x_pad: torch.Tensor | None,
-    memory_pad: torch.Tensor | None,
+    x_mask: torch.Tensor | None,
+    memory_mask: torch.Tensor | None,
 ) -> torch.Tensor:
     """`layer(x, memory, tgt_key_padding_mask=x_pad, memory_key_padding_mask=memory_pad)` for the head's
-    pre-norm GELU decoder layers (dropout 0), with every attention through `attend`: (B, K, w)."""
+    pre-norm GELU decoder layers (dropout 0), with every attention through `attend`: (B, K, w). The masks
+    are `attend_mask(x_pad)` and `attend_mask(memory_pad)`."""
     n1 = layer.norm1(x)
-    x = x + attend(layer.self_attn, n1, n1, x_pad)
-    x = x + attend(layer.multihead_attn, layer.norm2(x), memory, memory_pad)
+    x = x + attend(layer.self_attn, n1, n1, x_mask)
+    x = x + attend(layer.multihead_attn, layer.norm2(x), memory, memory_mask)
     out: torch.Tensor = x + layer.linear2(F.gelu(layer.linear1(layer.norm3(x))))
     return out
 
@@ -226,14 +235,14 @@ class JointSchemaHead(nn.Module):
             index.num_records,
             index.max_length,
         )  # (B, L, w)
-        mem_pad, q_pad = _padding_masks(h, index)
-        o = self._route_options(pooled, mem, mem_pad, index)  # (N, w)
+        mem_mask, q_mask = _attend_masks(h, index)
+        o = self._route_options(pooled, mem, mem_mask, index)  # (N, w)
         field = self._fields(o, pooled, index)  # (Q, w)
-        f = self._decode_fields(field, mem, q_pad, mem_pad, index)  # (N, w)
+        f = self._decode_fields(field, mem, q_mask, mem_mask, index)  # (N, w)
         return self._probabilities(f, o, pooled, index)  # (N,) float32
 
     def _route_options(
-        self, pooled: _Pooled, mem: torch.Tensor, mem_pad: torch.Tensor | None, index: SpanIndex
+        self, pooled: _Pooled, mem: torch.Tensor, mem_mask: torch.Tensor | None, index: SpanIndex
     ) -> torch.Tensor:
         """The option vectors (N, w) after the evidence layers attended them to their record's memory."""
         o = (
@@ -245,7 +254,7 @@ class JointSchemaHead(nn.Module):
             o, index.option_record, index.option_slot, index.num_records, index.max_options
         )  # (B, O, w)
         for layer in self.evidence_layers:
-            o_pad = layer(o_pad, mem, mem_pad)  # (B, O, w)
+            o_pad = layer(o_pad, mem, mem_mask)  # (B, O, w)
         return o_pad[index.option_record, index.option_slot]  # (N, w)
 
     def _fields(self, o: torch.Tensor, pooled: _Pooled, index: SpanIndex) -> torch.Tensor:
@@ -254,10 +263,11 @@ class JointSchemaHead(nn.Module):
         width = self.config.width
         opt_q = index.option_question
         wq = self.question_projection(pooled.q)  # (Q, w)
-        scores = (o.float() * wq.float()[opt_q]).sum(-1) / math.sqrt(width)  # (N,) float32
+        o32 = o.float()  # (N, w) float32, cast once for both uses
+        scores = (o32 * wq.float()[opt_q]).sum(-1) / math.sqrt(width)  # (N,) float32
         weights = segment_softmax(scores, opt_q, index.num_questions)  # (N,) float32
         summary = torch.zeros(index.num_questions, width, dtype=torch.float32, device=o.device)  # (Q, w)
-        summary.index_add_(0, opt_q, weights[:, None] * o.float())  # (Q, w)
+        summary.index_add_(0, opt_q, weights[:, None] * o32)  # (Q, w)
         field: torch.Tensor = (
             wq
             + self.option_summary_norm(summary.to(pooled.q.dtype))
@@ -270,18 +280,18 @@ class JointSchemaHead(nn.Module):
         self,
         field: torch.Tensor,
         mem: torch.Tensor,
-        q_pad: torch.Tensor | None,
-        mem_pad: torch.Tensor | None,
+        q_mask: torch.Tensor | None,
+        mem_mask: torch.Tensor | None,
         index: SpanIndex,
     ) -> torch.Tensor:
-        """The fields (Q, w) through the decoder layers over the memory, normalised, one row per option
-        of their question: (N, w)."""
+        """The fields (Q, w) through the decoder layers over the memory (masks: `attend_mask`),
+        normalised, one row per option of their question: (N, w)."""
         f_pad = _to_padded(
             field, index.question_record, index.question_slot, index.num_records, index.max_questions
         )  # (B, K, w)
         for layer in self.layers:
             f_pad = decoder_layer(
-                cast(nn.TransformerDecoderLayer, layer), f_pad, mem, q_pad, mem_pad
+                cast(nn.TransformerDecoderLayer, layer), f_pad, mem, q_mask, mem_mask
             )  # (B, K, w)
         f: torch.Tensor = self.field_norm(f_pad[index.question_record, index.question_slot])
         return f[index.option_question]  # (N, w)
@@ -320,23 +330,23 @@ class _Pooled:
 def _pool(h: torch.Tensor, lexical_table: torch.Tensor, index: SpanIndex, dtype: torch.dtype) -> _Pooled:
     """`_Pooled` of the normalised states `h` (T, H); the means are cast to `dtype`."""
     g = h[index.last_token]  # (B, H)
-    q = segment_mean(h, index.question_tokens, index.question_segment, index.num_questions).to(
+    q = segment_mean(h, index.question_tokens, index.question_segment, index.question_length).to(
         dtype
     )  # (Q, H)
-    c = segment_mean(h, index.option_tokens, index.option_segment, index.num_options).to(dtype)  # (N, H)
+    c = segment_mean(h, index.option_tokens, index.option_segment, index.option_length).to(dtype)  # (N, H)
     lex_rows = lexical_table[index.option_token_ids].to(dtype)  # (Mo, H)
-    lex = segment_mean(lex_rows, None, index.option_segment, index.num_options).to(dtype)  # (N, H)
+    lex = segment_mean(lex_rows, None, index.option_segment, index.option_length).to(dtype)  # (N, H)
     return _Pooled(g, q, c, lex)
 
 
-def _padding_masks(h: torch.Tensor, index: SpanIndex) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(B, L) memory and (B, K) question padding masks, True = padding, or None where no record is padded
+def _attend_masks(h: torch.Tensor, index: SpanIndex) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """`attend_mask` of the (B, L) memory and (B, K) question padding, or None where no record is padded
     (a lone record, or records of one length: the sizes alone tell, no sync). The masks cost a lone
     request more than the attentions themselves (BENCHMARKS.md, "Engine, round four")."""
     records = index.num_records
     mem_pad = None if h.shape[0] == records * index.max_length else index.memory_padding
     q_pad = None if index.num_questions == records * index.max_questions else index.question_padding
-    return mem_pad, q_pad
+    return attend_mask(mem_pad), attend_mask(q_pad)
 
 
 def head_state_dict_keys(config: JointHeadConfig) -> list[str]:

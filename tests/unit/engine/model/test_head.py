@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from engine.batching.collate import Layout, collate, forward
-from engine.model.head import JointHeadConfig, JointSchemaHead, attend, decoder_layer, head_state_dict_keys
+from engine.model.head import (
+    JointHeadConfig,
+    JointSchemaHead,
+    attend,
+    attend_mask,
+    decoder_layer,
+    head_state_dict_keys,
+)
 from engine.model.release import LoadedModel
 from engine.types import EncodedRequest
 from tests.unit.engine.conftest import make_record
@@ -135,10 +142,11 @@ def test_attend_and_decoder_layer_equal_the_torch_modules(masked: bool) -> None:
         cross, _ = mha(x, mem, mem, key_padding_mask=mem_pad, need_weights=False)
         self_attention, _ = mha(x, x, x, key_padding_mask=x_pad, need_weights=False)
         decoded = layer(x, mem, tgt_key_padding_mask=x_pad, memory_key_padding_mask=mem_pad)
+        x_mask, mem_mask = attend_mask(x_pad), attend_mask(mem_pad)
         got = (
-            attend(mha, x, mem, mem_pad),
-            attend(mha, x, x, x_pad),
-            decoder_layer(layer, x, mem, x_pad, mem_pad),
+            attend(mha, x, mem, mem_mask),
+            attend(mha, x, x, x_mask),
+            decoder_layer(layer, x, mem, x_mask, mem_mask),
         )
     real = ~x_pad if x_pad is not None else torch.ones(3, 5, dtype=torch.bool)
     for want, have in zip((cross, self_attention, decoded), got, strict=True):
