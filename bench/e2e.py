@@ -41,7 +41,8 @@ batch, where an urgent batch's line says where its time went), `BENCH_E2E_SWITCH
 switch interval of the process, which the pipeline's `gil_switch_interval_ms` then keeps; Python's 5 ms when
 unset), `BENCH_E2E_STAGE_PROBE` (1: `bench.stage_probe`
 times `Engine.stage` and its device copy, and `Engine.run` split into the launch and the wait for the GPU,
-wall and thread CPU, printed at exit) and
+wall and thread CPU, printed at exit; with it, `BENCH_E2E_GIL_PROBE_MS` starts the probe's GIL sampler at
+that period, 2 suggested) and
 `BENCH_E2E_LAYERS_AHEAD` (how many layers of an eager forward the launch pacer keeps queued on the GPU; the
 decoder's 3 when unset; the info line says it) and
 `BENCH_E2E_GRAPH_TO` (CUDA graphs for the buckets up to this many tokens, `bench.batch_sizes.buckets_to`:
@@ -189,7 +190,8 @@ def run(args: argparse.Namespace) -> int:
 
         from bench import stage_probe
 
-        stage_probe.install()
+        gil_ms = os.environ.get("BENCH_E2E_GIL_PROBE_MS")  # the probe's GIL sampler, every that many ms
+        stage_probe.install(None if not gil_ms else float(gil_ms) / 1000.0)
         atexit.register(lambda: print("stage_probe", json.dumps(stage_probe.summary()), file=sys.stderr))
     import torch
 

@@ -14,6 +14,14 @@ pass holds the GIL from start to end, whatever thread triggered it, so it stalls
 alike. `summary()` gives the means and quantiles, the collector's passes per generation, and how the runs
 that met a pass of at least 1 ms compare with the rest; bench.e2e prints it to stderr at exit as one JSON line
 starting with `stage_probe`. Never imported by the product.
+
+The GIL sampler (`install(gil_period_s=...)`, bench.e2e's `BENCH_E2E_GIL_PROBE_MS`): a thread of its own
+sleeps `period` again and again and records how late each wake-up ran Python (`lag`). A wake-up needs the
+GIL; a thread running Python hands it over within a switch interval, so a lag much above the interval (or
+above the OS's wake-up jitter, well under a millisecond on an idle core) means something held the GIL
+without a break: a collector pass, a long C call that keeps it (a validator, `sum` of a big range), or the
+process descheduled. A slow run that meets no such lag stalled elsewhere: in the CUDA driver or on the GPU.
+The sampler takes the GIL for a few microseconds a wake-up (`GIL_PERIOD_S` apart by default).
 """
 
 from __future__ import annotations
@@ -39,6 +47,17 @@ _samples: dict[str, list[tuple[float, float]]] = {
 _runs: list[tuple[float, float]] = []  # each timed run's (start, end), perf_counter seconds
 _gc: list[tuple[float, float, int]] = []  # each collector pass's (start, end, generation)
 _gc_started = threading.local()  # .at: perf_counter when this thread's pass began
+_lags: list[tuple[float, float]] = []  # each late wake-up's (when it was due, lag seconds), from `GIL_MET_S`
+_wakes = [0]  # wake-ups of the sampler since the last reset
+GIL_PERIOD_S = 0.002
+"""The sampler's sleep between wake-ups."""
+GIL_MET_S = 0.001
+"""Wake-ups at least this late are kept (and a run "met" a GIL stall when one of at least `GIL_STALL_S`
+overlapped it)."""
+GIL_STALL_S = 0.005
+"""A lag this long is a stall: the switch interval (5 ms by default) or more."""
+GIL_LONG_S = 0.01
+"""Lags at least this long are also listed one by one (`gil_long`)."""
 GC_MET_S = 0.001
 """A run "met" the collector when a pass of at least this long overlapped it."""
 GC_LONG_S = 0.01
@@ -85,9 +104,9 @@ def _timed(name: str, fn: Callable[P, T]) -> Callable[P, T]:
     return wrapper
 
 
-def install() -> None:
+def install(gil_period_s: float | None = None) -> None:
     """Wrap `Engine.stage`, `ModelBatch.to`, `Engine.run` and `engine.model.clef.to_host` (process-wide,
-    once)."""
+    once); with `gil_period_s`, also start the GIL sampler at that period (a daemon thread)."""
     from engine.batching.collate import ModelBatch
     from engine.model import clef
     from engine.runner import Engine
@@ -101,6 +120,31 @@ def install() -> None:
     ModelBatch.to = _timed("to_device", ModelBatch.to)  # type: ignore[method-assign]
     Engine.run = _timed("run", Engine.run)  # type: ignore[method-assign]
     clef.to_host = _timed("to_host", clef.to_host)
+    if gil_period_s is not None:
+        start_gil_sampler(gil_period_s)
+
+
+def start_gil_sampler(
+    period_s: float = GIL_PERIOD_S, *, stop: threading.Event | None = None
+) -> threading.Thread:
+    """Start the GIL sampler (see the module docstring) on a daemon thread; it runs until `stop` is set
+    (never, without one). Returns the thread."""
+    if not period_s > 0:
+        raise ValueError(f"the sampler's period must be positive, got {period_s}")
+    ended = stop or threading.Event()
+
+    def sample() -> None:
+        while not ended.is_set():
+            due = time.perf_counter() + period_s
+            time.sleep(period_s)
+            lag = time.perf_counter() - due
+            _wakes[0] += 1
+            if lag >= GIL_MET_S:
+                _lags.append((due, lag))  # atomic under the GIL; bounded by the run's length / GIL_MET_S
+
+    thread = threading.Thread(target=sample, name="clef-gil-sampler", daemon=True)
+    thread.start()
+    return thread
 
 
 def reset() -> None:
@@ -111,6 +155,8 @@ def reset() -> None:
             rows.clear()
         _runs.clear()
         _gc.clear()
+        _lags.clear()
+        _wakes[0] = 0
 
 
 def _on_gc(phase: str, info: dict[str, int]) -> None:
@@ -163,12 +209,51 @@ def gc_summary(
     return out
 
 
+def gil_summary(
+    runs: list[tuple[float, float]], lags: list[tuple[float, float]], wakes: int
+) -> dict[str, dict[str, float]]:
+    """The sampler's lags (`gil_lag`: wake-ups, how many were at least `GIL_MET_S`, `GIL_STALL_S` and
+    `GIL_LONG_S` late, the largest lag and the stalls' total ms), the runs' wall ms split by whether a
+    stall overlapped them (`runs_met_gil`, `runs_no_gil`: calls and ms mean / p50 / max), and the lags of
+    at least `GIL_LONG_S` (at most 40) as `s<seconds after the first run began>`: ms (`gil_long`). A lag
+    covers from when its wake-up was due until it ran. Empty when the sampler never woke."""
+    if wakes == 0:
+        return {}
+    stalls = [(due, due + lag) for due, lag in lags if lag >= GIL_STALL_S]
+    out: dict[str, dict[str, float]] = {
+        "gil_lag": {
+            "wakes": wakes,
+            "late_1ms": len(lags),
+            "late_5ms": len(stalls),
+            "late_10ms": sum(1 for _, lag in lags if lag >= GIL_LONG_S),
+            "ms_max": round(max((lag for _, lag in lags), default=0.0) * 1000, 3),
+            "stall_ms_total": round(sum(e - s for s, e in stalls) * 1000, 3),
+        }
+    }
+    met: list[float] = []
+    clear: list[float] = []
+    for start, end in runs:
+        hit = any(s < end and e > start for s, e in stalls)
+        (met if hit else clear).append((end - start) * 1000)
+    for name, walls in (("runs_met_gil", met), ("runs_no_gil", clear)):
+        if walls:
+            row = _ms(walls)
+            del row["ms_total"]
+            out[name] = row
+    first = min((start for start, _ in runs), default=0.0)
+    listed = [(due, lag) for due, lag in lags if lag >= GIL_LONG_S][:40]
+    if listed:
+        out["gil_long"] = {f"s{due - first:.3f}": round(lag * 1000, 3) for due, lag in listed}
+    return out
+
+
 def summary() -> dict[str, dict[str, float]]:
-    """Per wrapped call (and `launch`): count, wall and CPU ms (mean, p50, p90, p99); then `gc_summary`."""
+    """Per wrapped call (and `launch`): count, wall and CPU ms (mean, p50, p90, p99); then `gc_summary`
+    and `gil_summary`."""
     out: dict[str, dict[str, float]] = {}
     with _lock:
         samples = {k: list(v) for k, v in _samples.items()}
-        runs, passes = list(_runs), list(_gc)
+        runs, passes, lags, wakes = list(_runs), list(_gc), list(_lags), _wakes[0]
     for name, rows in samples.items():
         if len(rows) < 2:
             continue
@@ -187,4 +272,5 @@ def summary() -> dict[str, dict[str, float]]:
             "cpu_p90_ms": round(qc[89], 3),
         }
     out.update(gc_summary(runs, passes))
+    out.update(gil_summary(runs, lags, wakes))
     return out

@@ -88,3 +88,51 @@ def test_install_times_the_collectors_passes(monkeypatch: pytest.MonkeyPatch) ->
     assert [g for _, _, g in stage_probe._gc] == [1]
     start, end, _ = stage_probe._gc[0]
     assert end >= start
+
+
+def test_the_gil_summary_splits_runs_by_the_stalls_that_overlapped_them() -> None:
+    runs = [(10.0, 10.05), (11.0, 11.02), (12.0, 12.1)]  # 50, 20, 100 ms
+    lags = [(10.01, 0.002), (10.02, 0.012), (11.5, 0.03), (12.09, 0.006)]  # due, lag (s)
+    out = stage_probe.gil_summary(runs, lags, wakes=500)
+    assert out["gil_lag"] == {
+        "wakes": 500,
+        "late_1ms": 4,
+        "late_5ms": 3,
+        "late_10ms": 2,
+        "ms_max": 30.0,
+        "stall_ms_total": 48.0,
+    }
+    assert (
+        out["runs_met_gil"]["calls"] == 2
+    )  # the first (a 12 ms lag inside) and the third (6 ms, at its end)
+    assert out["runs_met_gil"]["ms_max"] == pytest.approx(100.0)
+    assert out["runs_no_gil"]["calls"] == 1  # the 30 ms stall fell between runs
+    assert out["gil_long"] == {"s0.020": 12.0, "s1.500": 30.0}
+    assert stage_probe.gil_summary(runs, [], wakes=0) == {}
+
+
+def test_the_gil_sampler_sees_a_call_that_keeps_the_gil(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sum` over a range runs in C without letting the GIL go: the sampler's wake-up during it runs late by
+    about as long as the call (a lower bound that holds however loaded the machine)."""
+    import threading
+
+    monkeypatch.setattr(stage_probe, "_lags", [])
+    monkeypatch.setattr(stage_probe, "_wakes", [0])
+    stop = threading.Event()
+    thread = stage_probe.start_gil_sampler(0.001, stop=stop)
+    try:
+        deadline = time.monotonic() + 5.0
+        while stage_probe._wakes[0] < 5 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        began = time.perf_counter()
+        sum(range(8_000_000))  # holds the GIL (about 100 ms here)
+        held = time.perf_counter() - began
+        time.sleep(0.02)  # the sampler's late wake-up runs and records
+    finally:
+        stop.set()
+        thread.join(timeout=5.0)
+    assert not thread.is_alive()
+    assert held >= 0.02, f"the call held the GIL {held * 1000:.1f} ms: too short to tell"
+    assert max(lag for _, lag in stage_probe._lags) >= 0.5 * held
+    with pytest.raises(ValueError, match="positive"):
+        stage_probe.start_gil_sampler(0.0)

@@ -25,7 +25,8 @@ def test_segment_mean_takes_the_host_lengths_and_matches_per_segment(records: li
     index = batch.index
     values = torch.randn(batch.num_tokens, 8).to(torch.bfloat16)
     got = segment_mean(values, index.option_tokens, index.option_segment, index.option_length)
-    assert got.dtype == torch.float32 and got.shape == (index.num_options, 8)
+    assert got.dtype == torch.float32
+    assert got.shape == (index.num_options, 8)
     assert int(index.option_length.sum()) == index.option_tokens.shape[0]
     starts = torch.cumsum(index.option_length, 0) - index.option_length
     for n, (start, length) in enumerate(zip(starts.tolist(), index.option_length.tolist(), strict=True)):
