@@ -44,6 +44,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from engine.batching.collate import SpanIndex, segment_mean, segment_softmax
+from engine.model.head_layers import EvidenceLayer, attend_mask, decoder_layer, two_layer
 
 _MAX_LOG_SCALE = math.log(100.0)
 
@@ -81,90 +82,6 @@ class JointHeadConfig:
     def to_json(self) -> str:
         """`joint_head_config.json`'s text: every field, in declaration order."""
         return json.dumps(asdict(self), indent=2)
-
-
-def _two_layer(width_in: int, width_mid: int, width_out: int) -> nn.Sequential:
-    """Linear, GELU (exact), Dropout(0), Linear: the released key numbering `.0` and `.3`."""
-    return nn.Sequential(
-        nn.Linear(width_in, width_mid), nn.GELU(), nn.Dropout(0.0), nn.Linear(width_mid, width_out)
-    )
-
-
-class EvidenceLayer(nn.Module):
-    """Pre-norm evidence routing: q += MHA(LN_q(q), LN_m(m), LN_m(m)); q += FFN(LN_f(q))."""
-
-    def __init__(self, width: int, heads: int, feedforward: int) -> None:
-        super().__init__()
-        self.query_norm = nn.LayerNorm(width)
-        self.memory_norm = nn.LayerNorm(width)
-        self.attention = nn.MultiheadAttention(width, heads, dropout=0.0, batch_first=True)
-        self.feedforward_norm = nn.LayerNorm(width)
-        self.feedforward = _two_layer(width, feedforward, width)
-
-    def forward(
-        self, q: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        """q: (B, O, w) option queries; memory: (B, L, w); memory_mask: `attend_mask` of the memory's
-        (B, L) padding, or None when no row has padding."""
-        q = q + attend(self.attention, self.query_norm(q), self.memory_norm(memory), memory_mask)  # (B, O, w)
-        out: torch.Tensor = q + self.feedforward(self.feedforward_norm(q))  # (B, O, w)
-        return out
-
-
-def attend_mask(padding: torch.Tensor | None) -> torch.Tensor | None:
-    """The SDPA mask (B, 1, 1, L), True = attend, of a (B, L) key padding mask (True = padding), or None.
-    Built once per head call: every attention over the same keys takes the same mask."""
-    return None if padding is None else ~padding[:, None, None, :]
-
-
-def attend(
-    attention: nn.MultiheadAttention, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None
-) -> torch.Tensor:
-    """`attention(x, memory, memory, key_padding_mask=padding)` (batch first, no weights returned)
-    through one `F.scaled_dot_product_attention` call, masked or not: (B, n, w) for x (B, n, w) and
-    memory (B, L, w); memory_mask is `attend_mask(padding)` of the (B, L) key padding, or None.
-    Self-attention when `memory is x`.
-
-    nn.MultiheadAttention computes masked and unmasked attention differently (its fused native path for
-    self-attention treats a mask apart), so through it a lone record (no mask) and the same record in a
-    padded batch get different roundings. Through this one call (and one SDPA kernel on CUDA, see
-    `ClefOmniModel.forward_probabilities`) they agree within the SPEC's batch invariance
-    (tests/gpu/test_engine_gpu.py; BENCHMARKS.md, "Engine, round five").
-    """
-    width = x.shape[-1]
-    heads = attention.num_heads
-    w, b = attention.in_proj_weight, attention.in_proj_bias
-    if memory is x:
-        q, k, v = F.linear(x, w, b).chunk(3, dim=-1)  # (B, n, w) each
-    else:
-        q = F.linear(x, w[:width], None if b is None else b[:width])  # (B, n, w)
-        k, v = F.linear(memory, w[width:], None if b is None else b[width:]).chunk(2, dim=-1)  # (B, L, w)
-    out = F.scaled_dot_product_attention(
-        _split_heads(q, heads), _split_heads(k, heads), _split_heads(v, heads), attn_mask=memory_mask
-    )  # (B, heads, n, w / heads)
-    projected: torch.Tensor = attention.out_proj(out.transpose(1, 2).flatten(2))  # (B, n, w)
-    return projected
-
-
-def _split_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
-    return t.reshape(t.shape[0], t.shape[1], heads, -1).transpose(1, 2)  # (B, n, w) -> (B, heads, n, w/heads)
-
-
-def decoder_layer(
-    layer: nn.TransformerDecoderLayer,
-    x: torch.Tensor,
-    memory: torch.Tensor,
-    x_mask: torch.Tensor | None,
-    memory_mask: torch.Tensor | None,
-) -> torch.Tensor:
-    """`layer(x, memory, tgt_key_padding_mask=x_pad, memory_key_padding_mask=memory_pad)` for the head's
-    pre-norm GELU decoder layers (dropout 0), with every attention through `attend`: (B, K, w). The masks
-    are `attend_mask(x_pad)` and `attend_mask(memory_pad)`."""
-    n1 = layer.norm1(x)
-    x = x + attend(layer.self_attn, n1, n1, x_mask)
-    x = x + attend(layer.multihead_attn, layer.norm2(x), memory, memory_mask)
-    out: torch.Tensor = x + layer.linear2(F.gelu(layer.linear1(layer.norm3(x))))
-    return out
 
 
 def _scale(param: torch.Tensor) -> torch.Tensor:
@@ -213,7 +130,7 @@ class JointSchemaHead(nn.Module):
         )
         self.field_norm = nn.LayerNorm(width)
         self.option_norm = nn.LayerNorm(width)
-        self.residual_scorer = _two_layer(4 * width, width, 1)
+        self.residual_scorer = two_layer(4 * width, width, 1)
         self.prior_logit_scale = nn.Parameter(torch.tensor(math.log(10.0)))
         self.joint_logit_scale = nn.Parameter(torch.tensor(math.log(10.0)))
         self.residual_gate = nn.Parameter(torch.tensor(0.0))

@@ -10,14 +10,8 @@ import pytest
 import torch
 
 from engine.batching.collate import Layout, collate, forward
-from engine.model.head import (
-    JointHeadConfig,
-    JointSchemaHead,
-    attend,
-    attend_mask,
-    decoder_layer,
-    head_state_dict_keys,
-)
+from engine.model.head import JointHeadConfig, JointSchemaHead, head_state_dict_keys
+from engine.model.head_layers import attend, attend_mask, decoder_layer
 from engine.model.release import LoadedModel
 from engine.types import EncodedRequest
 from tests.unit.engine.conftest import make_record
