@@ -181,6 +181,25 @@ def _ms(values: list[float]) -> dict[str, float]:
     }
 
 
+def _runs_split(
+    runs: list[tuple[float, float]], windows: list[tuple[float, float]], what: str
+) -> dict[str, dict[str, float]]:
+    """The runs' wall ms (calls and ms mean / p50 / max) split by whether one of `windows` (start, end)
+    overlapped them: `runs_met_<what>` and `runs_no_<what>`, each only when it has runs."""
+    met: list[float] = []
+    clear: list[float] = []
+    for start, end in runs:
+        hit = any(s < end and e > start for s, e in windows)
+        (met if hit else clear).append((end - start) * 1000)
+    out: dict[str, dict[str, float]] = {}
+    for name, walls in ((f"runs_met_{what}", met), (f"runs_no_{what}", clear)):
+        if walls:
+            row = _ms(walls)
+            del row["ms_total"]
+            out[name] = row
+    return out
+
+
 def gc_summary(
     runs: list[tuple[float, float]], passes: list[tuple[float, float, int]]
 ) -> dict[str, dict[str, float]]:
@@ -191,17 +210,7 @@ def gc_summary(
     out: dict[str, dict[str, float]] = {}
     for generation in sorted({g for _, _, g in passes}):
         out[f"gc_gen{generation}"] = _ms([(e - s) * 1000 for s, e, g in passes if g == generation])
-    long = [(s, e) for s, e, _ in passes if e - s >= GC_MET_S]
-    met: list[float] = []
-    clear: list[float] = []
-    for start, end in runs:
-        hit = any(s < end and e > start for s, e in long)
-        (met if hit else clear).append((end - start) * 1000)
-    for name, walls in (("runs_met_gc", met), ("runs_no_gc", clear)):
-        if walls:
-            row = _ms(walls)
-            del row["ms_total"]
-            out[name] = row
+    out.update(_runs_split(runs, [(s, e) for s, e, _ in passes if e - s >= GC_MET_S], "gc"))
     first = min((start for start, _ in runs), default=0.0)
     listed = [(s, e, g) for s, e, g in passes if e - s >= GC_LONG_S][:40]
     if listed:
@@ -230,16 +239,7 @@ def gil_summary(
             "stall_ms_total": round(sum(e - s for s, e in stalls) * 1000, 3),
         }
     }
-    met: list[float] = []
-    clear: list[float] = []
-    for start, end in runs:
-        hit = any(s < end and e > start for s, e in stalls)
-        (met if hit else clear).append((end - start) * 1000)
-    for name, walls in (("runs_met_gil", met), ("runs_no_gil", clear)):
-        if walls:
-            row = _ms(walls)
-            del row["ms_total"]
-            out[name] = row
+    out.update(_runs_split(runs, stalls, "gil"))
     first = min((start for start, _ in runs), default=0.0)
     listed = [(due, lag) for due, lag in lags if lag >= GIL_LONG_S][:40]
     if listed:
