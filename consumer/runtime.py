@@ -14,6 +14,9 @@ Python (preparing records, staging or answering a batch, the event loop) each ta
 interval, while the GPU idles if its queue has run dry (`bench.gil_convoy`, `bench.batcher_model
 --switch-interval-ms`; BENCHMARKS.md).
 
+`tune_process` applies both from the settings; every entry point (the pipeline, the HTTP server) calls it
+once at start.
+
 `bounded` runs one shutdown step (leaving the group, closing a client) within the time left, so a stop
 returns within its bound even when a step waits on the broker (e.g. a rebalance in progress).
 """
@@ -24,10 +27,22 @@ import asyncio
 import gc
 import sys
 from collections.abc import Awaitable
+from typing import TYPE_CHECKING
 
 from consumer.logging import get_logger
 
+if TYPE_CHECKING:
+    from consumer.settings import Settings
+
 log = get_logger("consumer.runtime")
+
+
+def tune_process(settings: Settings) -> None:
+    """The service's start-up tuning from its settings, in one place for every entry point (the Kafka
+    pipeline, the HTTP server): `tune_gc` (`gc_gen0_threshold`, `gc_freeze`), then `set_switch_interval`
+    (`gil_switch_interval_ms`). Blocking (one full collection); call it once, before records flow."""
+    tune_gc(settings.gc_gen0_threshold, freeze=settings.gc_freeze)
+    set_switch_interval(settings.gil_switch_interval_ms)
 
 
 def tune_gc(gen0_threshold: int, *, freeze: bool) -> None:

@@ -235,7 +235,7 @@ def _serve_http(args: argparse.Namespace) -> int:
 async def _serve_http_async(settings: Settings, engine: ServingEngine[P, S, R]) -> None:
     from consumer.http.backends import HttpService, http_server
     from consumer.loop_lag import LoopLagSampler
-    from consumer.runtime import set_switch_interval, tune_gc
+    from consumer.runtime import tune_process
 
     service = HttpService(settings, engine)
     server = http_server(settings, service, service.metrics)
@@ -243,8 +243,7 @@ async def _serve_http_async(settings: Settings, engine: ServingEngine[P, S, R]) 
     lag.start()
     await service.start()
     await server.start()
-    tune_gc(settings.gc_gen0_threshold, freeze=settings.gc_freeze)
-    set_switch_interval(settings.gil_switch_interval_ms)
+    tune_process(settings)
     stopping = asyncio.Event()
 
     def stop() -> None:

@@ -48,7 +48,7 @@ from consumer.pipeline.emitter import Emitter
 from consumer.pipeline.outputs import default_engine_info
 from consumer.pipeline.shutdown import Stages, shutdown
 from consumer.records import InputRecord, PartitionState, Unit
-from consumer.runtime import set_switch_interval, tune_gc
+from consumer.runtime import tune_process
 from consumer.settings import Settings
 from engine.types import PreparedLike, ServingEngine
 from schemas.parse import RequestLimits
@@ -123,8 +123,7 @@ class Pipeline(Generic[P, S, R]):
         await self.batcher.start()
         await self.producer.start()
         await self.source.start(on_assigned=self._on_assigned, on_revoked=self._on_revoked)
-        tune_gc(self.settings.gc_gen0_threshold, freeze=self.settings.gc_freeze)
-        set_switch_interval(self.settings.gil_switch_interval_ms)
+        tune_process(self.settings)
         self.started = True
         self.started_event.set()
         self.metrics.model_loaded.set(1)
