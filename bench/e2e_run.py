@@ -65,7 +65,8 @@ def build_engines(
     on CPU (both the same); `stub`: `StubEngine`, events sized with the tiny release. `lane_stream`: the
     full engine's `EngineConfig.lane_stream`. `sm90` (full, FP8 only; bench-only, the service has no such
     setting): the FP8 experts through `engine.kernels.moe_fp8_sm90`'s CUDA cluster kernels, built here (nvcc
-    and ninja needed), the graphs captured with them."""
+    and ninja needed), the graphs captured with them; `BENCH_SM90_FROM_ROWS` replaces its
+    `FROM_ROWS_PER_EXPERT` (the average rows an expert from which a call takes them)."""
     from bench.load import build
     from engine.batching.cut import BatchLimits
 
@@ -94,6 +95,9 @@ def build_engines(
         from engine.kernels import moe_fp8_sm90
 
         ext = moe_fp8_sm90.build(moe_fp8_sm90.BUILD_DIR)
+        from_rows = os.environ.get("BENCH_SM90_FROM_ROWS")  # an experiment: where the CUDA kernels take over
+        if from_rows:
+            moe_fp8_sm90.FROM_ROWS_PER_EXPERT = int(from_rows)
     engine.model.enable_fast_path(graph_buckets=buckets, sm90_experts=ext, **FP8_MODES[fp8])
     return engine, engine
 

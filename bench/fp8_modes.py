@@ -15,6 +15,10 @@ graphs up to 4,096 tokens) and, per mode in this order (text-only last: it canno
 - a kernel profile of five decisions of the 800-token request (`profile_800_<mode>.txt`) and of one
   eager batch of 512-token requests at budget 65,536 (`profile_batch_<mode>.txt`).
 
+`--sm90` builds `engine.kernels.moe_fp8_sm90` (nvcc and ninja needed) and adds the mode
+`fp8_triton_attention_sm90` after `fp8_triton_attention`: the same weights, with the expert calls its `takes`
+accepts through the CUDA cluster kernels (a same-run A/B of the throughput at budget 65,536).
+
 `--tiles-from` launches the FP8 kernels with the shapes `bench.moe_fp8` found best (its
 `tiles_best.json`) instead of the shipped ones. Prints JSON lines and writes `fp8_modes.jsonl` to
 `--out`. Not a test: it asserts nothing.
@@ -29,17 +33,22 @@ import os
 import random
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from bench.e2e_run import FastPathFlags
 from bench.report import emit_line as emit
 
+if TYPE_CHECKING:
+    from engine.kernels import moe_fp8_sm90
+
 MODES: dict[str, FastPathFlags] = {
     "bf16": {},
     "fp8_cutlass": {"fp8_experts": True, "fused_experts": False},
     "fp8_triton": {"fp8_experts": True},
     "fp8_triton_attention": {"fp8_experts": True, "fp8_attention": True},
+    "fp8_triton_attention_sm90": {"fp8_experts": True, "fp8_attention": True},
     "fp8_attention_row_pass": {"fp8_experts": True, "fp8_attention": True},
     "fp8_attention_row_fused": {"fp8_experts": True, "fp8_attention": True},
     "fp8_text_only": {"fp8_experts": True, "text_only": True},
@@ -47,6 +56,8 @@ MODES: dict[str, FastPathFlags] = {
 }
 """The expert modes, in the order they run (`enable_fast_path` arguments); text-only ones last: the bf16
 experts cannot come back. `fp8_attention` also runs the attention projections in FP8."""
+SM90_MODES = frozenset({"fp8_triton_attention_sm90"})
+"""Modes that run with the `moe_fp8_sm90` extension (`--sm90`; built once, before the first of them)."""
 SCALING_OF = {"fp8_attention_row_pass": "row_pass", "fp8_attention_row_fused": "row_fused"}
 """Modes whose FP8 down GEMM applies the activations' scales another way than `moe_fp8.DOWN_SCALING`
 (`moe_fp8.SCALINGS`; set before the graphs are captured)."""
@@ -66,6 +77,16 @@ def use_tiles(path: Path) -> dict[str, object]:
     return dict(raw)
 
 
+def sm90_extension() -> moe_fp8_sm90.Extension:
+    """`engine.kernels.moe_fp8_sm90` built (or loaded from its build folder), timed on a `build` line."""
+    from engine.kernels import moe_fp8_sm90
+
+    t = time.perf_counter()
+    ext = moe_fp8_sm90.build(moe_fp8_sm90.BUILD_DIR)
+    print(json.dumps({"kind": "build", "seconds": round(time.perf_counter() - t, 1)}), flush=True)
+    return ext
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
@@ -76,6 +97,11 @@ def main() -> int:
         "--modes",
         default="bf16,fp8_triton,fp8_triton_attention,fp8_text_only_attention",
         help=f"comma-separated, from {','.join(MODES)} (run in that order; bf16 first for the drift)",
+    )
+    p.add_argument(
+        "--sm90",
+        action="store_true",
+        help="also run fp8_triton_attention_sm90 (moe_fp8_sm90's CUDA kernels; nvcc and ninja needed)",
     )
     args = p.parse_args()
     out = Path(args.out)
@@ -104,7 +130,7 @@ def main() -> int:
     pool = [engine.prepare(r) for r in make_pool(engine, random.Random(5), args.drift)]
     batch_pool = [engine.prepare(r) for r in reqs512[:160]]
     bf16: list[float] = []
-    chosen = set(args.modes.split(","))
+    chosen = set(args.modes.split(",")) | (SM90_MODES if args.sm90 else set())
     if unknown := chosen - set(MODES):
         p.error(f"unknown modes {sorted(unknown)}")
     if "bf16" not in chosen:
@@ -116,7 +142,8 @@ def main() -> int:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         t = time.perf_counter()
-        engine.model.enable_fast_path(graph_buckets=buckets, **kwargs)
+        ext = sm90_extension() if mode in SM90_MODES else None
+        engine.model.enable_fast_path(graph_buckets=buckets, sm90_experts=ext, **kwargs)
         torch.cuda.synchronize()
         switch_s = time.perf_counter() - t
         switch_peak = torch.cuda.max_memory_allocated()
