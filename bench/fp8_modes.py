@@ -16,8 +16,9 @@ graphs up to 4,096 tokens) and, per mode in this order (text-only last: it canno
   eager batch of 512-token requests at budget 65,536 (`profile_batch_<mode>.txt`).
 
 `--sm90` builds `engine.kernels.moe_fp8_sm90` (nvcc and ninja needed) and adds the mode
-`fp8_triton_attention_sm90` after `fp8_triton_attention`: the same weights, with the expert calls its `takes`
-accepts through the CUDA cluster kernels (a same-run A/B of the throughput at budget 65,536).
+`fp8_text_only_attention_sm90` after `fp8_text_only_attention`: the same weights, with the expert calls its
+`takes` accepts through the CUDA cluster kernels (a same-run A/B of the throughput at budget 65,536;
+text-only, so it fits an 80 GB card).
 
 `--tiles-from` launches the FP8 kernels with the shapes `bench.moe_fp8` found best (its
 `tiles_best.json`) instead of the shipped ones. Prints JSON lines and writes `fp8_modes.jsonl` to
@@ -48,15 +49,15 @@ MODES: dict[str, FastPathFlags] = {
     "fp8_cutlass": {"fp8_experts": True, "fused_experts": False},
     "fp8_triton": {"fp8_experts": True},
     "fp8_triton_attention": {"fp8_experts": True, "fp8_attention": True},
-    "fp8_triton_attention_sm90": {"fp8_experts": True, "fp8_attention": True},
     "fp8_attention_row_pass": {"fp8_experts": True, "fp8_attention": True},
     "fp8_attention_row_fused": {"fp8_experts": True, "fp8_attention": True},
     "fp8_text_only": {"fp8_experts": True, "text_only": True},
     "fp8_text_only_attention": {"fp8_experts": True, "text_only": True, "fp8_attention": True},
+    "fp8_text_only_attention_sm90": {"fp8_experts": True, "text_only": True, "fp8_attention": True},
 }
 """The expert modes, in the order they run (`enable_fast_path` arguments); text-only ones last: the bf16
 experts cannot come back. `fp8_attention` also runs the attention projections in FP8."""
-SM90_MODES = frozenset({"fp8_triton_attention_sm90"})
+SM90_MODES = frozenset({"fp8_text_only_attention_sm90"})
 """Modes that run with the `moe_fp8_sm90` extension (`--sm90`; built once, before the first of them)."""
 SCALING_OF = {"fp8_attention_row_pass": "row_pass", "fp8_attention_row_fused": "row_fused"}
 """Modes whose FP8 down GEMM applies the activations' scales another way than `moe_fp8.DOWN_SCALING`
@@ -101,7 +102,7 @@ def main() -> int:
     p.add_argument(
         "--sm90",
         action="store_true",
-        help="also run fp8_triton_attention_sm90 (moe_fp8_sm90's CUDA kernels; nvcc and ninja needed)",
+        help="also run fp8_text_only_attention_sm90 (moe_fp8_sm90's CUDA kernels; nvcc and ninja needed)",
     )
     args = p.parse_args()
     out = Path(args.out)

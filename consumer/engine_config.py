@@ -33,5 +33,6 @@ def engine_config(engine: EngineSettings, batching: BatchingSettings) -> EngineC
         fp8_experts=engine.fp8_experts,
         fp8_text_only=engine.fp8_text_only,
         fp8_attention=engine.fp8_attention,
+        sm90_experts=engine.sm90_experts,
         lane_stream=engine.lane_stream,
     )

@@ -168,6 +168,13 @@ class EngineSettings(_Frozen):
         description="run the text path's attention projections (fused QKV, output) in FP8 on Hopper GPUs "
         "(engine.kernels.fp8.linear_fp8; opt-in, apart from the experts). CUDA only",
     )
+    sm90_experts: bool = Field(
+        default=False,
+        description="with fp8_experts or fp8_text_only: run the FP8 expert GEMMs of large batches (1,024 "
+        "rows an expert and more) through the project's CUDA kernels for Hopper "
+        "(engine.kernels.moe_fp8_sm90), compiled at start (nvcc and ninja needed; the service stops at start "
+        "where they cannot run). Opt-in",
+    )
     lane_stream: bool = Field(
         default=False,
         description="urgent batches (HTTP, priority topics) run on a high-priority CUDA stream of their own, "

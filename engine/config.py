@@ -38,7 +38,10 @@ class EngineConfig:
     MoE experts in FP8 there (`engine.kernels.fp8`, opt-in), and `fp8_text_only` does so with the bf16
     experts freed: about half the GPU memory, and every request with media is refused (a permanent 400,
     `media_undecodable`); `fp8_attention` runs the attention projections of that path in FP8 too
-    (opt-in, apart from the experts; media batches keep bf16). `lane_stream` gives `Engine.lane` a
+    (opt-in, apart from the experts; media batches keep bf16). `sm90_experts` (with FP8 experts, opt-in)
+    runs the FP8 expert GEMMs of large batches (`engine.kernels.moe_fp8_sm90.takes`) through the project's
+    CUDA kernels for Hopper, compiled when the engine starts (nvcc and ninja needed; the engine raises
+    `moe_fp8_sm90.Sm90UnavailableError` at start where they cannot run). `lane_stream` gives `Engine.lane` a
     high-priority CUDA stream (opt-in until it is measured on the GPU; off: the lane is a no-op context).
     Off CUDA none of them applies. A record failing alone is tried `single_record_attempts` times
     (`engine.batching.split`). A server maps its own settings onto this in one place
@@ -57,6 +60,7 @@ class EngineConfig:
     fp8_experts: bool = False
     fp8_text_only: bool = False
     fp8_attention: bool = False
+    sm90_experts: bool = False
     lane_stream: bool = False
     graph_buckets: tuple[int, ...] | None = None
     media_limits: MediaLimits = field(default_factory=MediaLimits)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -15,6 +15,9 @@ from engine.batching.collate import Layout, ModelBatch
 from engine.types import Between, EncodedRequest
 from schemas.systemone import SystemOneRequest
 
+if TYPE_CHECKING:
+    from engine.kernels.moe_fp8_sm90 import Extension as Sm90Extension
+
 
 class ModelLike(Protocol):
     """What `engine.runner.Engine` uses of its model; `engine.model.clef.ClefOmniModel` is the real one.
@@ -22,7 +25,8 @@ class ModelLike(Protocol):
     - `device`: where `collate` puts a batch; `fast_path`: whether the text fast path is built.
     - `enable_fast_path(...)`: build it (CUDA only); returns False and changes nothing where it cannot.
       `text_only` (with `fp8_experts`) frees the bf16 experts: the model then runs no media;
-      `fp8_attention` runs the text path's attention projections in FP8.
+      `fp8_attention` runs the text path's attention projections in FP8; `sm90_experts` (a built
+      `engine.kernels.moe_fp8_sm90` extension) runs the FP8 expert calls it takes through its CUDA kernels.
     - `layout_for(with_media)`: the layout a batch gets when the engine names none.
     - `can_pack(with_media)`: whether records packed in one row need no dense attention mask.
     - `collate(encoded, layout)`: one forward pass's inputs, on `device`.
@@ -44,6 +48,7 @@ class ModelLike(Protocol):
         fp8_experts: bool = False,
         text_only: bool = False,
         fp8_attention: bool = False,
+        sm90_experts: Sm90Extension | None = None,
     ) -> bool: ...
 
     def layout_for(self, with_media: bool) -> Layout: ...

@@ -28,6 +28,7 @@ from engine.batching.cut import BatchLimits, plan_batches
 from engine.batching.split import EngineError, run_split
 from engine.config import TORCH_DTYPES, DTypeName, EngineConfig, dtype_name
 from engine.encoding.encode import TextEncoder, encoder_for
+from engine.fast_path import enable as enable_fast_path
 from engine.handoff import MediaHook, MediaInputLike, ModelLike, Prepared, RunResult, StagedBatch
 from engine.lane import Lane
 from engine.media import MediaError
@@ -84,29 +85,11 @@ class Engine(Generic[M]):
         self.config = config if config is not None else EngineConfig()
         self._encoder: TextEncoder = encoder_for(tokenizer)
         self._media_hook = media_hook
-        self._text_only = False  # the bf16 experts were freed (FP8 text-only): media is refused
-        self._graph_tokens = 0  # the largest CUDA graph bucket captured (0: none)
-        cfg = self.config
-        if cfg.fast_path and model.device.type == "cuda" and not model.fast_path:
-            from engine.model.graphs import default_buckets
-
-            buckets = cfg.graph_buckets
-            if buckets is None:
-                buckets = default_buckets(cfg.limits.max_tokens)
-            fp8 = cfg.fp8_experts or cfg.fp8_text_only
-            built = model.enable_fast_path(
-                graph_buckets=buckets,
-                fp8_experts=fp8,
-                text_only=cfg.fp8_text_only,
-                fp8_attention=cfg.fp8_attention,
-            )
-            if built:
-                self._text_only = cfg.fp8_text_only
-                self._graph_tokens = max(buckets, default=0)
-        elif cfg.fp8_text_only or cfg.fp8_attention:
-            log.warning("fp8_text_only and fp8_attention apply on CUDA only: this engine runs bf16")
+        fast = enable_fast_path(model, self.config)
+        self._text_only = fast.text_only  # the bf16 experts were freed (FP8 text-only): media is refused
+        self._graph_tokens = fast.graph_tokens  # the largest CUDA graph bucket captured (0: none)
         self._layout: Layout | None = None if self.config.layout == "auto" else self.config.layout
-        self._lane = Lane(model.device, cfg.lane_stream)
+        self._lane = Lane(model.device, self.config.lane_stream)
 
     @classmethod
     def from_release(

@@ -13,8 +13,9 @@ warpgroup loads (the gate/up kernel gathers the token rows with cp.async), two m
 
 Contract: `build` compiles the extension with torch's builder (nvcc and ninja needed; about half a minute)
 into `build_dir` and returns it; the kernels take contiguous CUDA tensors on a Hopper GPU with H a multiple
-of 256 and I of 128, no host sync, static grids (CUDA-graph capturable). Not wired into the engine:
-measured by `bench.gate_up_sm90_probe`.
+of 256 and I of 128, no host sync, static grids (CUDA-graph capturable). `build_for` is the engine's
+build (`EngineConfig.sm90_experts`, opt-in), which checks the GPU and the toolchain first; the engine then
+runs the expert calls `takes` accepts here. Measured by `bench.gate_up_sm90_probe`, `bench.fp8_modes --sm90`.
 """
 
 from __future__ import annotations
@@ -35,11 +36,46 @@ SOURCES = ("moe_fp8_sm90_ext.cpp", "moe_gate_up_fp8_sm90.cu", "moe_down_fp8_sm90
 CUDA_FLAGS = ("-O3", "-gencode=arch=compute_90a,code=sm_90a")
 """nvcc's flags for the kernels: an explicit -gencode keeps torch from adding sm_90 without the "a" features
 (wgmma, setmaxnreg)."""
-FROM_ROWS_PER_EXPERT = 64
-"""Average rows per expert from which `takes` hands a call to these kernels (two 128-row tiles share a weight
-tile, so fewer rows leave the cluster's second CTA idle). Measured on one H100 only on either side of it: at
-50 rows an expert (800 tokens) both kernels lose to Triton's, at 192 (3,072 tokens) the gate/up one wins by 6%
-and the down one is level (BENCHMARKS.md, "Engine, round fourteen"); where they cross is not measured."""
+FROM_ROWS_PER_EXPERT = 1024
+"""Average rows per expert from which `takes` hands a call to these kernels: 16,384 tokens of the full-size
+thinker (128 experts, 8 a token). One H100, one full-size layer, uniform routing (BENCHMARKS.md, "Engine,
+round eighteen"): Triton's kernels lead up to 1,536 tokens and again at 4,096 (gate/up 267.7 against 292.9
+us), the CUDA ones lead at 16,384 (848.7 against 885.0, down 599.1 against 610.4) and 65,536 tokens; between
+4,096 and 16,384 tokens the crossing is not measured. Through the service at 70% load (about 3,000-token
+batches, levelled routing) the CUDA kernels from 64 rows an expert raised the p99, so mid-size batches stay
+on Triton."""
+
+
+class Sm90UnavailableError(RuntimeError):
+    """The kernels cannot run here: not a Hopper GPU, or no nvcc or ninja to build them."""
+
+
+def toolchain_problem() -> str | None:
+    """What keeps `build` from compiling here (no nvcc on PATH or under CUDA_HOME, no ninja), or None. Reads
+    the environment only."""
+    from torch.utils import cpp_extension
+
+    if cpp_extension.CUDA_HOME is None or not (Path(cpp_extension.CUDA_HOME) / "bin" / "nvcc").exists():
+        return "no nvcc (the CUDA toolkit: put nvcc on PATH or set CUDA_HOME)"
+    if not cpp_extension.is_ninja_available():
+        return "no ninja on PATH"
+    return None
+
+
+def build_for(device: torch.device, build_dir: Path | None = None) -> Extension:
+    """The extension for the engine on `device` (blocking: half a minute to compile, a second to load an
+    up-to-date build in `build_dir`, default `BUILD_DIR`). Raises `Sm90UnavailableError`, saying why, unless
+    `device` is a Hopper GPU (compute capability 9.0: sm_90a code runs on no other) and `toolchain_problem`
+    finds nothing."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise Sm90UnavailableError(f"the sm90 expert kernels need a Hopper GPU; {device} is none")
+    capability = torch.cuda.get_device_capability(device)
+    if capability != (9, 0):
+        name = f"{torch.cuda.get_device_name(device)} (sm_{capability[0]}{capability[1]})"
+        raise Sm90UnavailableError(f"the sm90 expert kernels need a Hopper GPU (sm_90), not {name}")
+    if problem := toolchain_problem():
+        raise Sm90UnavailableError(f"cannot build the sm90 expert kernels: {problem}")
+    return build(build_dir or BUILD_DIR)
 
 
 def takes(pairs: int, experts: int, hidden: int, inter: int) -> bool:

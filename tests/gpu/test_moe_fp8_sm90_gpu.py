@@ -5,15 +5,25 @@ Builds the extension once (nvcc and ninja needed: `scripts/device-engine.sh test
 
 from __future__ import annotations
 
+import random
 import shutil
+import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
 from bench.gate_up_sm90_probe import dequantised
 from bench.moe_fp8 import rel
+from devtools.tiny_release import TinyReleaseSpec, write_tiny_release
+from engine.batching.collate import collate
 from engine.kernels import fp8, moe, moe_fp8, moe_fp8_sm90
+from engine.runner import Engine, EngineConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_engine_gpu import _record
 
 pytestmark = [
     pytest.mark.gpu,
@@ -166,3 +176,41 @@ def test_sm90_variant_builds_give_the_default_builds_bytes(
         assert torch.equal(moe_fp8_sm90.down_fp8(built, row, row_s, order, counts, q8, **launch), down), (
             launch
         )
+
+
+def test_the_engine_runs_large_batches_through_the_sm90_kernels_with_tritons_answers(
+    ext: moe_fp8_sm90.Extension, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`EngineConfig.sm90_experts`: the engine builds the kernels at start (`engine.fast_path`) and a batch
+    of over `FROM_ROWS_PER_EXPERT` rows an expert runs its FP8 experts through them, with the answers of the
+    Triton kernels; a small batch stays on Triton. A release the kernels take (hidden 256, experts of 128)."""
+    path = write_tiny_release(tmp_path / "r", spec=TinyReleaseSpec(hidden_size=256, num_experts=8))
+    rng = random.Random(21)
+    sizes = ((1500, 2), (1200, 1), (900, 3), (800, 2), (700, 1))
+    large = [_record(rng, n, q) for n, q in sizes]  # about 1,275 rows an expert
+    small = [_record(rng, 300, 2)]
+    calls: list[int] = []
+    through = moe_fp8_sm90.experts_pairs_fp8
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return through(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(moe_fp8_sm90, "experts_pairs_fp8", counted)
+    answers = []
+    for sm90 in (False, True):
+        config = EngineConfig(device="cuda", fp8_experts=True, sm90_experts=sm90, graph_buckets=(512,))
+        model = Engine.from_release(path, config=config).model
+        assert model._fast is not None
+        assert (model._fast.sm90_experts is not None) is sm90
+        calls.clear()
+        batches = [collate(b, layout="packed", device="cuda") for b in (large, small)]
+        answers.append([model.forward_batch(batch) for batch in batches])
+        assert len(calls) == (2 if sm90 else 0)  # the large batch's two MoE layers; the small one none
+    worst = 0.0
+    for a, b in zip(*answers, strict=True):
+        for x, y in zip(a, b, strict=True):
+            for px, py in zip(x, y, strict=True):
+                worst = max(worst, float(np.abs(px - py).max()))
+    print(f"sm90 against Triton through the engine: max |dp| {worst:.2e}")
+    assert worst <= 1e-3

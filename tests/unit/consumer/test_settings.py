@@ -130,3 +130,17 @@ def test_script_variables_are_not_settings_errors(name: str, monkeypatch: pytest
         load_settings()
     monkeypatch.delenv("CLEF_LOG_LEVL")
     assert load_settings().log_level == "info"
+
+
+def test_the_engines_gpu_switches_reach_its_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from consumer.engine_config import engine_config
+
+    switches = ("fp8_experts", "fp8_text_only", "fp8_attention", "sm90_experts", "lane_stream")
+    s = load_settings()
+    config = engine_config(s.engine, s.batching)
+    assert [getattr(config, name) for name in switches] == [False] * len(switches)
+    for name in switches:
+        monkeypatch.setenv(f"CLEF_ENGINE__{name.upper()}", "true")
+    s = load_settings()
+    config = engine_config(s.engine, s.batching)
+    assert [getattr(config, name) for name in switches] == [True] * len(switches)

@@ -7,10 +7,12 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pytest
 import torch
 from tokenizers import Tokenizer
 
 from engine.batching.collate import Layout, ModelBatch, collate
+from engine.kernels import moe_fp8_sm90
 from engine.runner import Engine, EngineConfig
 from engine.types import Between, EncodedRequest
 from schemas.systemone import DlqReason, RequestError, SystemOneResponse
@@ -41,6 +43,7 @@ class FakeModel:
         fp8_experts: bool = False,
         text_only: bool = False,
         fp8_attention: bool = False,
+        sm90_experts: object = None,
     ) -> bool:
         return False  # CPU: nothing to build (the engine asks on CUDA only)
 
@@ -183,8 +186,11 @@ class FakeFp8Model(FakeModel):
         fp8_experts: bool = False,
         text_only: bool = False,
         fp8_attention: bool = False,
+        sm90_experts: object = None,
     ) -> bool:
         self.built = {"fp8_experts": fp8_experts, "text_only": text_only, "fp8_attention": fp8_attention}
+        if sm90_experts is not None:
+            self.built["sm90_experts"] = sm90_experts
         return True
 
 
@@ -204,3 +210,33 @@ def test_fp8_text_only_builds_fp8_experts_and_refuses_media_before_decoding_it(
     assert results[0].status == 400
     assert "FP8 text-only" in results[0].message
     assert isinstance(results[1], SystemOneResponse)
+
+
+def test_sm90_experts_are_built_for_the_model_and_handed_to_its_fast_path(
+    bpe_tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built: list[torch.device] = []
+    extension = object()
+
+    def build_for(device: torch.device) -> object:
+        built.append(device)
+        return extension
+
+    monkeypatch.setattr(moe_fp8_sm90, "build_for", build_for)
+    fake = FakeFp8Model(max_records=8, tokenizer=bpe_tokenizer)
+    Engine(fake, bpe_tokenizer, EngineConfig(fp8_experts=True, sm90_experts=True))
+    assert built == [torch.device("cuda")]
+    assert fake.built["sm90_experts"] is extension
+    # without FP8 experts there is nothing for the kernels to run: nothing is built
+    plain = FakeFp8Model(max_records=8, tokenizer=bpe_tokenizer)
+    Engine(plain, bpe_tokenizer, EngineConfig(sm90_experts=True))
+    assert built == [torch.device("cuda")]
+    assert "sm90_experts" not in plain.built
+
+
+def test_sm90_experts_that_cannot_run_stop_the_engine_at_start(bpe_tokenizer: Tokenizer) -> None:
+    # the fake says CUDA, but this machine's torch sees no Hopper GPU there (CI has none): a clear error
+    fake = FakeFp8Model(max_records=8, tokenizer=bpe_tokenizer)
+    with pytest.raises(moe_fp8_sm90.Sm90UnavailableError, match="sm90 expert kernels"):
+        Engine(fake, bpe_tokenizer, EngineConfig(fp8_text_only=True, sm90_experts=True))
+    assert fake.built == {}

@@ -5,13 +5,16 @@ tests/gpu/test_moe_fp8_sm90_gpu.py)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
+import pytest
 import torch
+from torch.utils import cpp_extension
 
 from engine.kernels import fp8, moe_fp8_sm90
 
 
-def test_takes_mid_size_and_large_calls_of_supported_sizes() -> None:
+def test_takes_large_calls_of_supported_sizes() -> None:
     experts = 128
     rows = moe_fp8_sm90.FROM_ROWS_PER_EXPERT
     assert moe_fp8_sm90.takes(rows * experts, experts, 2048, 768)
@@ -91,3 +94,21 @@ def test_wrappers_allocate_the_outputs_the_binding_checks() -> None:
     empty = moe_fp8_sm90.gate_up_fp8(rec, x[:0], order[:0], counts, top_w[:0], q8)
     assert empty[0].shape == (0, inter)
     assert len(rec.calls) == 2
+
+
+def test_the_toolchain_check_names_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
+    assert "no nvcc" in (moe_fp8_sm90.toolchain_problem() or "")
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(tmp_path))  # a CUDA_HOME without bin/nvcc
+    assert "no nvcc" in (moe_fp8_sm90.toolchain_problem() or "")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nvcc").write_text("")
+    monkeypatch.setattr(cpp_extension, "is_ninja_available", lambda: False)
+    assert moe_fp8_sm90.toolchain_problem() == "no ninja on PATH"
+    monkeypatch.setattr(cpp_extension, "is_ninja_available", lambda: True)
+    assert moe_fp8_sm90.toolchain_problem() is None
+
+
+def test_build_for_refuses_a_device_that_is_no_hopper_gpu() -> None:
+    with pytest.raises(moe_fp8_sm90.Sm90UnavailableError, match="need a Hopper GPU"):
+        moe_fp8_sm90.build_for(torch.device("cpu"))
