@@ -31,6 +31,27 @@ RUN case "$TORCH_VARIANT" in \
         *) echo "TORCH_VARIANT must be cuda or cpu, not '$TORCH_VARIANT'" >&2; exit 2 ;; \
     esac \
     && pip install -c constraints.txt torch transformers
+# SM90_KERNELS=1 adds what CLEF_ENGINE__SM90_EXPERTS=true compiles its CUDA kernels with at start: nvcc and its
+# headers from NVIDIA's PyPI wheels, ninja and g++ (python3-dev too on a base without Python's headers). All
+# wheels at CUDA 13.0, as torch's runtime: a newer nvvm writes PTX that this ptxas refuses. /usr/local/cuda
+# points at the wheels' folder, where torch's extension builder looks. 6.22 GB against 5.5 GB; off by default.
+ARG SM90_KERNELS=0
+RUN case "$SM90_KERNELS" in \
+        0) ;; \
+        1) inc="$(python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
+           && dev="$([ -f "$inc/Python.h" ] || echo python3-dev)" \
+           && apt-get update \
+           && apt-get install -y --no-install-recommends g++ $dev \
+           && rm -rf /var/lib/apt/lists/* \
+           && pip install -c constraints.txt nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 \
+               nvidia-cuda-cccl==13.0.85 ninja==1.13.2 \
+           && cu="$(python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/nvidia/cu13" \
+           && ln -s lib "$cu/lib64" \
+           && ln -s libcudart.so.13 "$cu/lib/libcudart.so" \
+           && ln -s "$cu" /usr/local/cuda \
+           && /usr/local/cuda/bin/nvcc --version ;; \
+        *) echo "SM90_KERNELS must be 0 or 1, not '$SM90_KERNELS'" >&2; exit 2 ;; \
+    esac
 COPY pyproject.toml README.md ./
 COPY schemas ./schemas
 COPY engine ./engine

@@ -8,7 +8,8 @@
 #   3. builds the images: a Python 3.11 base with debootstrap (deploy/ci/base-image.sh, stand-in for
 #      python:3.11-slim-bookworm), the Kafka stand-in (deploy/ci/kafka, for apache/kafka:4.4.0: the Maven
 #      jars on Debian's Java 17), the Prometheus stand-in (deploy/ci/prometheus, for prom/prometheus: Debian's
-#      package) and the project's own Dockerfile on that base;
+#      package) and the project's own Dockerfile on that base; then that Dockerfile again with SM90_KERNELS=1,
+#      compiling and loading the sm90 expert kernels in a container of it (nvcc needs no GPU);
 #   4. runs `docker compose --profile demo up` with deploy/ci/compose.ci.yml (every service on the host's
 #      network, 127.0.0.1 only, free ports, nothing published, no Grafana: it has no stand-in), waits for the
 #      one-shot producer to exit 0 (polling the container, not `docker compose wait`), prints the decisions
@@ -127,6 +128,20 @@ step "project image (Dockerfile, PYTHON_IMAGE=$base)"
     || { tail -n 30 "$run_dir/build.log" >&2; say "docker build failed"; exit 1; }
 grep -E '^Step [0-9]+/' "$run_dir/build.log" | sed 's/^/  /' >&2 || true
 "$docker" images --format '  {{.Repository}}:{{.Tag}}  {{.Size}}' | grep -E 'clef-router|clef-ci' >&2 || true
+
+step "project image with SM90_KERNELS=1, and the sm90 expert kernels compiled in it (no GPU needed to compile)"
+"$docker" build --network host --build-arg "PYTHON_IMAGE=$base" --build-arg SM90_KERNELS=1 -t clef-router:sm90 . \
+    >"$run_dir/build-sm90.log" 2>&1 || { tail -n 30 "$run_dir/build-sm90.log" >&2; say "docker build (sm90) failed"; exit 1; }
+"$docker" images --format '  {{.Repository}}:{{.Tag}}  {{.Size}}' | grep -E 'clef-router:sm90' >&2 || true
+"$docker" run --rm --network host clef-router:sm90 python -c '
+import time
+from engine.kernels import moe_fp8_sm90
+began = time.monotonic()
+assert moe_fp8_sm90.toolchain_problem() is None, moe_fp8_sm90.toolchain_problem()
+ext = moe_fp8_sm90.build(moe_fp8_sm90.BUILD_DIR)
+assert callable(ext.gate_up_fp8) and callable(ext.down_fp8)
+print(f"  sm90 kernels compiled and loaded in the image in {time.monotonic() - began:.1f} s")
+' >&2 || { say "the sm90 kernels did not compile in clef-router:sm90"; exit 1; }
 
 # ---- 4. the compose demo profile ------------------------------------------------------------------------------
 step "docker compose --profile demo up (CI override: host network, 127.0.0.1 only, no Grafana)"
