@@ -71,8 +71,15 @@ def main() -> int:
     p.add_argument(
         "--sm90",
         action="store_true",
-        help="with --fp8: measure again with the FP8 experts of mid-size and large calls through the CUDA"
-        " cluster kernels (engine.kernels.moe_fp8_sm90; nvcc and ninja needed), same process",
+        help="with --fp8: measure again with the FP8 experts of the calls moe_fp8_sm90.takes accepts through"
+        " the CUDA cluster kernels (engine.kernels.moe_fp8_sm90; nvcc and ninja needed), same process",
+    )
+    p.add_argument(
+        "--sm90-from-rows",
+        type=int,
+        default=None,
+        help="with --sm90: the average rows an expert from which a call takes the CUDA kernels"
+        " (moe_fp8_sm90.FROM_ROWS_PER_EXPERT; default the shipped one)",
     )
     args = p.parse_args()
     out = Path(args.out)
@@ -102,6 +109,9 @@ def main() -> int:
         from engine.kernels import moe_fp8_sm90
 
         ext = moe_fp8_sm90.build(moe_fp8_sm90.BUILD_DIR)
+        if args.sm90_from_rows is not None:
+            moe_fp8_sm90.FROM_ROWS_PER_EXPERT = args.sm90_from_rows
+        emit(rows, kind="sm90", from_rows_per_expert=moe_fp8_sm90.FROM_ROWS_PER_EXPERT)
         # graphs recaptured with the CUDA kernels in
         engine.model.enable_fast_path(graph_buckets=buckets, sm90_experts=ext, **FP8_MODES[args.fp8])
         for records in (int(n) for n in args.records.split(",")):
