@@ -27,7 +27,7 @@ from typing import Protocol, cast
 import torch
 
 from engine.kernels.fp8 import FP8, Fp8Experts, Quantized, quantize_rows
-from engine.kernels.moe_fp8 import requant_rows
+from engine.kernels.moe_fp8 import activations_fp8, requant_rows
 
 CSRC = Path(__file__).parent / "csrc"
 GROUP = 128
@@ -44,6 +44,14 @@ us), the CUDA ones lead at 16,384 (848.7 against 885.0, down 599.1 against 610.4
 4,096 and 16,384 tokens the crossing is not measured. Through the service at 70% load (about 3,000-token
 batches, levelled routing) the CUDA kernels from 64 rows an expert raised the p99, so mid-size batches stay
 on Triton."""
+
+
+DOWN_FROM_ROWS_PER_EXPERT = 256
+"""Average rows per expert from which `takes_down` hands a call's down GEMM alone to the CUDA kernel, after
+Triton's gate/up and its row pass (4,096 tokens at full size). In the engine with levelled routing on one
+H100 (`bench.one_request --sm90-from-rows 64`, BENCHMARKS.md "Engine, round eighteen") the CUDA down kernel
+took 4.3% less time than Triton's at 4,816 tokens, 5.3% at 8,034 and 8.4% at 12,809, and the same at 3,222,
+while the CUDA gate/up kernel took 6.4%, 4.4% and 0.6% more."""
 
 
 class Sm90UnavailableError(RuntimeError):
@@ -79,8 +87,15 @@ def build_for(device: torch.device, build_dir: Path | None = None) -> Extension:
 
 
 def takes(pairs: int, experts: int, hidden: int, inter: int) -> bool:
-    """Whether a call of `pairs` token-expert pairs over `experts` experts of these sizes runs here."""
+    """Whether a call of `pairs` token-expert pairs over `experts` experts of these sizes runs both GEMMs
+    here (`experts_pairs_fp8`)."""
     return hidden % 256 == 0 and inter % GROUP == 0 and pairs >= FROM_ROWS_PER_EXPERT * experts
+
+
+def takes_down(pairs: int, experts: int, hidden: int, inter: int) -> bool:
+    """Whether such a call runs its down GEMM here, after Triton's gate/up (`experts_pairs_fp8_down`); a
+    call `takes` accepts runs both GEMMs here instead."""
+    return hidden % 256 == 0 and inter % GROUP == 0 and pairs >= DOWN_FROM_ROWS_PER_EXPERT * experts
 
 
 class Extension(Protocol):
@@ -227,3 +242,19 @@ def experts_pairs_fp8(
     `gate_up_fp8`'s."""
     act, act_s = gate_up_fp8(ext, x, order, counts, top_w, q8, xq, clusters, solo)
     return down_fp8(ext, act, requant_rows(act, act_s), order, counts, q8, clusters, solo)
+
+
+def experts_pairs_fp8_down(
+    ext: Extension,
+    x: torch.Tensor,
+    order: torch.Tensor,
+    counts: torch.Tensor,
+    top_w: torch.Tensor,
+    q8: Fp8Experts,
+    xq: Quantized | None = None,
+) -> torch.Tensor:
+    """`engine.kernels.moe_fp8.experts_pairs_fp8` (same arguments) with the Triton gate/up kernel and its
+    row pass, then the CUDA down kernel: (T k, H) bf16 in pair order, the bytes of the Triton down kernel
+    on the same rows ("row_pass"; the row ways give the same values)."""
+    act, row_s = activations_fp8(x, order, counts, top_w, q8, row_pass=True, xq=xq)
+    return down_fp8(ext, act, row_s, order, counts, q8)

@@ -181,22 +181,29 @@ def test_sm90_variant_builds_give_the_default_builds_bytes(
 def test_the_engine_runs_large_batches_through_the_sm90_kernels_with_tritons_answers(
     ext: moe_fp8_sm90.Extension, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`EngineConfig.sm90_experts`: the engine builds the kernels at start (`engine.fast_path`) and a batch
-    of over `FROM_ROWS_PER_EXPERT` rows an expert runs its FP8 experts through them, with the answers of the
-    Triton kernels; a small batch stays on Triton. A release the kernels take (hidden 256, experts of 128)."""
+    """`EngineConfig.sm90_experts`: the engine builds the kernels at start (`engine.fast_path`); a batch of
+    over `FROM_ROWS_PER_EXPERT` rows an expert runs both FP8 expert GEMMs through them, one of over
+    `DOWN_FROM_ROWS_PER_EXPERT` its down GEMM only, a small one neither, all with the answers of the Triton
+    kernels. A release the kernels take (hidden 256, experts of 128; 8 experts, 2 a token)."""
     path = write_tiny_release(tmp_path / "r", spec=TinyReleaseSpec(hidden_size=256, num_experts=8))
     rng = random.Random(21)
     sizes = ((1500, 2), (1200, 1), (900, 3), (800, 2), (700, 1))
     large = [_record(rng, n, q) for n, q in sizes]  # about 1,275 rows an expert
-    small = [_record(rng, 300, 2)]
-    calls: list[int] = []
-    through = moe_fp8_sm90.experts_pairs_fp8
+    mid = [_record(rng, n, q) for n, q in ((900, 2), (700, 1), (600, 3))]  # about 550
+    small = [_record(rng, 300, 2)]  # about 75
+    calls: list[str] = []
+    both, down = moe_fp8_sm90.experts_pairs_fp8, moe_fp8_sm90.experts_pairs_fp8_down
 
-    def counted(*args: object, **kwargs: object) -> torch.Tensor:
-        calls.append(1)
-        return through(*args, **kwargs)  # type: ignore[arg-type]
+    def counted_both(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append("both")
+        return both(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(moe_fp8_sm90, "experts_pairs_fp8", counted)
+    def counted_down(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append("down")
+        return down(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(moe_fp8_sm90, "experts_pairs_fp8", counted_both)
+    monkeypatch.setattr(moe_fp8_sm90, "experts_pairs_fp8_down", counted_down)
     answers = []
     for sm90 in (False, True):
         config = EngineConfig(device="cuda", fp8_experts=True, sm90_experts=sm90, graph_buckets=(512,))
@@ -204,9 +211,10 @@ def test_the_engine_runs_large_batches_through_the_sm90_kernels_with_tritons_ans
         assert model._fast is not None
         assert (model._fast.sm90_experts is not None) is sm90
         calls.clear()
-        batches = [collate(b, layout="packed", device="cuda") for b in (large, small)]
+        batches = [collate(b, layout="packed", device="cuda") for b in (large, mid, small)]
         answers.append([model.forward_batch(batch) for batch in batches])
-        assert len(calls) == (2 if sm90 else 0)  # the large batch's two MoE layers; the small one none
+        # two MoE layers: the large batch both GEMMs in each, the mid one the down GEMM, the small one none
+        assert calls == (["both", "both", "down", "down"] if sm90 else [])
     worst = 0.0
     for a, b in zip(*answers, strict=True):
         for x, y in zip(a, b, strict=True):

@@ -23,6 +23,17 @@ def test_takes_large_calls_of_supported_sizes() -> None:
     assert not moe_fp8_sm90.takes(10 * rows * experts, experts, 2048, 768 + 64)  # I not a multiple of 128
 
 
+def test_takes_the_down_gemm_alone_from_fewer_rows() -> None:
+    experts = 128
+    rows = moe_fp8_sm90.DOWN_FROM_ROWS_PER_EXPERT
+    assert rows < moe_fp8_sm90.FROM_ROWS_PER_EXPERT
+    assert moe_fp8_sm90.takes_down(rows * experts, experts, 2048, 768)
+    assert not moe_fp8_sm90.takes_down(rows * experts - 1, experts, 2048, 768)
+    assert not moe_fp8_sm90.takes(rows * experts, experts, 2048, 768)
+    assert not moe_fp8_sm90.takes_down(10 * rows * experts, experts, 2048 + 128, 768)
+    assert not moe_fp8_sm90.takes_down(10 * rows * experts, experts, 2048, 768 + 64)
+
+
 def test_sources_and_their_local_includes_ship() -> None:
     names = set(moe_fp8_sm90.SOURCES)
     for name in moe_fp8_sm90.SOURCES:
