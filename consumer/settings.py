@@ -170,8 +170,8 @@ class EngineSettings(_Frozen):
     )
     sm90_experts: bool = Field(
         default=False,
-        description="with fp8_experts or fp8_text_only: run the FP8 expert GEMMs of large batches (1,024 "
-        "rows an expert and more) through the project's CUDA kernels for Hopper "
+        description="with fp8_experts or fp8_text_only: run the FP8 expert GEMMs of large batches (the down "
+        "GEMM from 256 rows an expert, both from 1,024) through the project's CUDA kernels for Hopper "
         "(engine.kernels.moe_fp8_sm90), compiled at start (nvcc and ninja needed; the service stops at start "
         "where they cannot run). Opt-in",
     )

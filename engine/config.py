@@ -39,10 +39,10 @@ class EngineConfig:
     experts freed: about half the GPU memory, and every request with media is refused (a permanent 400,
     `media_undecodable`); `fp8_attention` runs the attention projections of that path in FP8 too
     (opt-in, apart from the experts; media batches keep bf16). `sm90_experts` (with FP8 experts, opt-in)
-    runs the FP8 expert GEMMs of large batches (`engine.kernels.moe_fp8_sm90.takes`) through the project's
-    CUDA kernels for Hopper, compiled when the engine starts (nvcc and ninja needed; the engine raises
-    `moe_fp8_sm90.Sm90UnavailableError` at start where they cannot run). `lane_stream` gives `Engine.lane` a
-    high-priority CUDA stream (opt-in until it is measured on the GPU; off: the lane is a no-op context).
+    runs the FP8 expert GEMMs of large batches (`engine.kernels.moe_fp8_sm90.takes`, `takes_down`) through
+    the project's CUDA kernels for Hopper, compiled when the engine starts (nvcc and ninja needed; the
+    engine raises `moe_fp8_sm90.Sm90UnavailableError` at start where they cannot run). `lane_stream` gives
+    `Engine.lane` a high-priority CUDA stream (opt-in until it is measured on the GPU; off: the lane is a no-op context).
     Off CUDA none of them applies. A record failing alone is tried `single_record_attempts` times
     (`engine.batching.split`). A server maps its own settings onto this in one place
     (`consumer.engine_config`).
