@@ -42,10 +42,10 @@ class EngineConfig:
     runs the FP8 expert GEMMs of large batches (`engine.kernels.moe_fp8_sm90.takes`, `takes_down`) through
     the project's CUDA kernels for Hopper, compiled when the engine starts (nvcc and ninja needed; the
     engine raises `moe_fp8_sm90.Sm90UnavailableError` at start where they cannot run). `lane_stream` gives
-    `Engine.lane` a high-priority CUDA stream (opt-in until it is measured on the GPU; off: the lane is a no-op context).
-    Off CUDA none of them applies. A record failing alone is tried `single_record_attempts` times
-    (`engine.batching.split`). A server maps its own settings onto this in one place
-    (`consumer.engine_config`).
+    `Engine.lane` a high-priority CUDA stream (opt-in until it is measured on the GPU; off: the lane is a
+    no-op context). Off CUDA none of them applies. A record failing alone is tried
+    `single_record_attempts` times (`engine.batching.split`). A server maps its own settings onto this in
+    one place (`consumer.engine_config`).
     """
 
     device: str = "cuda"
