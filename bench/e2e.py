@@ -116,8 +116,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sm90",
         action="store_true",
-        help="full, with --fp8: the FP8 experts through the sm_90a CUDA cluster kernels (engine.kernels."
-        "moe_fp8_sm90; nvcc and ninja needed; bench-only, the service has no such setting)",
+        help="full, with --fp8: the FP8 experts of large batches through the sm_90a CUDA cluster kernels "
+        "(engine.kernels.moe_fp8_sm90, as the service's engine.sm90_experts; nvcc and ninja needed)",
     )
     p.add_argument("--rate", default="25,50,75,90", help="events/s, one load per value, comma-separated")
     p.add_argument(

@@ -63,10 +63,10 @@ def build_engines(
     """(engine for the pipeline, engine whose tokenizer sizes the events); blocking. `full`: the full-size
     model on CUDA (`layers` decoder layers, None = 48, FP8 as `FP8_MODES[fp8]`); `tiny`: the tiny release
     on CPU (both the same); `stub`: `StubEngine`, events sized with the tiny release. `lane_stream`: the
-    full engine's `EngineConfig.lane_stream`. `sm90` (full, FP8 only; bench-only, the service has no such
-    setting): the FP8 experts through `engine.kernels.moe_fp8_sm90`'s CUDA cluster kernels, built here (nvcc
-    and ninja needed), the graphs captured with them; `BENCH_SM90_FROM_ROWS` replaces its
-    `FROM_ROWS_PER_EXPERT` (the average rows an expert from which a call takes them)."""
+    full engine's `EngineConfig.lane_stream`. `sm90` (full, FP8 only; as `EngineConfig.sm90_experts`): the
+    FP8 experts of the calls `engine.kernels.moe_fp8_sm90` takes through its CUDA cluster kernels, built
+    here (nvcc and ninja needed), the graphs captured with them; `BENCH_SM90_FROM_ROWS` replaces its
+    `FROM_ROWS_PER_EXPERT` (the average rows an expert from which a call takes both kernels)."""
     from bench.load import build
     from engine.batching.cut import BatchLimits
 

@@ -95,8 +95,9 @@ class ClefOmniModel(nn.Module):
         about half the memory, and from then on a batch with media raises ValueError (`text_only`).
         `fp8_attention` runs the attention projections (fused QKV, output) in FP8 as well
         (`PackedTextDecoder.use_fp8_attention`; opt-in, apart from the experts; the media path stays bf16).
-        `sm90_experts` (benches) runs the FP8 experts of the calls `moe_fp8_sm90.takes` through that built
-        `engine.kernels.moe_fp8_sm90` extension's CUDA cluster kernels, the rest through Triton (None: all).
+        `sm90_experts` (`EngineConfig.sm90_experts`, benches) runs the FP8 experts of the calls
+        `moe_fp8_sm90.takes` accepts through that built `engine.kernels.moe_fp8_sm90` extension's CUDA cluster
+        kernels, the down GEMM of those `takes_down` accepts, the rest through Triton (None: all).
         `fused_experts=False` runs bf16 experts unfused (CUTLASS grouped GEMMs instead of
         `engine.kernels.moe`), `triton_attention=False` runs attention through torch's varlen
         FlashAttention 2 instead of `engine.kernels.attention`. Calling again switches any of them and
