@@ -113,7 +113,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _check_engine_settings(e: EngineSettings) -> None:
     """Raise `UsageError` (exit 2: a permanent error, restarting cannot help) for a missing release
-    directory and for `cuda` on a machine without CUDA."""
+    directory, for `cuda` on a machine without CUDA, and for sm90 expert kernels that cannot run here
+    (before minutes of loading weights)."""
     if e.model_path is None:
         raise UsageError("set CLEF_ENGINE__MODEL_PATH (a release directory) or pass --stub-engine")
     if not e.model_path.is_dir():
@@ -128,6 +129,18 @@ def _check_engine_settings(e: EngineSettings) -> None:
             f"CLEF_ENGINE__DEVICE={e.device} but this machine has no usable CUDA GPU; "
             "set CLEF_ENGINE__DEVICE=cpu (and CLEF_ENGINE__DTYPE=float32) to run on the CPU"
         )
+    if e.sm90_experts and (e.fp8_experts or e.fp8_text_only) and str(e.device).startswith("cuda"):
+        import torch
+
+        from consumer.settings import SettingsError, engine_device
+        from engine.kernels.moe_fp8_sm90 import problem_for
+
+        try:
+            device = torch.device(engine_device(e))
+        except SettingsError as exc:
+            raise UsageError(str(exc)) from exc
+        if problem := problem_for(device):
+            raise UsageError(f"CLEF_ENGINE__SM90_EXPERTS=true, but {problem}")
 
 
 def _load_engine(settings: Settings) -> Engine:
@@ -135,6 +148,7 @@ def _load_engine(settings: Settings) -> Engine:
     that cannot be read (see `_check_engine_settings` for the checks made before)."""
     from consumer.engine_config import engine_config
     from consumer.settings import SettingsError
+    from engine.kernels.moe_fp8_sm90 import Sm90UnavailableError
     from engine.model.release import ReleaseError
     from engine.runner import Engine
 
@@ -152,6 +166,8 @@ def _load_engine(settings: Settings) -> Engine:
         return Engine.from_release(e.model_path, config=config)
     except (ReleaseError, FileNotFoundError) as exc:
         raise UsageError(f"cannot load the release in {e.model_path}: {error_text(exc)}") from exc
+    except Sm90UnavailableError as exc:
+        raise UsageError(f"CLEF_ENGINE__SM90_EXPERTS=true, but {exc}") from exc
 
 
 def _stub_engine(settings: Settings) -> StubEngine:

@@ -70,19 +70,26 @@ def toolchain_problem() -> str | None:
     return None
 
 
-def build_for(device: torch.device, build_dir: Path | None = None) -> Extension:
-    """The extension for the engine on `device` (blocking: half a minute to compile, a second to load an
-    up-to-date build in `build_dir`, default `BUILD_DIR`). Raises `Sm90UnavailableError`, saying why, unless
-    `device` is a Hopper GPU (compute capability 9.0: sm_90a code runs on no other) and `toolchain_problem`
-    finds nothing."""
+def problem_for(device: torch.device) -> str | None:
+    """Why the kernels cannot run for an engine on `device` (not a Hopper GPU: compute capability 9.0,
+    which sm_90a code needs; no nvcc; no ninja), or None. Reads the environment and the device only."""
     if device.type != "cuda" or not torch.cuda.is_available():
-        raise Sm90UnavailableError(f"the sm90 expert kernels need a Hopper GPU; {device} is none")
+        return f"the sm90 expert kernels need a Hopper GPU; {device} is none"
     capability = torch.cuda.get_device_capability(device)
     if capability != (9, 0):
         name = f"{torch.cuda.get_device_name(device)} (sm_{capability[0]}{capability[1]})"
-        raise Sm90UnavailableError(f"the sm90 expert kernels need a Hopper GPU (sm_90), not {name}")
+        return f"the sm90 expert kernels need a Hopper GPU (sm_90), not {name}"
     if problem := toolchain_problem():
-        raise Sm90UnavailableError(f"cannot build the sm90 expert kernels: {problem}")
+        return f"cannot build the sm90 expert kernels: {problem}"
+    return None
+
+
+def build_for(device: torch.device, build_dir: Path | None = None) -> Extension:
+    """The extension for the engine on `device` (blocking: half a minute to compile, a second to load an
+    up-to-date build in `build_dir`, default `BUILD_DIR`). Raises `Sm90UnavailableError` with
+    `problem_for(device)`'s reason where it finds one."""
+    if problem := problem_for(device):
+        raise Sm90UnavailableError(problem)
     return build(build_dir or BUILD_DIR)
 
 

@@ -248,6 +248,28 @@ def test_run_on_cuda_without_a_gpu_says_to_use_the_cpu(
     assert "set CLEF_ENGINE__DEVICE=cpu" in err
 
 
+def test_run_with_sm90_kernels_that_cannot_run_exits_2_before_loading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    import engine.device
+
+    monkeypatch.setattr(engine.device, "cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    monkeypatch.setenv("CLEF_ENGINE__MODEL_PATH", str(tmp_path))  # no release: loading would fail later
+    monkeypatch.setenv("CLEF_ENGINE__DEVICE", "cuda")
+    monkeypatch.setenv("CLEF_ENGINE__FP8_TEXT_ONLY", "true")
+    monkeypatch.setenv("CLEF_ENGINE__SM90_EXPERTS", "true")
+    assert cli.main(["run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "CLEF_ENGINE__SM90_EXPERTS=true, but the sm90 expert kernels need a Hopper GPU" in err
+    assert "NVIDIA A100 (sm_80)" in err
+
+
 def test_kafka_errors_name_their_type_once(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
