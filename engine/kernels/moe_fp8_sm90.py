@@ -86,11 +86,12 @@ def problem_for(device: torch.device) -> str | None:
 
 def build_for(device: torch.device, build_dir: Path | None = None) -> Extension:
     """The extension for the engine on `device` (blocking: half a minute to compile, a second to load an
-    up-to-date build in `build_dir`, default `BUILD_DIR`). Raises `Sm90UnavailableError` with
-    `problem_for(device)`'s reason where it finds one."""
+    up-to-date build in `build_dir`; None: torch's per-user folder, not a shared temporary one whose build
+    another user could have placed). Raises `Sm90UnavailableError` with `problem_for(device)`'s reason where
+    it finds one."""
     if problem := problem_for(device):
         raise Sm90UnavailableError(problem)
-    return build(build_dir or BUILD_DIR)
+    return build(build_dir)
 
 
 def takes(pairs: int, experts: int, hidden: int, inter: int) -> bool:
@@ -154,7 +155,7 @@ has each kernel's two multiplier warpgroups take alternate 64-row items, one's e
 loop (`kPingPong`, `csrc/sm90_common.cuh`)."""
 BUILD_DIR = Path(tempfile.gettempdir()) / "clef-sm90-ext"
 """Where the benches and the GPU tests build the extension (an up-to-date build there is loaded, not
-rebuilt)."""
+rebuilt); the engine's build goes to torch's per-user folder (`build_for`)."""
 
 
 def cuda_flags(variant: str | None = None) -> tuple[str, ...]:
@@ -163,21 +164,23 @@ def cuda_flags(variant: str | None = None) -> tuple[str, ...]:
     return (*CUDA_FLAGS, VARIANTS[variant]) if variant else CUDA_FLAGS
 
 
-def build(build_dir: Path, *, verbose: bool = False, variant: str | None = None) -> Extension:
-    """Compile (or reuse a build in `build_dir`) and load the extension for sm_90a. `variant` (a key of
-    `VARIANTS`) builds that variant, a module of its own in `build_dir / variant` (same functions, same
-    outputs; benches compare it with the default)."""
+def build(build_dir: Path | None, *, verbose: bool = False, variant: str | None = None) -> Extension:
+    """Compile (or reuse a build in `build_dir`) and load the extension for sm_90a. `build_dir` None: torch's
+    own per-user folder for extensions (`TORCH_EXTENSIONS_DIR`, default under ~/.cache). `variant` (a key of
+    `VARIANTS`, with a `build_dir`) builds that variant, a module of its own in `build_dir / variant` (same
+    functions, same outputs; benches compare it with the default)."""
     from torch.utils import cpp_extension
 
-    if variant:
-        build_dir = build_dir / variant
-    build_dir.mkdir(parents=True, exist_ok=True)
+    if build_dir is not None:
+        if variant:
+            build_dir = build_dir / variant
+        build_dir.mkdir(parents=True, exist_ok=True)
     module = cpp_extension.load(
         name=f"clef_moe_fp8_sm90_{variant}" if variant else "clef_moe_fp8_sm90",
         sources=[str(CSRC / name) for name in SOURCES],
         extra_cflags=["-O3"],
         extra_cuda_cflags=list(cuda_flags(variant)),
-        build_directory=str(build_dir),
+        build_directory=None if build_dir is None else str(build_dir),
         verbose=verbose,
     )
     return cast(Extension, module)
