@@ -133,15 +133,18 @@ step "project image with SM90_KERNELS=1, and the sm90 expert kernels compiled in
 "$docker" build --network host --build-arg "PYTHON_IMAGE=$base" --build-arg SM90_KERNELS=1 -t clef-router:sm90 . \
     >"$run_dir/build-sm90.log" 2>&1 || { tail -n 30 "$run_dir/build-sm90.log" >&2; say "docker build (sm90) failed"; exit 1; }
 "$docker" images --format '  {{.Repository}}:{{.Tag}}  {{.Size}}' | grep -E 'clef-router:sm90' >&2 || true
-"$docker" run --rm --network host clef-router:sm90 python -c '
+sm90_out="$("$docker" run --rm --network host clef-router:sm90 python -c '
 import time
 from engine.kernels import moe_fp8_sm90
 began = time.monotonic()
 assert moe_fp8_sm90.toolchain_problem() is None, moe_fp8_sm90.toolchain_problem()
-ext = moe_fp8_sm90.build(None)  # the engine's folder: torch's per-user one
+ext = moe_fp8_sm90.build(None)  # where the engine builds: torch per-user extensions folder
 assert callable(ext.gate_up_fp8) and callable(ext.down_fp8)
 print(f"  sm90 kernels compiled and loaded in the image in {time.monotonic() - began:.1f} s")
-' >&2 || { say "the sm90 kernels did not compile in clef-router:sm90"; exit 1; }
+' 2>&1)" || { printf '%s\n' "$sm90_out" | tail -n 30 >&2; say "the sm90 kernels did not compile in clef-router:sm90"; exit 1; }
+printf '%s\n' "$sm90_out" | grep -v 'No CUDA runtime is found' >&2
+# the last line proves the whole program ran (a quote inside it would cut it short and still exit 0)
+grep -q 'compiled and loaded in the image' <<<"$sm90_out" || { say "the sm90 check did not finish"; exit 1; }
 
 # ---- 4. the compose demo profile ------------------------------------------------------------------------------
 step "docker compose --profile demo up (CI override: host network, 127.0.0.1 only, no Grafana)"
