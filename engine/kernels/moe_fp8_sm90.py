@@ -1,4 +1,4 @@
-"""The FP8 expert block's two GEMMs as CUDA kernels for Hopper (sm_90a), for mid-size batches.
+"""The FP8 expert block's two GEMMs as CUDA kernels for Hopper (sm_90a), for large batches.
 
 `csrc/moe_gate_up_fp8_sm90.cu` and `csrc/moe_down_fp8_sm90.cu`: two CTAs of a cluster take one expert's two
 128-row tiles and share its 256-row weight tile, each loading half of it through TMA and multicasting it to
@@ -10,12 +10,15 @@ warpgroup loads (the gate/up kernel gathers the token rows with cp.async), two m
 - `down_fp8`: `down_pairs_fp8(..., way="row_pass")` on row-scaled activations: (T k, H) bf16 in pair order.
 - `experts_pairs_fp8`: the block, gate/up, the Triton requantising pass, down: the values of
   `engine.kernels.moe_fp8.experts_pairs_fp8` up to the gate/up epilogue's rounding.
+- `experts_pairs_fp8_down`: the block with Triton's gate/up and row pass, then the CUDA down kernel.
 
 Contract: `build` compiles the extension with torch's builder (nvcc and ninja needed; about half a minute)
 into `build_dir` and returns it; the kernels take contiguous CUDA tensors on a Hopper GPU with H a multiple
 of 256 and I of 128, no host sync, static grids (CUDA-graph capturable). `build_for` is the engine's
 build (`EngineConfig.sm90_experts`, opt-in), which checks the GPU and the toolchain first; the engine then
-runs the expert calls `takes` accepts here. Measured by `bench.gate_up_sm90_probe`, `bench.fp8_modes --sm90`.
+runs both GEMMs of the expert calls `takes` accepts here (`experts_pairs_fp8`), and the down GEMM of those
+`takes_down` accepts (`experts_pairs_fp8_down`). Measured by `bench.gate_up_sm90_probe`, `bench.fp8_modes
+--sm90`, `bench.one_request --sm90`.
 """
 
 from __future__ import annotations
@@ -37,13 +40,12 @@ CUDA_FLAGS = ("-O3", "-gencode=arch=compute_90a,code=sm_90a")
 """nvcc's flags for the kernels: an explicit -gencode keeps torch from adding sm_90 without the "a" features
 (wgmma, setmaxnreg)."""
 FROM_ROWS_PER_EXPERT = 1024
-"""Average rows per expert from which `takes` hands a call to these kernels: 16,384 tokens of the full-size
-thinker (128 experts, 8 a token). One H100, one full-size layer, uniform routing (BENCHMARKS.md, "Engine,
-round eighteen"): Triton's kernels lead up to 1,536 tokens and again at 4,096 (gate/up 267.7 against 292.9
-us), the CUDA ones lead at 16,384 (848.7 against 885.0, down 599.1 against 610.4) and 65,536 tokens; between
-4,096 and 16,384 tokens the crossing is not measured. Through the service at 70% load (about 3,000-token
-batches, levelled routing) the CUDA kernels from 64 rows an expert raised the p99, so mid-size batches stay
-on Triton."""
+"""Average rows per expert from which `takes` hands both GEMMs of a call to these kernels: 16,384 tokens of
+the full-size thinker (128 experts, 8 a token). On one H100 (BENCHMARKS.md, "Engine, round eighteen") the CUDA
+gate/up kernel took more time than Triton's up to 8,192 tokens with uniform routing (one full-size layer) and
+up to 12,809 with levelled routing in the engine (+7.0% at 3,222 tokens, +0.6% at 12,809), less at 16,384
+(848.7 against 885.0 and 885.2 against 945.9 us) and 65,536 (uniform). Through the service at 70% load (about
+3,000-token batches) both kernels from 64 rows an expert raised the p99."""
 
 
 DOWN_FROM_ROWS_PER_EXPERT = 256
