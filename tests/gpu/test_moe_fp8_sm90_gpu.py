@@ -9,6 +9,7 @@ import random
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -178,6 +179,16 @@ def test_sm90_variant_builds_give_the_default_builds_bytes(
         )
 
 
+def _worst_dp(triton: list[Any], sm90: list[Any]) -> float:
+    # the largest |dp| between two runs' answers: batches, then records, then questions
+    worst = 0.0
+    for a, b in zip(triton, sm90, strict=True):
+        for x, y in zip(a, b, strict=True):
+            for px, py in zip(x, y, strict=True):
+                worst = max(worst, float(np.abs(px - py).max()))
+    return worst
+
+
 def test_the_engine_runs_large_batches_through_the_sm90_kernels_with_tritons_answers(
     ext: moe_fp8_sm90.Extension, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -215,11 +226,7 @@ def test_the_engine_runs_large_batches_through_the_sm90_kernels_with_tritons_ans
         answers.append([model.forward_batch(batch) for batch in batches])
         # two MoE layers: the large batch both GEMMs in each, the mid one the down GEMM, the small one none
         assert calls == (["both", "both", "down", "down"] if sm90 else [])
-    worst = 0.0
-    for a, b in zip(*answers, strict=True):
-        for x, y in zip(a, b, strict=True):
-            for px, py in zip(x, y, strict=True):
-                worst = max(worst, float(np.abs(px - py).max()))
+    worst = _worst_dp(*answers)
     print(f"sm90 against Triton through the engine: max |dp| {worst:.2e}")
     assert worst <= 1e-3
 
@@ -244,10 +251,6 @@ def test_graph_replays_through_the_sm90_kernels_give_tritons_answers(
         assert [model._graphed.bucket_for(t) for t in sizes] == [2048, 4096], sizes
         batches = [collate(b, layout="packed", device="cuda") for b in (in_2048, in_4096)]
         answers.append([model.forward_batch(batch) for batch in batches])
-    worst = 0.0
-    for a, b in zip(*answers, strict=True):
-        for x, y in zip(a, b, strict=True):
-            for px, py in zip(x, y, strict=True):
-                worst = max(worst, float(np.abs(px - py).max()))
+    worst = _worst_dp(*answers)
     print(f"sm90 against Triton in the graphs: max |dp| {worst:.2e}")
     assert worst <= 1e-3
