@@ -21,10 +21,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class FastPath:
-    """What `enable` built: `text_only` (the bf16 experts freed: media is refused) and `graph_tokens` (the
-    largest CUDA graph bucket captured, 0 for none)."""
+    """What `enable` built: `graph_tokens`, the largest CUDA graph bucket captured (0 for none). Whether the
+    bf16 experts were freed is the model's to say (`ModelLike.text_only`), however its fast path was built."""
 
-    text_only: bool = False
     graph_tokens: int = 0
 
 
@@ -56,4 +55,4 @@ def enable(model: ModelLike, config: EngineConfig) -> FastPath:
     )
     if not built:
         return FastPath()
-    return FastPath(text_only=cfg.fp8_text_only, graph_tokens=max(buckets, default=0))
+    return FastPath(graph_tokens=max(buckets, default=0))

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 class ModelLike(Protocol):
     """What `engine.runner.Engine` uses of its model; `engine.model.clef.ClefOmniModel` is the real one.
 
-    - `device`: where `collate` puts a batch; `fast_path`: whether the text fast path is built.
+    - `device`: where `collate` puts a batch; `fast_path`: whether the text fast path is built;
+      `text_only`: whether its bf16 experts were freed (then no batch with media can run).
     - `enable_fast_path(...)`: build it (CUDA only); returns False and changes nothing where it cannot.
       `text_only` (with `fp8_experts`) frees the bf16 experts: the model then runs no media;
       `fp8_attention` runs the text path's attention projections in FP8; `sm90_experts` (a built
@@ -40,6 +41,9 @@ class ModelLike(Protocol):
 
     @property
     def fast_path(self) -> bool: ...
+
+    @property
+    def text_only(self) -> bool: ...
 
     def enable_fast_path(
         self,

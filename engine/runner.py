@@ -85,9 +85,7 @@ class Engine(Generic[M]):
         self.config = config if config is not None else EngineConfig()
         self._encoder: TextEncoder = encoder_for(tokenizer)
         self._media_hook = media_hook
-        fast = enable_fast_path(model, self.config)
-        self._text_only = fast.text_only  # the bf16 experts were freed (FP8 text-only): media is refused
-        self._graph_tokens = fast.graph_tokens  # the largest CUDA graph bucket captured (0: none)
+        self._graph_tokens = enable_fast_path(model, self.config).graph_tokens  # largest bucket, 0: none
         self._layout: Layout | None = None if self.config.layout == "auto" else self.config.layout
         self._lane = Lane(model.device, self.config.lane_stream)
 
@@ -138,7 +136,7 @@ class Engine(Generic[M]):
         """
         if not request.has_media:
             return None
-        if self._text_only:
+        if self.model.text_only:  # the model's own state: also when a bench switched it after start
             message = "this engine runs FP8 text-only experts (engine.fp8_text_only): it takes no media"
             raise RequestError(DlqReason.media_undecodable, message, status=400)
         if self._media_hook is None:

@@ -27,6 +27,7 @@ class FakeModel:
         self.nan_id = tokenizer.encode("nan", add_special_tokens=False).ids
         self.batch_sizes: list[int] = []
         self.answered: list[int] = []
+        self.built: dict[str, object] = {}  # what `enable_fast_path` was last asked for (FakeFp8Model)
 
     @property
     def device(self) -> torch.device:
@@ -35,6 +36,10 @@ class FakeModel:
     @property
     def fast_path(self) -> bool:
         return False
+
+    @property
+    def text_only(self) -> bool:
+        return bool(self.built.get("text_only", False))
 
     def enable_fast_path(
         self,
@@ -173,7 +178,6 @@ class FakeFp8Model(FakeModel):
 
     def __init__(self, max_records: int, tokenizer: Tokenizer) -> None:
         super().__init__(max_records, tokenizer)
-        self.built: dict[str, object] = {}
 
     @property
     def device(self) -> torch.device:
@@ -210,6 +214,23 @@ def test_fp8_text_only_builds_fp8_experts_and_refuses_media_before_decoding_it(
     assert results[0].status == 400
     assert "FP8 text-only" in results[0].message
     assert isinstance(results[1], SystemOneResponse)
+
+
+def test_a_model_switched_to_text_only_after_the_engine_started_still_refuses_media(
+    bpe_tokenizer: Tokenizer,
+) -> None:
+    # the benches switch the model's fast path after building the engine: the model says it is text-only
+    fake = FakeFp8Model(max_records=8, tokenizer=bpe_tokenizer)
+    engine = Engine(fake, bpe_tokenizer, EngineConfig())
+    with_media = {**body("see the screenshot"), "images": ["iVBORw0KGgo="]}
+    before = engine.decide([with_media])[0]
+    assert isinstance(before, RequestError)
+    assert "FP8 text-only" not in before.message  # no media hook here: "serves text only"
+    assert fake.enable_fast_path(fp8_experts=True, text_only=True)
+    after = engine.decide([with_media])[0]
+    assert isinstance(after, RequestError)
+    assert after.status == 400
+    assert "FP8 text-only" in after.message
 
 
 def test_sm90_experts_are_built_for_the_model_and_handed_to_its_fast_path(
