@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Protocol, cast
+from typing import Literal, Protocol, cast
 
 import torch
 
@@ -96,16 +96,26 @@ def build_for(device: torch.device, build_dir: Path | None = None) -> Extension:
     return build(build_dir)
 
 
+def path_for(pairs: int, experts: int, hidden: int, inter: int) -> Literal["both", "down"] | None:
+    """Which GEMMs of a call of `pairs` token-expert pairs over `experts` experts of these sizes run here:
+    "both" (`experts_pairs_fp8`) from `FROM_ROWS_PER_EXPERT` rows an expert, "down" alone after Triton's
+    gate/up (`experts_pairs_fp8_down`) from `DOWN_FROM_ROWS_PER_EXPERT`, else None (Triton's kernels; also
+    for sizes the kernels do not take: H a multiple of 256, I of 128)."""
+    if hidden % 256 or inter % GROUP:
+        return None
+    if pairs >= FROM_ROWS_PER_EXPERT * experts:
+        return "both"
+    return "down" if pairs >= DOWN_FROM_ROWS_PER_EXPERT * experts else None
+
+
 def takes(pairs: int, experts: int, hidden: int, inter: int) -> bool:
-    """Whether a call of `pairs` token-expert pairs over `experts` experts of these sizes runs both GEMMs
-    here (`experts_pairs_fp8`)."""
-    return hidden % 256 == 0 and inter % GROUP == 0 and pairs >= FROM_ROWS_PER_EXPERT * experts
+    """Whether such a call runs both GEMMs here (`path_for` "both")."""
+    return path_for(pairs, experts, hidden, inter) == "both"
 
 
 def takes_down(pairs: int, experts: int, hidden: int, inter: int) -> bool:
-    """Whether such a call runs its down GEMM here, after Triton's gate/up (`experts_pairs_fp8_down`); a
-    call `takes` accepts runs both GEMMs here instead."""
-    return hidden % 256 == 0 and inter % GROUP == 0 and pairs >= DOWN_FROM_ROWS_PER_EXPERT * experts
+    """Whether such a call runs its down GEMM here, alone or with the gate/up one (`path_for` not None)."""
+    return path_for(pairs, experts, hidden, inter) is not None
 
 
 class Extension(Protocol):

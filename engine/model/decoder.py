@@ -99,7 +99,7 @@ class PackedTextDecoder:
         """bf16 experts through `engine.kernels.moe`'s fused Triton kernels (False: gather, CUTLASS grouped
         GEMMs, SwiGLU and combine). Recapture graphs after switching."""
         self.sm90_experts: moe_fp8_sm90.Extension | None = None
-        """FP8 expert calls `moe_fp8_sm90.takes` through these CUDA kernels (None: Triton); recapture."""
+        """Runs the GEMMs `moe_fp8_sm90.path_for` names (None: all Triton); recapture after a switch."""
         for layer in text_model.layers:
             att = layer.self_attn
             w = torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight], dim=0)

@@ -43,8 +43,8 @@ def expert_rows(
 
     `q8`: the layer's e4m3 experts (FP8 mode), else the bf16 ones of `mlp` run. `fused`: the fused Triton
     kernels where they take the sizes (CUDA only), else gather, CUTLASS grouped GEMMs, SwiGLU. `sm90`: the
-    FP8 calls `moe_fp8_sm90.takes` go through these CUDA kernels, those `takes_down` accepts only their
-    down GEMM. `xq`: x in e4m3 with its row scales,
+    FP8 calls run the GEMMs `moe_fp8_sm90.path_for` names through these CUDA kernels. `xq`: x in e4m3 with
+    its row scales,
     used by the fused FP8 kernels. `valid` (`PackedInputs.valid`): on the pair-order paths the padding
     tokens go to no expert and their rows are left unwritten (the sum must then take `valid` too); the
     expert-order paths run every token.
@@ -63,10 +63,11 @@ def expert_rows(
         order, counts = moe.group_by_expert(top_i, num_experts)  # (S,) by expert, (E,)
         if q8 is None:  # gather, SwiGLU and the inverse permutation inside two Triton GEMMs
             return moe.experts_pairs(x, order, counts, top_w, experts.gate_up_proj, experts.down_proj), None
-        if sm90 is not None and moe_fp8_sm90.takes(top_w.numel(), num_experts, x.shape[1], inter):
-            return moe_fp8_sm90.experts_pairs_fp8(sm90, x, order, counts, top_w, q8, xq=xq), None
-        if sm90 is not None and moe_fp8_sm90.takes_down(top_w.numel(), num_experts, x.shape[1], inter):
-            return moe_fp8_sm90.experts_pairs_fp8_down(sm90, x, order, counts, top_w, q8, xq=xq), None
+        path = None if sm90 is None else moe_fp8_sm90.path_for(top_w.numel(), num_experts, x.shape[1], inter)
+        if sm90 is not None and path is not None:
+            both = path == "both"  # else the down GEMM alone, after Triton's gate/up
+            through = moe_fp8_sm90.experts_pairs_fp8 if both else moe_fp8_sm90.experts_pairs_fp8_down
+            return through(sm90, x, order, counts, top_w, q8, xq=xq), None
         return moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8, xq=xq), None  # (T k, hidden)
     # (S,) pairs by expert, (E,) cumulative counts (grouped_mm's offs), (S,) sorted slot of each pair
     order, offs, inv = moe.group_by_expert_inverse(top_i, num_experts)

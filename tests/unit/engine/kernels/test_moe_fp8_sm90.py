@@ -30,6 +30,8 @@ def test_takes_the_down_gemm_alone_from_fewer_rows() -> None:
     assert moe_fp8_sm90.takes_down(rows * experts, experts, 2048, 768)
     assert not moe_fp8_sm90.takes_down(rows * experts - 1, experts, 2048, 768)
     assert not moe_fp8_sm90.takes(rows * experts, experts, 2048, 768)
+    sizes = (rows * experts - 1, rows * experts, moe_fp8_sm90.FROM_ROWS_PER_EXPERT * experts)
+    assert [moe_fp8_sm90.path_for(n, experts, 2048, 768) for n in sizes] == [None, "down", "both"]
     assert not moe_fp8_sm90.takes_down(10 * rows * experts, experts, 2048 + 128, 768)
     assert not moe_fp8_sm90.takes_down(10 * rows * experts, experts, 2048, 768 + 64)
 
