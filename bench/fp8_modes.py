@@ -78,13 +78,14 @@ def use_tiles(path: Path) -> dict[str, object]:
     return dict(raw)
 
 
-def sm90_extension() -> moe_fp8_sm90.Extension:
-    """`engine.kernels.moe_fp8_sm90` built (or loaded from its build folder), timed on a `build` line."""
+def sm90_extension(rows: list[str]) -> moe_fp8_sm90.Extension:
+    """`engine.kernels.moe_fp8_sm90` built (or loaded from its build folder), timed on a `build` line of
+    `rows` (the output file's, like every other line)."""
     from engine.kernels import moe_fp8_sm90
 
     t = time.perf_counter()
     ext = moe_fp8_sm90.build(moe_fp8_sm90.BUILD_DIR)
-    print(json.dumps({"kind": "build", "seconds": round(time.perf_counter() - t, 1)}), flush=True)
+    emit(rows, kind="build", seconds=round(time.perf_counter() - t, 1))
     return ext
 
 
@@ -143,7 +144,7 @@ def main() -> int:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         t = time.perf_counter()
-        ext = sm90_extension() if mode in SM90_MODES else None
+        ext = sm90_extension(rows) if mode in SM90_MODES else None
         engine.model.enable_fast_path(graph_buckets=buckets, sm90_experts=ext, **kwargs)
         torch.cuda.synchronize()
         switch_s = time.perf_counter() - t
