@@ -31,9 +31,11 @@ def enable(model: ModelLike, config: EngineConfig) -> FastPath:
     """Build `model`'s fast path as `config` says (see the module docstring); what it built."""
     cfg = config
     fp8 = cfg.fp8_experts or cfg.fp8_text_only
-    if not (cfg.fast_path and model.device.type == "cuda" and not model.fast_path):
+    if not (cfg.fast_path and model.device.type == "cuda"):
         if cfg.fp8_text_only or cfg.fp8_attention or cfg.sm90_experts:
             log.warning("fp8_text_only, fp8_attention, sm90_experts: CUDA only; this engine runs bf16")
+        return FastPath()
+    if model.fast_path:  # built before the engine (a bench): kept as it is, whatever `config` says
         return FastPath()
     if cfg.sm90_experts and not fp8:
         log.warning("sm90_experts applies to FP8 experts: without fp8_experts or fp8_text_only, nothing")
