@@ -155,6 +155,7 @@ def measure(
         fp8=args.fp8,
         levelled=not args.random_router,
         sm90=sm90,
+        device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
     )
     box: dict[str, torch.Tensor] = {}
 

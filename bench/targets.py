@@ -9,7 +9,8 @@ run"):
 - `one_fp8/one_request.jsonl`, `one_bf16/one_request.jsonl` (`bench.one_request`): one 800-token request's
   `decide` p50 (the first `request` of each file, the shipped kernels);
 - `e2e/e2e.jsonl` (`bench.e2e --shares`): p50 at 25% and p99 at 70% of the engine-only capacity the run
-  measured first, every load at that share (within 0.02);
+  measured first, every load at that share (within 0.02), and the capacity through Kafka: the decisions/s of
+  every load offered above that capacity (share 1.02 and up) over it;
 - `mixed/e2e.jsonl` (`bench.e2e --mixed`): HTTP and priority-topic p99, Kafka throughput over engine-only,
   lost and duplicated events, offsets committed at the end.
 
@@ -110,15 +111,26 @@ def one_request_ms(rows: Sequence[Row]) -> float | None:
     return None
 
 
+SATURATED_SHARE = 1.02
+"""A load offered at this share of the engine-only capacity or more saturates the service: its decisions/s
+over that capacity is the capacity through Kafka."""
+
+
 def shares_verdicts(rows: Sequence[Row]) -> list[Verdict]:
-    """p50 at 25% and p99 at 70% of the run's engine-only capacity (the worst load at each share)."""
+    """p50 at 25% and p99 at 70% of the run's engine-only capacity (the worst load at each share), and the
+    capacity through Kafka over engine-only (the worst saturated load)."""
     capacity = next((_num(r, "events_s") for r in _of_kind(rows, "capacity")), None)
     at: dict[float, list[Row]] = {0.25: [], 0.7: []}
+    through: list[float] = []  # events out/s over the capacity, of each saturated load
     for load in _of_kind(rows, "load"):
-        rate = _num(load, "rate")
+        rate, out = _num(load, "rate"), _num(load, "events_out_s")
+        if not capacity or rate is None:
+            continue
         for share, loads in at.items():
-            if capacity and rate is not None and abs(rate / capacity - share) <= 0.02:
+            if abs(rate / capacity - share) <= 0.02:
                 loads.append(load)
+        if rate / capacity >= SATURATED_SHARE and out is not None:
+            through.append(round(out / capacity, 3))
 
     def worst(share: float, key: str) -> float | None:
         values = [v for r in at[share] if (v := _num(r, key)) is not None]
@@ -128,6 +140,13 @@ def shares_verdicts(rows: Sequence[Row]) -> list[Verdict]:
     return [
         _verdict("p99 at 70% load (ms)", "<= 150", p99, lambda v: v <= 150.0, f"e2e, {len(at[0.7])} load(s)"),
         _verdict("p50 at 25% load (ms)", "<= 45", p50, lambda v: v <= 45.0, f"e2e, {len(at[0.25])} load(s)"),
+        _verdict(
+            "capacity through Kafka / engine-only",
+            ">= 0.98",
+            min(through, default=None),
+            lambda v: v >= 0.98,
+            f"e2e, {len(through)} saturated load(s)",
+        ),
     ]
 
 
@@ -178,11 +197,13 @@ def verdicts(root: Path) -> list[Verdict]:
 
 
 def devices(root: Path) -> list[str]:
-    """The GPU names the steps' info lines give (in step order, each once)."""
+    """The GPU names the steps' `info` lines (and `bench.one_request`'s `request` lines) give, in step
+    order, each once."""
     names: list[str] = []
     for path in sorted(root.glob("*/*.jsonl")):
         for row in read_rows(path):
-            name = row.get("device", row.get("gpu")) if row.get("kind") == "info" else None
+            named = row.get("kind") in ("info", "request")
+            name = row.get("device", row.get("gpu")) if named else None
             if isinstance(name, str) and name not in names:
                 names.append(name)
     return names

@@ -13,7 +13,8 @@
 #   modes  throughput at budget 65,536 and the FP8 text-only peak (bench.fp8_modes --requests 768, bf16 and
 #          FP8 text-only, with the sm90 kernels as a mode of their own)           scripts/device-engine.sh
 #   one    one 800-token request, FP8 text and bf16 (bench.one_request --reps 20)  scripts/device-engine.sh
-#   e2e    through the broker at 25% and 70% of the measured capacity (bench.e2e --shares, FP8 text)
+#   e2e    through the broker at 25%, 70% and 120% of the measured capacity (bench.e2e --shares, FP8 text; the
+#          last load saturates the service: its decisions/s over engine-only is the capacity through Kafka)
 #   mixed  Kafka saturated while HTTP and a priority topic arrive (bench.e2e --mixed, FP8 text)
 # TARGETS_SM90=1 (default; 0: off) runs e2e and mixed with `--sm90`, the service's engine.sm90_experts.
 # The device returns a handful of files, so every step writes under a work folder and the call's $OUT gets
@@ -62,7 +63,7 @@ for s in "${steps[@]}"; do
                 bash scripts/device-engine.sh one ;;
         e2e)
             step e2e env OUT="$work/e2e" bash scripts/device-e2e.sh --arrivals poisson --partitions 6 --fp8 text \
-                --shares --rate 0.25,0.7 --seconds 40 --warmup-s 8 "${sm90[@]}" ;;
+                --shares --rate 0.25,0.7,1.2 --seconds 40 --warmup-s 8 "${sm90[@]}" ;;
         mixed)
             step mixed env OUT="$work/mixed" bash scripts/device-e2e.sh --mixed --backlog-s 12 --seconds 40 \
                 --fp8 text --deadline-s 200 --partitions 6 "${sm90[@]}" ;;

@@ -23,7 +23,7 @@ def _by_target(found: list[Verdict]) -> dict[str, Verdict]:
 
 def test_a_folder_without_steps_reads_not_run(tmp_path: Path) -> None:
     found = verdicts(tmp_path)
-    assert len(found) == 12
+    assert len(found) == 13
     assert all(v.value is None and v.met is None and v.status() == "not run" for v in found)
     assert "| p99 at 70% load (ms) | <= 150 | not run | not run |" in report(tmp_path)
 
@@ -46,6 +46,26 @@ def test_loads_are_matched_to_their_share_of_the_capacity_and_the_worst_counts(t
     p50 = found["p50 at 25% load (ms)"]
     assert (p50.value, p50.met) == (40.0, True)
     assert "on NVIDIA H200" in report(tmp_path)
+    assert found["capacity through Kafka / engine-only"].status() == "not run"  # no load above capacity
+
+
+def test_capacity_through_kafka_is_the_worst_saturated_loads_out_over_engine_only(tmp_path: Path) -> None:
+    _write(
+        tmp_path / "e2e" / "e2e.jsonl",
+        [
+            {"kind": "capacity", "events_s": 100.0},
+            {"kind": "load", "rate": 70.0, "events_out_s": 70.0, "p99_ms": 140.0},  # not saturated
+            {"kind": "load", "rate": 101.0, "events_out_s": 60.0},  # 1.01: not saturated enough to count
+            {"kind": "load", "rate": 120.0, "events_out_s": 99.0},
+            {"kind": "load", "rate": 120.0, "events_out_s": 97.5},
+        ],
+    )
+    found = _by_target(verdicts(tmp_path))
+    through = found["capacity through Kafka / engine-only"]
+    assert (through.value, through.met, through.source) == (0.975, False, "e2e, 2 saturated load(s)")
+    card = {"kind": "request", "device": "NVIDIA H100 80GB HBM3"}
+    _write(tmp_path / "one_fp8" / "one_request.jsonl", [card])
+    assert "targets of issues 29 and 30 on NVIDIA H100 80GB HBM3 (" in report(tmp_path)
 
 
 def test_the_saturated_run_counts_lost_and_duplicated_events_over_every_topic(tmp_path: Path) -> None:
@@ -107,6 +127,7 @@ def test_round_tens_h200_files_give_round_tens_table(tmp_path: Path) -> None:
     assert {t: (v.value, v.met) for t, v in found.items()} == {
         "p99 at 70% load (ms)": (182.11, False),
         "p50 at 25% load (ms)": (32.33, True),
+        "capacity through Kafka / engine-only": (None, None),  # round ten ran no load above capacity
         "saturated: HTTP p99 (ms)": (131.09, True),
         "saturated: priority topic p99 (ms)": (93.87, True),
         "saturated: Kafka out / engine-only": (0.942, True),
