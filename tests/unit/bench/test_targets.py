@@ -63,7 +63,7 @@ def test_capacity_through_kafka_is_the_worst_saturated_loads_out_over_engine_onl
     found = _by_target(verdicts(tmp_path))
     through = found["capacity through Kafka / engine-only"]
     assert (through.value, through.met, through.source) == (0.975, False, "e2e, 2 saturated load(s)")
-    card = {"kind": "request", "device": "NVIDIA H100 80GB HBM3"}
+    card: dict[str, object] = {"kind": "request", "device": "NVIDIA H100 80GB HBM3"}
     _write(tmp_path / "one_fp8" / "one_request.jsonl", [card])
     assert "targets of issues 29 and 30 on NVIDIA H100 80GB HBM3 (" in report(tmp_path)
 
