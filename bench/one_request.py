@@ -81,6 +81,13 @@ def main() -> int:
         help="with --sm90: the average rows an expert from which a call takes the CUDA kernels"
         " (moe_fp8_sm90.FROM_ROWS_PER_EXPERT; default the shipped one)",
     )
+    p.add_argument(
+        "--fp8-large-from-rows",
+        default="",
+        help="with --fp8: measure again at each of these average rows an expert (comma-separated) from which"
+        " the Triton FP8 kernels take their large tiles (moe_fp8.LARGE_FROM_ROWS_PER_EXPERT; graphs"
+        " recaptured; a `regime` line before each), same process",
+    )
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -90,6 +97,7 @@ def main() -> int:
     from bench.experts import biased_engine
     from bench.routing import level
     from bench.workload import make_request
+    from engine.kernels import moe_fp8
 
     engine, biases, buckets = biased_engine()
     rng = random.Random(0)
@@ -105,6 +113,17 @@ def main() -> int:
         engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])
     for records in (int(n) for n in args.records.split(",")):
         reqs = measure(rows, engine, records, args, out if args.trace else None)
+    shipped = moe_fp8.LARGE_FROM_ROWS_PER_EXPERT
+    thresholds = [int(n) for n in args.fp8_large_from_rows.split(",") if n] if args.fp8 != "off" else []
+    for from_rows in thresholds:
+        moe_fp8.LARGE_FROM_ROWS_PER_EXPERT = from_rows  # read per call; the graphs are recaptured with it
+        emit(rows, kind="regime", large_from_rows_per_expert=from_rows, shipped=shipped)
+        engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])
+        for records in (int(n) for n in args.records.split(",")):
+            reqs = measure(rows, engine, records, args, None)
+    if thresholds:  # the shipped regimes (and their graphs) again, for --sm90 and the profile
+        moe_fp8.LARGE_FROM_ROWS_PER_EXPERT = shipped
+        engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])
     if args.sm90 and args.fp8 != "off":
         from engine.kernels import moe_fp8_sm90
 
