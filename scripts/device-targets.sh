@@ -4,10 +4,10 @@
 #
 #   device tool:  command  bash scripts/device-targets.sh [STEP...]      carry  [".carry"]
 #
-# All four steps take about 10 minutes, the device's limit for one command, so run them as two calls on the
-# same warm machine: `bash scripts/device-targets.sh modes one` (about 4 minutes), then `... e2e mixed`
-# (about 6). Unpack both targets.tar.gz into one folder here and `python3 -m bench.targets DIR` prints the
-# whole table.
+# All four steps take about 11 minutes, more than the device's limit for one command, so run them as two calls
+# on the same warm machine: `bash scripts/device-targets.sh modes one` (about 4.5 minutes; `one` alone took 55 s
+# on an H100), then `... e2e mixed` (about 7). Unpack both targets.tar.gz into one folder here and
+# `python3 -m bench.targets DIR` prints the whole table.
 #
 # STEP is one of (default: all four, in this order; each under its own limit):
 #   modes  throughput at budget 65,536 and the FP8 text-only peak (bench.fp8_modes --requests 768, bf16 and
