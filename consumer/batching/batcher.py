@@ -55,6 +55,9 @@ __all__ = ["Batcher", "Outcome"]
 
 log = get_logger("consumer.batching.batcher")
 
+THREADS_JOIN_S = 5.0
+"""How long `Batcher.close` waits for its prepare threads to end (a task that has started runs to its end)."""
+
 
 P = TypeVar("P", bound=PreparedLike)
 S = TypeVar("S")
@@ -329,7 +332,8 @@ class Batcher(Generic[P, S, R]):
         self._wakeup.set()
 
     async def close(self, timeout_s: float = 30.0) -> None:
-        """Flush what is queued without waiting for `max_wait_ms`, finish running batches, stop threads.
+        """Flush what is queued without waiting for `max_wait_ms`, finish running batches, stop threads (the
+        prepare threads are joined, for at most `THREADS_JOIN_S`).
 
         Records still unfinished after `timeout_s` have their futures cancelled.
         """
@@ -347,3 +351,6 @@ class Batcher(Generic[P, S, R]):
             task.cancel()
         self._cpu.shutdown(wait=False, cancel_futures=True)
         self._gpu.shutdown()
+        # the prepare threads end here, not while the interpreter finalises (see `CpuPool.join`)
+        if not await asyncio.to_thread(self._cpu.join, THREADS_JOIN_S):
+            log.warning("prepare_threads_still_running", seconds=THREADS_JOIN_S)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
@@ -51,7 +52,7 @@ class _Task:
 class CpuPool:
     """`workers` threads named `name`_N running submitted calls most urgent kind first (see the module
     docstring). Thread-safe. `shutdown` stops it; its threads are daemons that end once it is shut down
-    and their queue is empty."""
+    and their queue is empty (`join` waits for that)."""
 
     def __init__(self, workers: int, name: str) -> None:
         if workers < 1:
@@ -115,6 +116,20 @@ class CpuPool:
             for thread in self._threads:
                 if thread is not threading.current_thread():
                     thread.join()
+
+    def join(self, timeout_s: float) -> bool:
+        """After `shutdown`: wait at most `timeout_s` seconds in all for the threads to end (a task that has
+        started runs to its end first); True when every one has (the calling thread aside). Blocking.
+
+        The threads are daemons, so the process can exit while one still runs; but one still running when
+        the interpreter finalises is stopped where it next takes the GIL, and inside torch's native code
+        that aborts the process ("terminate called without an active exception", exit -6). A stopping
+        service joins them first (`consumer.batching.batcher.Batcher.close`)."""
+        deadline = time.monotonic() + timeout_s
+        others = [t for t in self._threads if t is not threading.current_thread()]
+        for thread in others:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in others)
 
     def _work(self) -> None:
         while True:

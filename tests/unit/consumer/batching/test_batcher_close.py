@@ -47,3 +47,16 @@ async def test_close_cancels_unfinished_records_without_an_error_line() -> None:
     assert running.cancelled()  # was on the GPU: unfinished, not an engine failure (no DLQ record)
     assert queued.cancelled()
     assert [e for e in logs if e["log_level"] == "error"] == []
+
+
+async def test_close_leaves_no_prepare_thread_running() -> None:
+    # a daemon thread still running when the interpreter finalises can abort the process (CpuPool.join)
+    batcher: Batcher[Item, list[Item], list[SystemOneResponse]] = Batcher(
+        FakeEngine(BatchLimits(max_tokens=1000, max_records=4)), BatchingSettings(max_wait_ms=0)
+    )
+    await batcher.start()
+    answered = batcher.submit(lambda item: item, [Item("one")])
+    await asyncio.wait_for(answered, 5)
+    assert any(t.name.startswith("clef-prepare") for t in threading.enumerate())
+    await batcher.close(1.0)
+    assert [t.name for t in threading.enumerate() if t.name.startswith("clef-prepare")] == []

@@ -72,6 +72,16 @@ def test_shutdown_cancels_what_never_started_and_refuses_new_work() -> None:
     assert not any(t.name.startswith("test-cpu") and t.is_alive() for t in threading.enumerate())
 
 
+def test_join_waits_for_a_started_task_within_its_bound() -> None:
+    pool = CpuPool(2, "test-join")
+    go = _held(pool)
+    pool.shutdown(wait=False, cancel_futures=True)
+    assert pool.join(0.05) is False  # the held task runs on: one thread is still alive
+    go.set()
+    assert pool.join(5) is True
+    assert not any(t.name.startswith("test-join") and t.is_alive() for t in threading.enumerate())
+
+
 def test_shutdown_without_cancel_runs_the_queued_work_first() -> None:
     pool = CpuPool(2, "test-cpu")
     futures = [pool.submit_at(Work.PREPARE, pow, i, 2) for i in range(20)]
