@@ -39,7 +39,7 @@ from consumer.batching.adaptive import (
 )
 from consumer.batching.batch_metrics import observe_batch, observe_cost
 from consumer.batching.classes import ClassPolicy, ClassQueues
-from consumer.batching.cpu_pool import CpuPool, Work
+from consumer.batching.cpu_pool import JOIN_S, CpuPool, Work
 from consumer.batching.gpu import BatchTimes, GpuRunner
 from consumer.batching.submission import Job, Outcome, Submission, prepare_all
 from consumer.clock import Clock, SystemClock
@@ -54,9 +54,6 @@ from schemas.errors import DlqReason
 __all__ = ["Batcher", "Outcome"]
 
 log = get_logger("consumer.batching.batcher")
-
-THREADS_JOIN_S = 5.0
-"""How long `Batcher.close` waits for its prepare threads to end (a task that has started runs to its end)."""
 
 
 P = TypeVar("P", bound=PreparedLike)
@@ -332,8 +329,7 @@ class Batcher(Generic[P, S, R]):
         self._wakeup.set()
 
     async def close(self, timeout_s: float = 30.0) -> None:
-        """Flush what is queued without waiting for `max_wait_ms`, finish running batches, stop threads (the
-        prepare threads are joined, for at most `THREADS_JOIN_S`).
+        """Flush what is queued without waiting for `max_wait_ms`, finish running batches, join threads.
 
         Records still unfinished after `timeout_s` have their futures cancelled.
         """
@@ -351,6 +347,4 @@ class Batcher(Generic[P, S, R]):
             task.cancel()
         self._cpu.shutdown(wait=False, cancel_futures=True)
         self._gpu.shutdown()
-        # the prepare threads end here, not while the interpreter finalises (see `CpuPool.join`)
-        if not await asyncio.to_thread(self._cpu.join, THREADS_JOIN_S):
-            log.warning("prepare_threads_still_running", seconds=THREADS_JOIN_S)
+        await asyncio.to_thread(self._cpu.join, JOIN_S)  # here, not while the interpreter finalises

@@ -25,7 +25,14 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import ParamSpec, TypeVar
 
-__all__ = ["CpuPool", "Work"]
+from consumer.logging import get_logger
+
+__all__ = ["JOIN_S", "CpuPool", "Work"]
+
+log = get_logger("consumer.batching.cpu_pool")
+
+JOIN_S = 5.0
+"""How long a stopping service waits for the threads to end in `CpuPool.join` (`Batcher.close`)."""
 
 T = TypeVar("T")
 Params = ParamSpec("Params")
@@ -124,12 +131,16 @@ class CpuPool:
         The threads are daemons, so the process can exit while one still runs; but one still running when
         the interpreter finalises is stopped where it next takes the GIL, and inside torch's native code
         that aborts the process ("terminate called without an active exception", exit -6). A stopping
-        service joins them first (`consumer.batching.batcher.Batcher.close`)."""
+        service joins them first (`consumer.batching.batcher.Batcher.close`). Logs a warning for threads
+        still running at the bound."""
         deadline = time.monotonic() + timeout_s
         others = [t for t in self._threads if t is not threading.current_thread()]
         for thread in others:
             thread.join(max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in others)
+        running = [t.name for t in others if t.is_alive()]
+        if running:
+            log.warning("cpu_threads_still_running", threads=running, seconds=timeout_s)
+        return not running
 
     def _work(self) -> None:
         while True:
