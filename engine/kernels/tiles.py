@@ -12,11 +12,9 @@
     attention                        `AttentionTiles` of the packed attention kernel
 
 The MoE shapes are chosen by `bench.moe_kernels` (BENCHMARKS.md, "Engine, round three"; FP8:
-`bench.moe_fp8`, "Engine, round six"; its regime switch by `bench.one_request --fp8-large-from-rows` with a
-trained router's spread, "Targets, round nineteen"), the attention shape by `bench.moe_kernels
---packed-attention-only` ("Engine, round four"). `shipped()` reads the file once per process and checks
-every key and type; a malformed file raises ValueError at import of the op modules, before any kernel
-launches.
+`bench.moe_fp8`, "Engine, round six"), the attention shape by `bench.moe_kernels --packed-attention-only`
+("Engine, round four"). `shipped()` reads the file once per process and checks every key and type; a
+malformed file raises ValueError at import of the op modules, before any kernel launches.
 """
 
 from __future__ import annotations
