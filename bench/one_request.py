@@ -85,8 +85,9 @@ def main() -> int:
         "--fp8-large-from-rows",
         default="",
         help="with --fp8: measure again at each of these average rows an expert (comma-separated) from which"
-        " the Triton FP8 kernels take their large tiles (moe_fp8.LARGE_FROM_ROWS_PER_EXPERT; graphs"
-        " recaptured; a `regime` line before each), same process",
+        " both Triton FP8 GEMMs take their large tiles (moe_fp8.LARGE_FROM_ROWS_PER_EXPERT and"
+        " DOWN_LARGE_FROM_ROWS_PER_EXPERT; 192: the regimes before their split; graphs recaptured; a `regime`"
+        " line before each), same process",
     )
     args = p.parse_args()
     out = Path(args.out)
@@ -113,16 +114,16 @@ def main() -> int:
         engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])
     for records in (int(n) for n in args.records.split(",")):
         reqs = measure(rows, engine, records, args, out if args.trace else None)
-    shipped = moe_fp8.LARGE_FROM_ROWS_PER_EXPERT
+    shipped = moe_fp8.LARGE_FROM_ROWS_PER_EXPERT, moe_fp8.DOWN_LARGE_FROM_ROWS_PER_EXPERT
     thresholds = [int(n) for n in args.fp8_large_from_rows.split(",") if n] if args.fp8 != "off" else []
-    for from_rows in thresholds:
-        moe_fp8.LARGE_FROM_ROWS_PER_EXPERT = from_rows  # read per call; the graphs are recaptured with it
-        emit(rows, kind="regime", large_from_rows_per_expert=from_rows, shipped=shipped)
+    for from_rows in thresholds:  # read per call; the graphs are recaptured with them
+        moe_fp8.LARGE_FROM_ROWS_PER_EXPERT = moe_fp8.DOWN_LARGE_FROM_ROWS_PER_EXPERT = from_rows
+        emit(rows, kind="regime", large_from_rows_per_expert=from_rows, shipped=list(shipped))
         engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])
         for records in (int(n) for n in args.records.split(",")):
             reqs = measure(rows, engine, records, args, None)
     if thresholds:  # the shipped regimes (and their graphs) again, for --sm90 and the profile
-        moe_fp8.LARGE_FROM_ROWS_PER_EXPERT = shipped
+        moe_fp8.LARGE_FROM_ROWS_PER_EXPERT, moe_fp8.DOWN_LARGE_FROM_ROWS_PER_EXPERT = shipped
         engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])
     if args.sm90 and args.fp8 != "off":
         from engine.kernels import moe_fp8_sm90

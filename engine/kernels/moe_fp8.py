@@ -17,9 +17,10 @@ program sees `block_n` of a row's columns only; the down GEMM either applies tho
 e4m3 activations; "row_fused" does it in the down kernel's load) so that its products chain in the
 accumulator.
 
-Tile shapes (`SMALL`, `LARGE`, `GROUP`; data in `engine.kernels.tiles`) are picked per call from the
-average rows per expert. Both regimes share the k steps and the group, so a record's result does not
-depend on the regime its batch took beyond accumulation order inside a tensor-core step.
+Tile shapes (`SMALL`, `LARGE`, `GROUP`; data in `engine.kernels.tiles`) are picked per call and per GEMM
+from the average rows per expert (`tiles_for`, `down_tiles_for`). Both regimes share the k steps and the
+group, so a record's result does not depend on the regime its batch took beyond accumulation order inside
+a tensor-core step.
 
 Contract: `experts_pairs_fp8` takes contiguous CUDA tensors (Hopper, compute capability 9.0) or CPU
 tensors under Triton's interpreter (`TRITON_INTERPRET=1`, tests) for expert sizes `supported` accepts;
@@ -55,15 +56,23 @@ SMALL = shipped().moe_fp8_small
 LARGE = shipped().moe_fp8_large
 """FP8 expert kernel shapes for many rows per expert (large batches): tensor-core bound."""
 LARGE_FROM_ROWS_PER_EXPERT = shipped().moe_fp8_large_from_rows_per_expert
-"""Average rows per expert from which `LARGE` is used."""
+"""Average rows per expert from which the gate/up GEMM takes `LARGE`'s shape."""
+DOWN_LARGE_FROM_ROWS_PER_EXPERT = 768
+"""Average rows per expert from which the down GEMM takes `LARGE`'s shape and the "row_pass" way; below it
+`SMALL`'s, with "row_fused" (the requantisation in its loads, no pass of its own), whatever the gate/up
+GEMM's regime. With a trained router's spread (levelled routing, one H100, `bench.one_request
+--fp8-large-from-rows`; BENCHMARKS.md, "Targets, round nineteen"), us per request over 48 layers, small
+down against large down plus its pass: 7,632 against 7,911 + 580 at 201 rows an expert, 10,499 against
+10,460 + 790 at 301, 16,688 against 15,651 + 1,507 at 502, 25,888 against 23,334 + 2,605 at 800; while
+the gate/up GEMM was faster on `LARGE` from 201 rows (11,189 against 11,351 us)."""
 GROUP = shipped().moe_fp8_group
 """Columns of the (S, I) activations per scale (the down GEMM's k step), where the expert size allows."""
 SCALINGS = ("group", "row_pass", "row_fused", "row")
 """How the down GEMM applies the activations' scales: "group", one tensor-core product per group, scaled
 and summed in float32; "row_pass", the activations requantised to one scale per row (the largest of its
 groups) by a pass of their own, then one chained product; "row_fused", the same requantisation in the
-down kernel's load; "row", "row_fused" in the `SMALL` regime and "row_pass" in the `LARGE` one. The row
-ways give the same values (bit-equal on the GPU)."""
+down kernel's load; "row", "row_fused" where the down GEMM takes `SMALL` and "row_pass" where it takes
+`LARGE` (`down_tiles_for`). The row ways give the same values (bit-equal on the GPU)."""
 DOWN_SCALING = "row"
 """The way the engine runs (`SCALINGS`). One MoE layer, each at its best down shape (BENCHMARKS.md, round
 seven): at 65,536 tokens 6,025 us with "row_pass", 6,206 with "row_fused", 6,741 with "group"; at 800
@@ -75,6 +84,11 @@ accumulation order."""
 def tiles_for(pairs: int, experts: int) -> MoeTiles:
     """The regime of a call with `pairs` token-expert pairs over `experts` experts."""
     return LARGE if pairs >= LARGE_FROM_ROWS_PER_EXPERT * experts else SMALL
+
+
+def down_tiles_for(pairs: int, experts: int) -> MoeTiles:
+    """The down GEMM's regime of a call (`DOWN_LARGE_FROM_ROWS_PER_EXPERT`); `tiles_for` is the gate/up's."""
+    return LARGE if pairs >= DOWN_LARGE_FROM_ROWS_PER_EXPERT * experts else SMALL
 
 
 def group_for(inter: int) -> int:
@@ -160,7 +174,7 @@ def _way(scaling: str | None, pairs: int, experts: int) -> str:
     # `scaling` (default `DOWN_SCALING`) with "row" resolved to its regime's way
     way = scaling or DOWN_SCALING
     if way == "row":
-        way = "row_pass" if tiles_for(pairs, experts) is LARGE else "row_fused"
+        way = "row_pass" if down_tiles_for(pairs, experts) is LARGE else "row_fused"
     return way
 
 
@@ -238,7 +252,7 @@ def down_pairs_fp8(
     if not tokens:
         return y
     shapes = {"hidden": hidden, "inter": inter, "e": experts, "e_pad": triton.next_power_of_2(experts)}
-    dn = (tiles or tiles_for(pairs, experts)).down
+    dn = (tiles or down_tiles_for(pairs, experts)).down
     dn_n = fit_block(dn.block_n, hidden)
     if dn.tma:
         a_dn: object = TensorDescriptor.from_tensor(act, [dn.block_m, group])

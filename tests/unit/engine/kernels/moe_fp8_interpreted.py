@@ -39,21 +39,7 @@ def main() -> int:
     # (tokens, hidden, inter, experts, k): an empty expert, an expert with more rows than one tile, a
     # non-power-of-two expert count, and the tiny release's sizes (group 32).
     for t, hidden, inter, experts, k in ((7, 64, 32, 4, 2), (50, 128, 64, 8, 2), (33, 64, 96, 5, 3)):
-        x = torch.randn(t, hidden, generator=gen).to(torch.bfloat16)
-        gate_up = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5
-        down = torch.randn(experts, hidden, inter, generator=gen) / inter**0.5
-        q8 = fp8.quantize_experts(gate_up, down)
-        logits = torch.randn(t, experts, generator=gen)
-        logits[:, 0] = -1e9  # expert 0 gets nothing
-        logits[:, 1] += 3.0  # expert 1 gets nearly every token (more rows than a tile)
-        top_w, top_i = torch.topk(torch.softmax(logits, -1), k, -1)
-        top_w = top_w / top_w.sum(-1, keepdim=True)
-        flat = top_i.reshape(-1)
-        order = torch.argsort(flat).to(torch.int32)
-        counts = torch.bincount(flat, minlength=experts).to(torch.int32)
-        bf16 = moe.experts_pairs_reference(
-            x, order, counts, top_w, gate_up.to(torch.bfloat16), down.to(torch.bfloat16)
-        ).float()
+        x, q8, order, counts, top_w, bf16 = _case(gen, t, hidden, inter, experts, k)
         for scaling in moe_fp8.SCALINGS:
             ref = moe_fp8.experts_pairs_fp8_reference(x, order, counts, top_w, q8, scaling).float()
             scale = float(ref.abs().max())
@@ -73,7 +59,42 @@ def main() -> int:
             same = torch.equal(pass_, fused)
             print(f"case {(t, hidden, inter, experts, k)} tiles {n} row_pass == row_fused {same}")
             failed += not same
+    # The engine's default: a regime per GEMM (`tiles_for`, `down_tiles_for`), here the gate/up GEMM on
+    # `LARGE`'s shape and the down GEMM on `SMALL`'s with its fused row scaling (thresholds lowered to this
+    # size: 12.5 rows an expert).
+    moe_fp8.LARGE_FROM_ROWS_PER_EXPERT, moe_fp8.DOWN_LARGE_FROM_ROWS_PER_EXPERT = 4, 64
+    x, q8, order, counts, top_w, bf16 = _case(gen, 50, 128, 64, 8, 2)
+    split = moe_fp8.tiles_for(100, 8) is moe_fp8.LARGE and moe_fp8.down_tiles_for(100, 8) is moe_fp8.SMALL
+    got = moe_fp8.experts_pairs_fp8(x, order, counts, top_w, q8).float()
+    ref = moe_fp8.experts_pairs_fp8_reference(x, order, counts, top_w, q8, "row_fused").float()
+    rel = float((got - ref).abs().max()) / float(ref.abs().max())
+    norm = float((got - ref).norm() / ref.norm())
+    print(f"case split gate/up large, down small {split} rel_diff {rel:.3e} rel_norm {norm:.3e}")
+    failed += not split or rel > 0.125 or norm > 1e-4
     return 1 if failed else 0
+
+
+def _case(
+    gen: torch.Generator, t: int, hidden: int, inter: int, experts: int, k: int
+) -> tuple[torch.Tensor, fp8.Fp8Experts, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x, the e4m3 experts, the pairs by expert, the counts, the routing weights and the bf16 experts'
+    output of one random case: expert 0 gets nothing, expert 1 nearly every token (more rows than a tile)."""
+    x = torch.randn(t, hidden, generator=gen).to(torch.bfloat16)
+    gate_up = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5
+    down = torch.randn(experts, hidden, inter, generator=gen) / inter**0.5
+    q8 = fp8.quantize_experts(gate_up, down)
+    logits = torch.randn(t, experts, generator=gen)
+    logits[:, 0] = -1e9
+    logits[:, 1] += 3.0
+    top_w, top_i = torch.topk(torch.softmax(logits, -1), k, -1)
+    top_w = top_w / top_w.sum(-1, keepdim=True)
+    flat = top_i.reshape(-1)
+    order = torch.argsort(flat).to(torch.int32)
+    counts = torch.bincount(flat, minlength=experts).to(torch.int32)
+    bf16 = moe.experts_pairs_reference(
+        x, order, counts, top_w, gate_up.to(torch.bfloat16), down.to(torch.bfloat16)
+    ).float()
+    return x, q8, order, counts, top_w, bf16
 
 
 if __name__ == "__main__":

@@ -124,8 +124,9 @@ def test_triton_kernels_under_the_interpreter_match_the_reference() -> None:
 @_needs_triton
 def test_fp8_expert_kernels_under_the_interpreter_match_their_twin() -> None:
     out = _interpreted("moe_fp8_interpreted.py")
-    assert out.count("case ") == 30  # 3 sizes x (4 scalings x 2 tile sets + 2 row-scaling comparisons)
+    assert out.count("case ") == 31  # 3 sizes x (4 scalings x 2 tile sets + 2 row-scaling comparisons), split
     assert out.count("row_pass == row_fused True") == 6
+    assert "case split gate/up large, down small True" in out
 
 
 @_needs_triton
