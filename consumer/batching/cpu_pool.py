@@ -120,23 +120,22 @@ class CpuPool:
                 self._heap.clear()
             self._cond.notify_all()
         if wait:
-            for thread in self._threads:
-                if thread is not threading.current_thread():
-                    thread.join()
+            self.join(None)
 
-    def join(self, timeout_s: float) -> bool:
-        """After `shutdown`: wait at most `timeout_s` seconds in all for the threads to end (a task that has
-        started runs to its end first); True when every one has (the calling thread aside). Blocking.
+    def join(self, timeout_s: float | None) -> bool:
+        """After `shutdown`: wait at most `timeout_s` seconds in all (None: without a bound) for the threads
+        to end (a task that has started runs to its end first); True when every one has (the calling
+        thread aside). Blocking.
 
         The threads are daemons, so the process can exit while one still runs; but one still running when
         the interpreter finalises is stopped where it next takes the GIL, and inside torch's native code
         that aborts the process ("terminate called without an active exception", exit -6). A stopping
         service joins them first (`consumer.batching.batcher.Batcher.close`). Logs a warning for threads
         still running at the bound."""
-        deadline = time.monotonic() + timeout_s
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         others = [t for t in self._threads if t is not threading.current_thread()]
         for thread in others:
-            thread.join(max(0.0, deadline - time.monotonic()))
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         running = [t.name for t in others if t.is_alive()]
         if running:
             log.warning("cpu_threads_still_running", threads=running, seconds=timeout_s)
