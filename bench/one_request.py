@@ -82,6 +82,13 @@ def main() -> int:
         " (moe_fp8_sm90.FROM_ROWS_PER_EXPERT; default the shipped one)",
     )
     p.add_argument(
+        "--sm90-down-from-rows",
+        default="",
+        help="with --sm90: measure again at each of these average rows an expert (comma-separated) from which"
+        " a call's down GEMM alone takes the CUDA kernel (moe_fp8_sm90.DOWN_FROM_ROWS_PER_EXPERT; graphs"
+        " recaptured; an `sm90` line before each), same process",
+    )
+    p.add_argument(
         "--fp8-large-from-rows",
         default="",
         help="with --fp8: measure again at each of these average rows an expert (comma-separated) from which"
@@ -131,11 +138,19 @@ def main() -> int:
         ext = moe_fp8_sm90.build(moe_fp8_sm90.BUILD_DIR)
         if args.sm90_from_rows is not None:
             moe_fp8_sm90.FROM_ROWS_PER_EXPERT = args.sm90_from_rows
-        emit(rows, kind="sm90", from_rows_per_expert=moe_fp8_sm90.FROM_ROWS_PER_EXPERT)
-        # graphs recaptured with the CUDA kernels in
-        engine.model.enable_fast_path(graph_buckets=buckets, sm90_experts=ext, **FP8_MODES[args.fp8])
-        for records in (int(n) for n in args.records.split(",")):
-            reqs = measure(rows, engine, records, args, None, sm90=True)
+        downs = [int(n) for n in args.sm90_down_from_rows.split(",") if n]
+        for down in downs or [moe_fp8_sm90.DOWN_FROM_ROWS_PER_EXPERT]:  # read per call
+            moe_fp8_sm90.DOWN_FROM_ROWS_PER_EXPERT = down
+            emit(
+                rows,
+                kind="sm90",
+                from_rows_per_expert=moe_fp8_sm90.FROM_ROWS_PER_EXPERT,
+                down_from_rows_per_expert=down,
+            )
+            # graphs recaptured with the CUDA kernels in
+            engine.model.enable_fast_path(graph_buckets=buckets, sm90_experts=ext, **FP8_MODES[args.fp8])
+            for records in (int(n) for n in args.records.split(",")):
+                reqs = measure(rows, engine, records, args, None, sm90=True)
     (out / "one_request.jsonl").write_text("\n".join(rows) + "\n")
     # Where `decide`'s host time goes beyond its stages: Python's profiler over `reps` calls (the last batch).
     profiler = cProfile.Profile()
