@@ -3,10 +3,14 @@ over a sweep of tile shapes, against the unfused CUTLASS FP8 path and the fused 
 
 `python3 -m bench.moe_fp8 --out DIR` builds one layer's experts as `bench.moe_kernels` does (128 experts,
 random bf16, 1.2 GB; quantised to e4m3, 0.6 GB, so every call reads them from HBM) and routes T tokens
-uniformly at random (the levelled load of a trained router). It prints, as JSON lines:
+uniformly at random: more evenly than the engine's levelled routers, whose busiest expert takes several
+times the mean, which favours the large tiles. `--routes FILE` (`bench.one_request`'s routes.json) draws each
+token's experts from that spread instead, for `--layers` of its layers from the most even to the least, and
+every timing covers those layers one after another (same experts). It prints, as JSON lines:
 
-1. `sweep`: each candidate shape of one FP8 kernel, the other at the shipped shape, per T: the whole
-   block's microseconds (CUDA graph replays, median of 20).
+1. `sweep`: each candidate shape of one FP8 kernel, the other at its best so far (or shipped) shape, per T:
+   the whole block's microseconds (CUDA graph replays, median of 20). Each kernel is swept over its own
+   regime's candidates (`moe_fp8.tiles_for`, `down_tiles_for`: the regimes switch at different T).
 2. `layer`: per T, the whole expert block (from the sorted pairs on, the row quantisation included):
    Triton FP8 at the best swept shapes and at the shipped ones, CUTLASS FP8 (quantise, gather,
    `torch._scaled_grouped_mm`, SwiGLU + quantise, again; its output in expert order), and bf16 fused
@@ -19,7 +23,7 @@ uniformly at random (the levelled load of a trained router). It prints, as JSON 
 4. `bf16_small_down`: a few more shapes of the bf16 down kernel at T=800 (weight-read bound).
 
 Writes `moe_fp8.jsonl` and `tiles_best.json` (the best shapes per regime, in `tiles.json`'s `moe_fp8`
-form) to `--out`. Not a test: it asserts nothing.
+form; a kernel's shipped shape where no T fell in its regime) to `--out`. Not a test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import os
 from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -38,6 +43,8 @@ from bench.report import emit_line as emit
 from bench.timing import graph_us
 from engine.kernels import fp8, moe, moe_fp8
 from engine.kernels.tiles import MoeTiles, Tiles
+
+_T = TypeVar("_T")
 
 # (block_m, block_n, block_k, warps, stages, tma); the down kernel's block_k is the scale group (128), and
 # the gate/up kernel's stays 128 in both regimes (a record's sums then do not depend on its batch's regime).
@@ -130,23 +137,20 @@ def sweep(
     rows: list[str],
     t: int,
     call: partial[torch.Tensor],
-    regime: str,
+    regimes: dict[str, str],
     base: MoeTiles,
-    kinds: tuple[str, ...] = ("gate_up", "down"),
     **label: str,
 ) -> MoeTiles:
-    """Each candidate of each of `kinds` with the other kernel at `base`; returns the best pair. `label`
-    goes into every line."""
+    """Each candidate of each kernel named in `regimes` ("gate_up", "down"; each to the candidates of its
+    regime: "small", "large", or "both": every one, `--sweep-every`) with the other kernel at `base`;
+    returns the best pair. `label` goes into every line."""
     best = base
-    cands_of = {  # "both": every candidate of the two regimes (`--sweep-every`)
-        "gate_up": {"small": _SMALL_GATE_UP, "large": _LARGE_GATE_UP}.get(
-            regime, tuple(dict.fromkeys(_SMALL_GATE_UP + _LARGE_GATE_UP))
-        ),
-        "down": {"small": _SMALL_DOWN, "large": _LARGE_DOWN}.get(
-            regime, tuple(dict.fromkeys(_SMALL_DOWN + _LARGE_DOWN))
-        ),
+    every = {
+        "gate_up": {"small": _SMALL_GATE_UP, "large": _LARGE_GATE_UP},
+        "down": {"small": _SMALL_DOWN, "large": _LARGE_DOWN},
     }
-    for kind, cands in ((k, cands_of[k]) for k in kinds):
+    for kind, regime in regimes.items():
+        cands = every[kind].get(regime, tuple(dict.fromkeys(every[kind]["small"] + every[kind]["large"])))
         timed: list[tuple[float, Tiles]] = []
         for c in cands:
             tiles = _tiles(c)
@@ -171,6 +175,30 @@ def sweep(
     return best
 
 
+def chosen_profiles(path: Path | None, layers: int) -> list[list[int] | None]:
+    """`layers` routing profiles of `path` (`bench.one_request`'s routes.json), spread from the most even
+    layer to the least (by the busiest expert's count), or [None] (uniform routing) without a file."""
+    if path is None:
+        return [None]
+    found: list[list[int]] = json.loads(path.read_text())["layers"]
+    ranked = sorted(found, key=max)
+    n = max(1, min(layers, len(ranked)))
+    picks = [round(j * (len(ranked) - 1) / (n - 1)) for j in range(n)] if n > 1 else [len(ranked) // 2]
+    return [ranked[i] for i in picks]
+
+
+def layered(calls: list[partial[_T]], **kw: object) -> _T:
+    """Each of `calls` with `kw` in turn (one per routed layer); the last one's output."""
+    out = calls[0](**kw)
+    for call in calls[1:]:
+        out = call(**kw)
+    return out
+
+
+def _regime(m: MoeTiles) -> str:
+    return "large" if m is moe_fp8.LARGE else "small"
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
@@ -182,38 +210,60 @@ def main() -> int:
         help="sweep every T, over the candidates of both regimes (default: a regime's first T, and 800 and "
         "65,536)",
     )
+    p.add_argument(
+        "--routes",
+        type=Path,
+        default=None,
+        help="draw each token's experts from the engine's routers' spread (bench.one_request's routes.json,"
+        " levelled) instead of uniformly; every timing then covers --layers such layers, one after another",
+    )
+    p.add_argument("--layers", type=int, default=4, help="with --routes: how many layers (even to uneven)")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[str] = []
     emit(rows, **kernel_info())
+    profiles = chosen_profiles(args.routes, args.layers)
+    emit(rows, kind="routing", routes=str(args.routes) if args.routes else "uniform", layers=len(profiles))
     gen = torch.Generator(device="cuda").manual_seed(0)
     gate_up, down = random_experts(gen)
     q8 = fp8.quantize_experts(gate_up, down)
-    fp8_bytes = q8.gate_up.numel() + q8.down.numel()
-    best: dict[str, MoeTiles] = {}
+    fp8_bytes = (q8.gate_up.numel() + q8.down.numel()) * len(profiles)
+    best: dict[str, dict[str, Tiles]] = {"gate_up": {}, "down": {}}  # kernel -> regime -> best shape
     for t in (int(s) for s in args.tokens.split(",")):
         x = torch.randn(t, HIDDEN, device="cuda", generator=gen).bfloat16()
-        top_w, order, counts, _ = routed(t, gen)
-        order = order.int()
-        regime = "large" if moe_fp8.tiles_for(t * TOP_K, EXPERTS) is moe_fp8.LARGE else "small"
-        call = partial(moe_fp8.experts_pairs_fp8, x, order, counts, top_w, q8)
-        base = moe_fp8.tiles_for(t * TOP_K, EXPERTS)
+        routings = [(w, o.int(), c) for w, o, c, _ in (routed(t, gen, prof) for prof in profiles)]
+        top_w, order, counts = routings[-1]  # the drift checks: the last layer's
+        pairs = t * TOP_K
+        shipped = moe_fp8.tiles_for(pairs, EXPERTS), moe_fp8.down_tiles_for(pairs, EXPERTS)
+        regimes = {"gate_up": _regime(shipped[0]), "down": _regime(shipped[1])}
+        call = partial(layered, [partial(moe_fp8.experts_pairs_fp8, x, o, c, w, q8) for w, o, c in routings])
+        base = MoeTiles(
+            gate_up=best["gate_up"].get(regimes["gate_up"], shipped[0].gate_up),
+            down=best["down"].get(regimes["down"], shipped[1].down),
+        )
         if args.sweep_every:
-            best[regime] = sweep(rows, t, call, "both", base)
-        elif regime not in best or t in (800, 65536):
-            best[regime] = sweep(rows, t, call, regime, base)
-        bf16_call = partial(moe.experts_pairs, x, order, counts, top_w, gate_up, down)
+            base = sweep(rows, t, call, {"gate_up": "both", "down": "both"}, base)
+        elif t in (800, 65536) or any(r not in best[k] for k, r in regimes.items()):
+            base = sweep(rows, t, call, regimes, base)
+        best["gate_up"][regimes["gate_up"]], best["down"][regimes["down"]] = base.gate_up, base.down
+        bf16_call = partial(
+            layered, [partial(moe.experts_pairs, x, o, c, w, gate_up, down) for w, o, c in routings]
+        )
         variants = {
-            "triton_fp8_best": partial(call, tiles=best[regime]),
+            "triton_fp8_best": partial(call, tiles=base),
             "triton_fp8_shipped": call,
-            "cutlass_fp8": partial(cutlass_fp8, x, top_w, order, counts, q8),
+            "cutlass_fp8": partial(layered, [partial(cutlass_fp8, x, w, o, c, q8) for w, o, c in routings]),
             "bf16_fused": bf16_call,
         }
-        flops = 2.0 * t * TOP_K * HIDDEN * 3 * INTER
+        flops = 2.0 * t * TOP_K * HIDDEN * 3 * INTER * len(profiles)
         ref = bf16_call()
         got = call()
-        row: dict[str, object] = {"kind": "layer", "tokens": t, "regime": regime}
+        spread = [round(float(c.max()) * EXPERTS / pairs, 2) for _, _, c in routings]
+        row: dict[str, object] = {
+            "kind": "layer", "tokens": t, "regime": regimes["gate_up"], "down_regime": regimes["down"],
+            "layers": len(profiles), "busiest_over_mean": spread,
+        }  # fmt: skip
         for name, fn in variants.items():
             us = graph_us(fn)
             nbytes = fp8_bytes * (2 if name == "bf16_fused" else 1)
@@ -227,13 +277,13 @@ def main() -> int:
         if t <= 4096:
             twin = moe_fp8.experts_pairs_fp8_reference(x, order, counts, top_w, q8)
             row["triton_fp8_vs_twin"] = round(rel(got, twin), 7)
-        row["best_tiles"] = {k: asdict(v) for k, v in asdict_tiles(best[regime]).items()}
+        row["best_tiles"] = {k: asdict(v) for k, v in asdict_tiles(base).items()}
         emit(rows, **row)
         for scaling in (s for s in args.scalings.split(",") if s and s != moe_fp8.DOWN_SCALING):
             sc_call = partial(call, scaling=scaling)
-            sc_best = best[regime]
+            sc_best = base
             if t in (800, 65536) and not args.sweep_every:
-                sc_best = sweep(rows, t, sc_call, regime, sc_best, ("down",), scaling=scaling)
+                sc_best = sweep(rows, t, sc_call, {"down": regimes["down"]}, sc_best, scaling=scaling)
             us = graph_us(partial(sc_call, tiles=sc_best))
             sc_got = sc_call(tiles=sc_best)
             sc_row: dict[str, object] = {
@@ -251,9 +301,11 @@ def main() -> int:
                 us = graph_us(partial(bf16_call, tiles=tiles))
                 emit(rows, kind="bf16_small_down", tokens=t, tiles=list(c), us=round(us, 1))
     (out / "moe_fp8.jsonl").write_text("\n".join(rows) + "\n")
-    (out / "tiles_best.json").write_text(
-        json.dumps({k: {n: asdict(v) for n, v in asdict_tiles(m).items()} for k, m in best.items()}, indent=1)
-    )
+    tiles_best = {
+        regime: {k: asdict(best[k].get(regime, getattr(shipped_m, k))) for k in ("gate_up", "down")}
+        for regime, shipped_m in (("small", moe_fp8.SMALL), ("large", moe_fp8.LARGE))
+    }
+    (out / "tiles_best.json").write_text(json.dumps(tiles_best, indent=1))
     return 0
 
 

@@ -4,7 +4,8 @@ CUTLASS path, a sweep of tile shapes, and the attention kernels one lone request
 
 `python3 -m bench.moe_kernels --out DIR` builds one layer's experts (128 x (1,536 x 2,048 + 2,048 x 768),
 random bf16, 1.2 GB, so every call reads them from HBM, not L2) and routes T tokens uniformly at random
-(each token picks 8 distinct experts: the levelled load of a trained router). It prints, as JSON lines:
+(each token picks 8 distinct experts; more even than the engine's levelled routers, whose busiest expert
+takes several times the mean: `bench.moe_fp8 --routes` draws from their profile). It prints, as JSON lines:
 
 1. `sweep`: each candidate tile shape of each kernel, at every T, in microseconds (median of 20).
 2. `layer`: the whole expert block per T (routing excluded, from the sorted pairs on): unfused (gather,
@@ -52,9 +53,24 @@ def uniform_routing(t: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.T
     return top_w / top_w.sum(dim=1, keepdim=True), top_i.contiguous()
 
 
-def routed(t: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(top_w (T, k) float32, order (T k,), counts (E,) int32, inv (T k,)) for uniform routing."""
-    top_w, top_i = uniform_routing(t, gen)
+def profiled_routing(t: int, gen: torch.Generator, profile: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(top_w, top_i) as `uniform_routing`'s, but each token draws its k distinct experts with probabilities
+    proportional to `profile` (E counts: how often one layer's routers picked each expert,
+    `bench.routing.load_profiles`) plus one half (so an expert never seen there stays possible)."""
+    if len(profile) != EXPERTS:
+        raise ValueError(f"a routing profile has {EXPERTS} counts, not {len(profile)}")
+    weights = torch.tensor(profile, dtype=torch.float32, device="cuda") + 0.5
+    top_i = torch.multinomial(weights.expand(t, EXPERTS), TOP_K, replacement=False, generator=gen).int()
+    top_w = torch.rand(t, TOP_K, generator=gen, device="cuda")
+    return top_w / top_w.sum(dim=1, keepdim=True), top_i.contiguous()
+
+
+def routed(
+    t: int, gen: torch.Generator, profile: list[int] | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(top_w (T, k) float32, order (T k,), counts (E,) int32, inv (T k,)) for uniform routing, or drawn
+    from `profile` (`profiled_routing`)."""
+    top_w, top_i = uniform_routing(t, gen) if profile is None else profiled_routing(t, gen, profile)
     flat = top_i.reshape(-1)
     order = torch.argsort(flat.to(torch.uint8))
     counts = torch.histc(flat, bins=EXPERTS, min=0, max=EXPERTS - 1).int()

@@ -19,7 +19,9 @@ time per call of the kernels that take the most, by name (`kernel` rows).
 
 Prints JSON lines (p50/p99/min per stage, the timeline) and writes `one_request.jsonl` to `--out`, and
 Python's profile of `--reps` `decide` calls (cumulative time) to `profile_decide.txt`; with several
-`--records` counts, the rows of each in turn, and the profile (and `--trace`'s trace) of the last. Not a test.
+`--records` counts, the rows of each in turn, and the profile (and `--trace`'s trace) of the last. First, the
+routers' spread over the levelling batch: `routes.json` (per layer, how many tokens picked each expert; what
+`bench.moe_fp8 --routes` draws from) and a `routes` row. Not a test.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import json
 import os
 import pstats
 import random
@@ -113,6 +116,7 @@ def main() -> int:
     if not args.random_router:
         with torch.inference_mode():
             level(engine, biases, engine.model.collate(probe))
+    write_routes(rows, out, engine, engine.model.collate(probe), levelled=not args.random_router)
     if args.tiles_from is not None and args.tiles_from.exists():
         from bench.fp8_modes import use_tiles
 
@@ -159,6 +163,25 @@ def main() -> int:
     pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(45)
     (out / "profile_decide.txt").write_text(text.getvalue())
     return 0
+
+
+def write_routes(rows: list[str], out: Path, engine: Any, batch: Any, *, levelled: bool) -> None:
+    """`routes.json` (`bench.routing.load_profiles` over `batch`: what `bench.moe_fp8 --routes` draws from)
+    and a `routes` row: the busiest expert's load over the mean, per layer's median and worst."""
+    from bench.routing import load_profiles
+
+    profiles = load_profiles(engine, batch)
+    doc = {"levelled": levelled, "pairs": sum(profiles[0]), "layers": profiles}
+    (out / "routes.json").write_text(json.dumps(doc) + "\n")
+    spread = sorted(max(c) * len(c) / max(sum(c), 1) for c in profiles)
+    emit(
+        rows,
+        kind="routes",
+        levelled=levelled,
+        layers=len(profiles),
+        busiest_over_mean_median=round(spread[len(spread) // 2], 2),
+        busiest_over_mean_max=round(spread[-1], 2),
+    )
 
 
 def measure(

@@ -80,6 +80,19 @@ def level(engine: Any, biases: list[torch.Tensor], batch: Any, passes: int = 4) 
             b -= (mean - mean.mean()).to(b.dtype)
 
 
+def load_profiles(engine: Any, batch: Any) -> list[list[int]]:
+    """Per MoE layer, how many of `batch`'s tokens picked each expert, over one eager forward (the fast path
+    or transformers', `bench.level_release.recorded_routers`): the spread `bench.moe_fp8 --routes` draws its
+    tokens from."""
+    import torch
+
+    from bench.level_release import recorded_routers
+
+    with torch.inference_mode(), recorded_routers(engine.model) as stats:
+        engine.model.hidden_states(batch)
+    return [stats[i].picks.round().int().tolist() for i in sorted(stats)]
+
+
 def probe_batch(engine: Any, records: int = 16, tokens: int = 512) -> Any:
     """A collated batch of `records` requests of about `tokens` tokens (seeded), to level the routers on."""
     import random
