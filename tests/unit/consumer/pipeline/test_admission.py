@@ -124,7 +124,10 @@ async def _fetches(assigned: set[TopicPartition], rooms: list[int]) -> _FakeSour
     pipeline = _pipeline(_settings(), source)
     emitter = _ScriptedEmitter(rooms, pipeline._stop)
     pipeline.emitter = emitter  # type: ignore[assignment]
-    await asyncio.wait_for(pipeline._fetch_loop(), 5)
+    try:
+        await asyncio.wait_for(pipeline._fetch_loop(), 5)
+    finally:
+        await pipeline.batcher.close(1.0)
     assert emitter.waits == [64 - 16]  # full once: waits for room of about one unit (prepare_chunk)
     assert emitter.rooms == []
     return source
@@ -149,6 +152,7 @@ async def test_admit_submits_each_unit_in_its_topics_class() -> None:
     )
     bulk, critical = TopicPartition(BULK, 0), TopicPartition(CRITICAL, 3)
     pipeline = _pipeline(settings, _FakeSource({bulk, critical}))
+    await pipeline.batcher.close(1.0)  # the fake below takes its place
     batcher = _FakeBatcher()
     pipeline.batcher = batcher  # type: ignore[assignment]
     for tp in (bulk, critical):
@@ -164,6 +168,7 @@ async def test_admit_observes_each_records_fetch_age() -> None:
     settings = load_settings(http={"enabled": False}, topics={"input": [BULK]})
     tp = TopicPartition(BULK, 0)
     pipeline = _pipeline(settings, _FakeSource({tp}))
+    await pipeline.batcher.close(1.0)  # the fake below takes its place
     pipeline.batcher = _FakeBatcher()  # type: ignore[assignment]
     pipeline._states[tp] = PartitionState(tp)
     sent_ms = int(time.time() * 1000) - 250  # produced 250 ms ago

@@ -80,3 +80,4 @@ async def test_records_of_an_assigned_partition_not_opened_yet_are_fetched_again
     pipeline._admit(revoked, records)  # type: ignore[arg-type]  # not assigned any more: dropped, the next owner reads them
     assert source.seeks == [(opening, 7)]
     assert pipeline.in_flight == 0
+    await pipeline.batcher.close(1.0)
