@@ -57,7 +57,7 @@ LARGE = shipped().moe_fp8_large
 """FP8 expert kernel shapes for many rows per expert (large batches): tensor-core bound."""
 LARGE_FROM_ROWS_PER_EXPERT = shipped().moe_fp8_large_from_rows_per_expert
 """Average rows per expert from which the gate/up GEMM takes `LARGE`'s shape."""
-DOWN_LARGE_FROM_ROWS_PER_EXPERT = 768
+DOWN_LARGE_FROM_ROWS_PER_EXPERT = shipped().moe_fp8_down_large_from_rows_per_expert
 """Average rows per expert from which the down GEMM takes `LARGE`'s shape and the "row_pass" way; below it
 `SMALL`'s, with "row_fused" (the requantisation in its loads, no pass of its own), whatever the gate/up
 GEMM's regime. With a trained router's spread (levelled routing, one H100, `bench.one_request

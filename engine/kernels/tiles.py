@@ -5,10 +5,11 @@
     moe.small, moe.large             `MoeTiles`: the expert kernels' shapes for few / many rows per expert
     moe.large_from_rows_per_expert   average rows per expert from which `moe.large` is used
     moe_fp8.small, moe_fp8.large     the same for the FP8 expert kernels (`engine.kernels.moe_fp8`)
-    moe_fp8.large_from_rows_per_expert, moe_fp8.group
-                                     its regime switch, and the columns per activation scale (the down
-                                     kernels' k step: their `block_k` must equal it); the FP8 gate/up
-                                     kernel loads 2 x block_n weight rows a step (gate and up interleaved)
+    moe_fp8.large_from_rows_per_expert, moe_fp8.down_large_from_rows_per_expert, moe_fp8.group
+                                     the gate/up GEMM's regime switch, the down GEMM's own one, and the
+                                     columns per activation scale (the down kernels' k step: their
+                                     `block_k` must equal it); the FP8 gate/up kernel loads 2 x block_n
+                                     weight rows a step (gate and up interleaved)
     attention                        `AttentionTiles` of the packed attention kernel
 
 The MoE shapes are chosen by `bench.moe_kernels` (BENCHMARKS.md, "Engine, round three"; FP8:
@@ -76,6 +77,7 @@ class ShippedTiles:
     moe_fp8_small: MoeTiles
     moe_fp8_large: MoeTiles
     moe_fp8_large_from_rows_per_expert: int
+    moe_fp8_down_large_from_rows_per_expert: int
     moe_fp8_group: int
 
 
@@ -129,7 +131,8 @@ def parse(raw: object) -> ShippedTiles:
     top = _object(raw, "the file", ("moe", "attention", "moe_fp8"))
     moe = _object(top["moe"], "moe", ("small", "large", "large_from_rows_per_expert"))
     att = _object(top["attention"], "attention", ("block_m", "block_n", "warps", "stages", "group"))
-    f8 = _object(top["moe_fp8"], "moe_fp8", ("small", "large", "large_from_rows_per_expert", "group"))
+    f8_keys = ("small", "large", "large_from_rows_per_expert", "down_large_from_rows_per_expert", "group")
+    f8 = _object(top["moe_fp8"], "moe_fp8", f8_keys)
     f8_small, f8_large = _moe_tiles(f8["small"], "moe_fp8.small"), _moe_tiles(f8["large"], "moe_fp8.large")
     group = _positive(f8, "group", "moe_fp8")
     for name, regime in (("small", f8_small), ("large", f8_large)):
@@ -152,6 +155,7 @@ def parse(raw: object) -> ShippedTiles:
         moe_fp8_small=f8_small,
         moe_fp8_large=f8_large,
         moe_fp8_large_from_rows_per_expert=_positive(f8, "large_from_rows_per_expert", "moe_fp8"),
+        moe_fp8_down_large_from_rows_per_expert=_positive(f8, "down_large_from_rows_per_expert", "moe_fp8"),
         moe_fp8_group=group,
     )
 
