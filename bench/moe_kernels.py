@@ -60,7 +60,8 @@ def profiled_routing(t: int, gen: torch.Generator, profile: list[int]) -> tuple[
     if len(profile) != EXPERTS:
         raise ValueError(f"a routing profile has {EXPERTS} counts, not {len(profile)}")
     weights = torch.tensor(profile, dtype=torch.float32, device="cuda") + 0.5
-    top_i = torch.multinomial(weights.expand(t, EXPERTS), TOP_K, replacement=False, generator=gen).int()
+    rows = weights.expand(t, EXPERTS).contiguous()
+    top_i = torch.multinomial(rows, TOP_K, replacement=False, generator=gen).int()
     top_w = torch.rand(t, TOP_K, generator=gen, device="cuda")
     return top_w / top_w.sum(dim=1, keepdim=True), top_i.contiguous()
 
