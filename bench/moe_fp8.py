@@ -211,6 +211,12 @@ def main() -> int:
         "65,536)",
     )
     p.add_argument(
+        "--sweep-each",
+        action="store_true",
+        help="sweep every T, each kernel over its own regime's candidates (default: a regime's first T, and"
+        " 800 and 65,536)",
+    )
+    p.add_argument(
         "--routes",
         type=Path,
         default=None,
@@ -244,7 +250,7 @@ def main() -> int:
         )
         if args.sweep_every:
             base = sweep(rows, t, call, {"gate_up": "both", "down": "both"}, base)
-        elif t in (800, 65536) or any(r not in best[k] for k, r in regimes.items()):
+        elif args.sweep_each or t in (800, 65536) or any(r not in best[k] for k, r in regimes.items()):
             base = sweep(rows, t, call, regimes, base)
         best["gate_up"][regimes["gate_up"]], best["down"][regimes["down"]] = base.gate_up, base.down
         bf16_call = partial(
