@@ -65,7 +65,11 @@ def main() -> int:
         " `text`: experts and attention in FP8 with the bf16 experts freed (fits an 80 GB card)",
     )
     p.add_argument(
-        "--tiles-from", type=Path, default=None, help="FP8 shapes from bench.moe_fp8's tiles_best.json"
+        "--tiles-from",
+        type=Path,
+        default=None,
+        help="with --fp8: measure again with the FP8 shapes of bench.moe_fp8's tiles_best.json (a `tiles`"
+        " line first; graphs recaptured; the shipped shapes back after), same process",
     )
     p.add_argument(
         "--records", default="1", help="requests decided together, comma-separated counts (default one)"
@@ -117,14 +121,22 @@ def main() -> int:
         with torch.inference_mode():
             level(engine, biases, engine.model.collate(probe))
     write_routes(rows, out, engine, engine.model.collate(probe), levelled=not args.random_router)
-    if args.tiles_from is not None and args.tiles_from.exists():
-        from bench.fp8_modes import use_tiles
-
-        emit(rows, kind="tiles", fp8=use_tiles(args.tiles_from))
+    if args.tiles_from is not None and not args.tiles_from.is_file():
+        raise SystemExit(f"one_request: no tiles file {args.tiles_from}")
     if args.fp8 != "off":  # after levelling: the FP8 copies are made from the same weights, graphs recaptured
         engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])
     for records in (int(n) for n in args.records.split(",")):
         reqs = measure(rows, engine, records, args, out if args.trace else None)
+    if args.tiles_from is not None and args.fp8 != "off":  # the file's shapes, then the shipped ones back
+        from bench.fp8_modes import use_tiles
+
+        kept = moe_fp8.SMALL, moe_fp8.LARGE
+        emit(rows, kind="tiles", fp8=use_tiles(args.tiles_from))
+        engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])
+        for records in (int(n) for n in args.records.split(",")):
+            reqs = measure(rows, engine, records, args, None)
+        moe_fp8.SMALL, moe_fp8.LARGE = kept
+        engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])
     shipped = moe_fp8.LARGE_FROM_ROWS_PER_EXPERT, moe_fp8.DOWN_LARGE_FROM_ROWS_PER_EXPERT
     thresholds = [int(n) for n in args.fp8_large_from_rows.split(",") if n] if args.fp8 != "off" else []
     for from_rows in thresholds:  # read per call; the graphs are recaptured with them
