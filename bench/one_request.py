@@ -116,38 +116,42 @@ def main() -> int:
 
     engine, biases, buckets = biased_engine()
     rng = random.Random(0)
-    probe = [engine.prepare(make_request(rng, engine, 512)).encoded for _ in range(16)]
+    probe = engine.model.collate([engine.prepare(make_request(rng, engine, 512)).encoded for _ in range(16)])
     if not args.random_router:
         with torch.inference_mode():
-            level(engine, biases, engine.model.collate(probe))
-    write_routes(rows, out, engine, engine.model.collate(probe), levelled=not args.random_router)
+            level(engine, biases, probe)
+    write_routes(rows, out, engine, probe, levelled=not args.random_router)
     if args.tiles_from is not None and not args.tiles_from.is_file():
         raise SystemExit(f"one_request: no tiles file {args.tiles_from}")
+    counts = [int(n) for n in args.records.split(",")]
+
+    def recapture(sm90: Any = None) -> None:  # the graphs again, with the module settings now in force
+        engine.model.enable_fast_path(graph_buckets=buckets, sm90_experts=sm90, **FP8_MODES[args.fp8])
+
+    def remeasure(sm90: Any = None) -> list[Any]:  # every --records batch again; the last one's requests
+        recapture(sm90)
+        return [measure(rows, engine, n, args, None, sm90=sm90 is not None) for n in counts][-1]
+
     if args.fp8 != "off":  # after levelling: the FP8 copies are made from the same weights, graphs recaptured
-        engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])
-    for records in (int(n) for n in args.records.split(",")):
-        reqs = measure(rows, engine, records, args, out if args.trace else None)
+        recapture()
+    reqs = [measure(rows, engine, n, args, out if args.trace else None) for n in counts][-1]
     if args.tiles_from is not None and args.fp8 != "off":  # the file's shapes, then the shipped ones back
         from bench.fp8_modes import use_tiles
 
         kept = moe_fp8.SMALL, moe_fp8.LARGE
         emit(rows, kind="tiles", fp8=use_tiles(args.tiles_from))
-        engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])
-        for records in (int(n) for n in args.records.split(",")):
-            reqs = measure(rows, engine, records, args, None)
+        reqs = remeasure()
         moe_fp8.SMALL, moe_fp8.LARGE = kept
-        engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])
+        recapture()
     shipped = moe_fp8.LARGE_FROM_ROWS_PER_EXPERT, moe_fp8.DOWN_LARGE_FROM_ROWS_PER_EXPERT
     thresholds = [int(n) for n in args.fp8_large_from_rows.split(",") if n] if args.fp8 != "off" else []
     for from_rows in thresholds:  # read per call; the graphs are recaptured with them
         moe_fp8.LARGE_FROM_ROWS_PER_EXPERT = moe_fp8.DOWN_LARGE_FROM_ROWS_PER_EXPERT = from_rows
         emit(rows, kind="regime", large_from_rows_per_expert=from_rows, shipped=list(shipped))
-        engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])
-        for records in (int(n) for n in args.records.split(",")):
-            reqs = measure(rows, engine, records, args, None)
+        reqs = remeasure()
     if thresholds:  # the shipped regimes (and their graphs) again, for --sm90 and the profile
         moe_fp8.LARGE_FROM_ROWS_PER_EXPERT, moe_fp8.DOWN_LARGE_FROM_ROWS_PER_EXPERT = shipped
-        engine.model.enable_fast_path(graph_buckets=buckets, **FP8_MODES[args.fp8])
+        recapture()
     if args.sm90 and args.fp8 != "off":
         from engine.kernels import moe_fp8_sm90
 
@@ -163,10 +167,7 @@ def main() -> int:
                 from_rows_per_expert=moe_fp8_sm90.FROM_ROWS_PER_EXPERT,
                 down_from_rows_per_expert=down,
             )
-            # graphs recaptured with the CUDA kernels in
-            engine.model.enable_fast_path(graph_buckets=buckets, sm90_experts=ext, **FP8_MODES[args.fp8])
-            for records in (int(n) for n in args.records.split(",")):
-                reqs = measure(rows, engine, records, args, None, sm90=True)
+            reqs = remeasure(ext)  # graphs recaptured with the CUDA kernels in
     (out / "one_request.jsonl").write_text("\n".join(rows) + "\n")
     # Where `decide`'s host time goes beyond its stages: Python's profiler over `reps` calls (the last batch).
     profiler = cProfile.Profile()
