@@ -23,7 +23,8 @@ every timing covers those layers one after another (same experts). It prints, as
 4. `bf16_small_down`: a few more shapes of the bf16 down kernel at T=800 (weight-read bound).
 
 Writes `moe_fp8.jsonl` and `tiles_best.json` (the best shapes per regime, in `tiles.json`'s `moe_fp8`
-form; a kernel's shipped shape where no T fell in its regime) to `--out`. Not a test: it asserts nothing.
+form; a kernel's shipped shape where no T fell in its regime, the last swept T's where several did) to
+`--out`. Not a test: it asserts nothing.
 """
 
 from __future__ import annotations
