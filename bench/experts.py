@@ -78,10 +78,10 @@ def calibrate(
     return hot
 
 
-def biased_engine() -> tuple[Any, list[torch.Tensor], tuple[int, ...]]:
+def biased_engine(graph_tokens: int = 4096) -> tuple[Any, list[torch.Tensor], tuple[int, ...]]:
     """(engine, router biases, graph buckets): the full-size engine at budget 65,536 with a zero bias on
-    every router, added before the CUDA graphs (up to 4,096 tokens) are captured, since they read the
-    bias tensors in place."""
+    every router, added before the CUDA graphs (buckets up to `graph_tokens`; the service's go to 8,192)
+    are captured, since they read the bias tensors in place."""
     from bench.workload import build_engine
     from engine.batching.cut import BatchLimits
     from engine.model.graphs import default_buckets
@@ -90,7 +90,7 @@ def biased_engine() -> tuple[Any, list[torch.Tensor], tuple[int, ...]]:
     config = EngineConfig(device="cuda", dtype="bfloat16", limits=BatchLimits(65536, 256), graph_buckets=())
     engine = build_engine(config, routing="random")  # levelled and skewed here, by `calibrate`
     biases = router_biases(engine.model)
-    buckets = default_buckets(4096)
+    buckets = default_buckets(graph_tokens)
     engine.model.enable_fast_path(graph_buckets=buckets)
     return engine, biases, buckets
 

@@ -2,9 +2,10 @@
 (`--records N`: a batch of N such requests, the size of a batch at moderate load).
 
 `python3 -m bench.one_request --out DIR` builds the full-size engine as `bench.experts` does (random bf16
-weights, fast path, CUDA graphs up to 4,096 tokens, routers levelled to near-uniform expert load unless
-`--random-router`) and
-times, for one 800-token request, 30 times each (after warm-up), with CUDA synchronisation:
+weights, fast path, CUDA graphs up to `--graph-tokens` tokens (default 8,192, as the service; until round
+twenty-one 4,096, so a 6-record batch of 4,816 tokens ran eagerly), routers levelled to near-uniform
+expert load unless `--random-router`) and times, for one 800-token request, 30 times each (after warm-up),
+with CUDA synchronisation:
 
 - `decide`: the whole call, as `bench.engine.latency` measures it;
 - `prepare` (validation and encoding, CPU), `stage` (collate and the copy to the GPU), `run` (graph
@@ -76,6 +77,12 @@ def main() -> int:
     )
     p.add_argument("--tokens", type=int, default=800, help="tokens of each request")
     p.add_argument(
+        "--graph-tokens",
+        type=int,
+        default=8192,
+        help="largest CUDA graph bucket (default 8,192, the service's; 4,096 before round twenty-one)",
+    )
+    p.add_argument(
         "--sm90",
         action="store_true",
         help="with --fp8: measure again with the FP8 experts of the calls moe_fp8_sm90.takes accepts through"
@@ -114,7 +121,7 @@ def main() -> int:
     from bench.workload import make_request
     from engine.kernels import moe_fp8
 
-    engine, biases, buckets = biased_engine()
+    engine, biases, buckets = biased_engine(args.graph_tokens)
     rng = random.Random(0)
     probe = engine.model.collate([engine.prepare(make_request(rng, engine, 512)).encoded for _ in range(16)])
     if not args.random_router:
