@@ -63,8 +63,8 @@ class ModelBatch:
         return sum(self.lengths)
 
     def to(self, device: torch.device | str) -> ModelBatch:
-        """Move every tensor to `device`. On CUDA the text tensors travel as one pinned buffer per dtype
-        (one non-blocking host-to-device copy each, then views), not one copy per index tensor."""
+        """Move every tensor to `device`. On CUDA the text tensors travel in one pinned buffer (one
+        non-blocking host-to-device copy, then views; `_to_device_packed`), not one copy per tensor."""
         dev = torch.device(device)
         if dev.type != "cuda":
             return self._map(lambda t: t.to(dev), lambda t: t.to(dev))
@@ -93,21 +93,37 @@ class ModelBatch:
 
 
 def _to_device_packed(tensors: Sequence[torch.Tensor], dev: torch.device) -> dict[int, torch.Tensor]:
-    """Device copies of CPU `tensors`, keyed by `id()` of each source: one pinned staging buffer and one
-    non-blocking copy per dtype. The pinned buffer comes from torch's caching host allocator, which keeps
-    it alive until the copy has run."""
+    """Device copies of CPU `tensors`, keyed by `id()` of each source: one staging buffer of bytes (pinned
+    on CUDA), every dtype's tensors back to back from an offset aligned to `_ALIGN` bytes, and one
+    non-blocking copy of the whole, then views (before, one buffer and one copy per dtype: a text batch
+    has int64 and bool tensors, so two). The pinned buffer comes from torch's caching host allocator,
+    which keeps it alive until the copy has run."""
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for t in tensors:
         by_dtype.setdefault(t.dtype, []).append(t)
-    out: dict[int, torch.Tensor] = {}
+    spans: list[tuple[torch.dtype, list[torch.Tensor], int, int]] = []  # dtype, tensors, byte offset, bytes
+    offset = 0
     for dtype, group in by_dtype.items():
+        nbytes = sum(t.numel() for t in group) * group[0].element_size()
+        spans.append((dtype, group, offset, nbytes))
+        offset += -(-nbytes // _ALIGN) * _ALIGN
+    staging = torch.empty(offset, dtype=torch.uint8, pin_memory=dev.type == "cuda")
+    for dtype, group, start, nbytes in spans:
+        torch.cat([t.reshape(-1) for t in group], out=staging[start : start + nbytes].view(dtype))
+    flat = staging.to(dev, non_blocking=True)
+    out: dict[int, torch.Tensor] = {}
+    for dtype, group, start, nbytes in spans:
         sizes = [t.numel() for t in group]
-        staging = torch.empty(sum(sizes), dtype=dtype, pin_memory=True)
-        torch.cat([t.reshape(-1) for t in group], out=staging)
-        flat = staging.to(dev, non_blocking=True)
-        for t, part in zip(group, torch.split(flat, sizes), strict=True):
+        parts = torch.split(flat[start : start + nbytes].view(dtype), sizes)
+        for t, part in zip(group, parts, strict=True):
             out[id(t)] = part.view(t.shape)
     return out
+
+
+_ALIGN = 16
+"""Byte alignment of each dtype's run in `_to_device_packed`'s buffer: every element size divides it, so
+each run views as its dtype (inside a run the tensors follow one another, as they did in a buffer of
+their own)."""
 
 
 _TextInputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]

@@ -1,4 +1,5 @@
-"""`engine.batching.collate`: the per-segment softmax and mean, and the span checks of `collate`."""
+"""`engine.batching.collate`: the per-segment softmax and mean, the span checks of `collate`, and the packing
+of a batch's tensors into one buffer for the device copy."""
 
 from __future__ import annotations
 
@@ -44,3 +45,29 @@ def test_collate_rejects_bad_spans(records: list[EncodedRequest]) -> None:
         collate([bad])
     with pytest.raises(ValueError, match="at least one record"):
         collate([])
+
+
+def test_device_packing_keeps_every_tensor_across_dtypes_in_one_buffer(records: list[EncodedRequest]) -> None:
+    """`_to_device_packed` (the CUDA path of `ModelBatch.to`, run here to the CPU): every tensor of a
+    collated batch, int64 and bool, plus odd-sized int32, float32 and empty ones, comes back equal, with its
+    dtype and shape, as a view of one buffer whose dtype runs start 16-byte aligned."""
+    from engine.batching.collate import _to_device_packed
+
+    batch = collate(records[:3])
+    text: list[torch.Tensor] = []
+    batch.index.map_tensors(lambda t: text.append(t) or t)
+    text += [batch.input_ids, batch.position_ids]
+    text += [torch.arange(7, dtype=torch.int32), torch.randn(3, 5), torch.zeros(0, dtype=torch.int64)]
+    assert {t.dtype for t in text} >= {torch.int64, torch.bool, torch.int32, torch.float32}
+    moved = _to_device_packed(text, torch.device("cpu"))
+    bases = {moved[id(t)].untyped_storage().data_ptr() for t in text if t.numel()}
+    assert len(bases) == 1
+    base = bases.pop()
+    for t in text:
+        got = moved[id(t)]
+        assert got.dtype == t.dtype
+        assert got.shape == t.shape
+        assert torch.equal(got, t)
+    for dtype in {t.dtype for t in text}:
+        first = min(moved[id(t)].data_ptr() for t in text if t.dtype == dtype and t.numel())
+        assert (first - base) % 16 == 0
