@@ -115,8 +115,8 @@ def _to_device_packed(tensors: Sequence[torch.Tensor], dev: torch.device) -> dic
     for dtype, group, start, nbytes in spans:
         sizes = [t.numel() for t in group]
         parts = torch.split(flat[start : start + nbytes].view(dtype), sizes)
-        for t, part in zip(group, parts, strict=True):
-            out[id(t)] = part.view(t.shape)
+        for t, part in zip(group, parts, strict=True):  # a 1-D tensor's part has its shape already
+            out[id(t)] = part if t.dim() == 1 else part.view(t.shape)
     return out
 
 
