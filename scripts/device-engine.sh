@@ -9,7 +9,8 @@
 # under $ONE_LIMIT s),
 # sizes (bench.batch_sizes, $SIZES_ARGS appended), il (bench.gate_up_il, $IL_ARGS appended), copy
 # (bench.copy_probe, $COPY_ARGS appended), gemm (bench.fp8_gemm_probe --child), down (bench.fp8_down_probe,
-# $DOWN_ARGS appended), head (bench.head_probe, $HEAD_ARGS appended), cuda_ext (bench.cuda_ext_probe, with
+# $DOWN_ARGS appended), head (bench.head_probe, $HEAD_ARGS appended), staging (bench.staging_probe,
+# $STAGING_ARGS appended), cuda_ext (bench.cuda_ext_probe, with
 # ninja and nvidia-cutlass from .carry/toolchain), sm90 (bench.gate_up_sm90_probe, the same toolchain, $SM90_ARGS
 # appended, under $SM90_LIMIT s). Installs .carry's wheels into a site folder under /tmp (no
 # index, no dependencies; built by scripts/device-carry.sh), runs each step under its own
@@ -82,6 +83,7 @@ install_av_placeholder(); sys.exit(pytest.main(sys.argv[1:]))' -q -s -m gpu -p n
         gemm) run gemm 300 "${module[@]}" bench.fp8_gemm_probe --out "$tmp/res" --child ;;
         down) run down 300 "${module[@]}" bench.fp8_down_probe --out "$tmp/res" ${DOWN_ARGS:-} ;;
         head) run head 400 "${module[@]}" bench.head_probe --out "$tmp/res" ${HEAD_ARGS:-} ;;
+        staging) run staging 300 "${module[@]}" bench.staging_probe --out "$tmp/res" ${STAGING_ARGS:-} ;;
         cuda_ext)
             toolchain
             PYTHONPATH="$tmp/toolchain:$PYTHONPATH" PATH="$tmp/toolchain/bin:$PATH" \
