@@ -105,6 +105,16 @@ def kernels_per_call(fn: Callable[[], object], table: Path | None = None) -> int
     return len([e for e in prof.events() if e.device_type == DeviceType.CUDA])
 
 
+def fullsize_head() -> tuple[JointSchemaHead, torch.Tensor]:
+    """The full-size head on the GPU in bf16 (random weights, seeds 0 and 1) and a lexical table (V, 2048)."""
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        head = JointSchemaHead(JointHeadConfig(hidden_size=2048)).to(torch.bfloat16).eval()
+        table = (0.02 * torch.randn(VOCAB, 2048)).bfloat16()
+    randomize_(head, seed=1)
+    return head, table
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
@@ -112,11 +122,7 @@ def main() -> int:
     p.add_argument("--modes", default="eager,compiled", help="eager, compiled or both (compiling is slow)")
     args, out, rows = start(p)
     emit(rows, kind="info", torch=torch.__version__, gpu=torch.cuda.get_device_name())
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        head = JointSchemaHead(JointHeadConfig(hidden_size=2048)).to(torch.bfloat16).eval()
-        table = (0.02 * torch.randn(VOCAB, 2048)).bfloat16()
-    randomize_(head, seed=1)
+    head, table = fullsize_head()
     modes: dict[str, Callable[..., torch.Tensor]] = {}
     for name in args.modes.split(","):
         if name not in ("eager", "compiled"):

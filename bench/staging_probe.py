@@ -26,13 +26,11 @@ from collections.abc import Callable
 import torch
 from torch.nn.attention import sdpa_kernel
 
-from bench.fullsize import randomize_
-from bench.head_probe import _BACKENDS, VOCAB, ms_per_call, record
+from bench.head_probe import _BACKENDS, fullsize_head, ms_per_call, record
 from bench.report import emit_line as emit
 from bench.report import start
 from engine.batching.collate import ModelBatch, collate
 from engine.batching.spans import SpanIndex
-from engine.model.head import JointHeadConfig, JointSchemaHead
 
 
 def synced_ms(fn: Callable[[], object], calls: int = 50) -> float:
@@ -52,11 +50,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=20)
     args, out, rows = start(p)
     emit(rows, kind="info", torch=torch.__version__, gpu=torch.cuda.get_device_name())
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        head = JointSchemaHead(JointHeadConfig(hidden_size=2048)).to(torch.bfloat16).eval()
-        table = (0.02 * torch.randn(VOCAB, 2048)).bfloat16()
-    randomize_(head, seed=1)
+    head, table = fullsize_head()
     host: ModelBatch = collate([record(807)])
     hidden = torch.randn(host.num_tokens, 2048, device="cuda").bfloat16()
     layouts: dict[str, Callable[[], SpanIndex]] = {
