@@ -92,6 +92,12 @@ class ModelBatch:
         )
 
 
+_ALIGN = 16
+"""Byte alignment of each dtype's run in `_to_device_packed`'s buffer: every element size divides it, so
+each run views as its dtype (inside a run the tensors follow one another, as they did in a buffer of
+their own)."""
+
+
 def _to_device_packed(tensors: Sequence[torch.Tensor], dev: torch.device) -> dict[int, torch.Tensor]:
     """Device copies of CPU `tensors`, keyed by `id()` of each source: one staging buffer of bytes (pinned
     on CUDA), every dtype's tensors back to back from an offset aligned to `_ALIGN` bytes, and one
@@ -118,12 +124,6 @@ def _to_device_packed(tensors: Sequence[torch.Tensor], dev: torch.device) -> dic
         for t, part in zip(group, parts, strict=True):  # a 1-D tensor's part has its shape already
             out[id(t)] = part if t.dim() == 1 else part.view(t.shape)
     return out
-
-
-_ALIGN = 16
-"""Byte alignment of each dtype's run in `_to_device_packed`'s buffer: every element size divides it, so
-each run views as its dtype (inside a run the tensors follow one another, as they did in a buffer of
-their own)."""
 
 
 _TextInputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
