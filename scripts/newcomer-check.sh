@@ -9,6 +9,9 @@
 #
 # Needs git, Python 3.11+, and Java + Maven (or root, for setup.sh's apt-get). Everything goes under one
 # temporary folder (NEWCOMER_CHECK_DIR to choose it), removed at the end unless NEWCOMER_CHECK_KEEP=1.
+# Both commands run with nothing of the caller's environment; NEWCOMER_CHECK_CLEF_ENV=1 passes the caller's
+# CLEF_* variables through (all but CLEF_CACHE_DIR, which stays the empty one): a newcomer who exported the
+# README's settings, CLEF_DEBUG=1 and CLEF_VENV included.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -50,8 +53,15 @@ git clone --quiet --no-hardlinks "$repo" "$root/clone"
 git -C "$root/clone" checkout --quiet --detach "$(git -C "$repo" rev-parse HEAD)"  # this HEAD, also from a worktree
 
 # a newcomer's environment: nothing of ours set, except the cache folder the README mentions
+clef_env=()
+if [[ "${NEWCOMER_CHECK_CLEF_ENV:-0}" == 1 ]]; then
+    while IFS= read -r name; do
+        [[ "$name" == CLEF_CACHE_DIR ]] || clef_env+=("$name=${!name}")
+    done < <(compgen -e | grep '^CLEF_' || true)
+    say "passing ${#clef_env[@]} CLEF_* variables of the caller through"
+fi
 run_in_clone() {
-    env -i PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" LANG=C.UTF-8 \
+    env -i PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" LANG=C.UTF-8 "${clef_env[@]}" \
         HOME="$root/home" TMPDIR="$root/tmp" CLEF_CACHE_DIR="$root/cache" NEWCOMER_CHECK_MARK="$mark" \
         bash -c 'cd "$1" && shift && exec "$@"' run "$root/clone" "$@" &
     run_pid=$!
