@@ -9,7 +9,7 @@ from pathlib import Path
 from bench.targets import Verdict, report, verdicts
 
 ROOT = Path(__file__).resolve().parents[3]
-ROUND_TEN = ROOT / "docs" / "bench"
+RAW = ROOT / "docs" / "bench"
 
 
 def _write(path: Path, rows: list[dict[str, object]]) -> None:
@@ -122,7 +122,7 @@ def test_round_tens_h200_files_give_round_tens_table(tmp_path: Path) -> None:
         ("modes", "fp8_modes.jsonl", "fp8_modes_round14_h200.jsonl"),
     ):
         (tmp_path / step).mkdir()
-        shutil.copy(ROUND_TEN / raw, tmp_path / step / name)
+        shutil.copy(RAW / raw, tmp_path / step / name)
     found = _by_target(verdicts(tmp_path))
     assert {t: (v.value, v.met) for t, v in found.items()} == {
         "p99 at 70% load (ms)": (182.11, False),
@@ -140,3 +140,34 @@ def test_round_tens_h200_files_give_round_tens_table(tmp_path: Path) -> None:
         "FP8 text-only serving peak (GB)": (44.43, True),
     }
     assert "targets of issues 29 and 30 on NVIDIA H200" in report(tmp_path)
+
+
+def test_round_twenty_twos_h200_files_give_its_printed_table(tmp_path: Path) -> None:
+    # the three device calls of BENCHMARKS.md "Targets, round twenty-two" (`device-targets.sh one e2e`, then
+    # `modes`, then `mixed`), their folders unpacked into one as the section says: every row read
+    for step, name, raw in (
+        ("e2e", "e2e.jsonl", "e2e_round28_h200_shares.jsonl"),
+        ("mixed", "e2e.jsonl", "e2e_round28_h200_mixed.jsonl"),
+        ("one_fp8", "one_request.jsonl", "one_request_round28_h200_fp8text.jsonl"),
+        ("one_bf16", "one_request.jsonl", "one_request_round28_h200_bf16.jsonl"),
+        ("modes", "fp8_modes.jsonl", "fp8_modes_round28_h200.jsonl"),
+    ):
+        (tmp_path / step).mkdir()
+        shutil.copy(RAW / raw, tmp_path / step / name)
+    found = _by_target(verdicts(tmp_path))
+    assert {t: (v.value, v.met) for t, v in found.items()} == {
+        "p99 at 70% load (ms)": (186.18, False),
+        "p50 at 25% load (ms)": (35.09, True),
+        "capacity through Kafka / engine-only": (1.009, True),
+        "saturated: HTTP p99 (ms)": (177.93, True),
+        "saturated: priority topic p99 (ms)": (186.73, True),
+        "saturated: Kafka out / engine-only": (0.919, True),
+        "saturated: events lost or duplicated": (0.0, True),
+        "saturated: offsets at the high watermarks (1 yes)": (1.0, True),
+        "one 800-token request, FP8 text (ms)": (16.5, False),
+        "one 800-token request, bf16 (ms)": (24.35, False),
+        "throughput FP8, budget 65,536 (tok/s)": (126_756.0, True),  # the opt-in sm90 kernels' mode
+        "throughput bf16, budget 65,536 (tok/s)": (85_731.0, False),
+        "FP8 text-only serving peak (GB)": (44.4, True),
+    }
+    assert found["throughput FP8, budget 65,536 (tok/s)"].source == "fp8_modes fp8_text_only_attention_sm90"
