@@ -98,7 +98,9 @@ def run_client(main: Callable[[], Coroutine[Any, Any, _T]], *, bootstrap: str, t
 
 async def _bounded(coro: Awaitable[_T], timeout_s: float | None, bootstrap: str) -> _T:
     """`coro` within `timeout_s`; only this bound's expiry becomes `BrokerUnreachableError` (a
-    `TimeoutError` of the command's own propagates unchanged)."""
+    `TimeoutError` of the command's own propagates unchanged). The loop reports callback errors through
+    `drop_invalid_state`."""
+    asyncio.get_running_loop().set_exception_handler(drop_invalid_state)
     bound = asyncio.timeout(timeout_s)
     try:
         async with bound:
@@ -107,6 +109,20 @@ async def _bounded(coro: Awaitable[_T], timeout_s: float | None, bootstrap: str)
         if bound.expired():
             raise unreachable(bootstrap, timeout_s or 0) from exc
         raise
+
+
+def drop_invalid_state(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """A command's event-loop exception handler: a callback's `InvalidStateError` is dropped, anything else
+    goes to the loop's default handler (a log line).
+
+    Ctrl-C cancels the command from `asyncio.run`'s SIGINT handler, which runs between two bytecodes of
+    whatever is running. When that is the loop's socket-connect callback, between its `fut.done()` check and
+    its `fut.set_result(None)`, the callback finds its future cancelled under it, and asyncio would print
+    "Exception in callback ..._sock_connect_cb ... InvalidStateError" after the command's one line. A
+    future is only set twice that way, so nothing else is hidden."""
+    if isinstance(context.get("exception"), asyncio.InvalidStateError):
+        return
+    loop.default_exception_handler(context)
 
 
 def _kafka_text(exc: BaseException) -> str:
