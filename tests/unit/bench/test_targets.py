@@ -17,6 +17,23 @@ def _write(path: Path, rows: list[dict[str, object]]) -> None:
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
 
 
+_STEP_FILES = {
+    "e2e": "e2e.jsonl",
+    "mixed": "e2e.jsonl",
+    "one_fp8": "one_request.jsonl",
+    "one_bf16": "one_request.jsonl",
+    "modes": "fp8_modes.jsonl",
+}
+"""The file each step of `scripts/device-targets.sh` leaves in its folder."""
+
+
+def _lay_out(folder: Path, **raw: str) -> None:
+    """Raw files of `docs/bench` copied into `folder` as the script lays them out (step = raw file name)."""
+    for step, name in raw.items():
+        (folder / step).mkdir()
+        shutil.copy(RAW / name, folder / step / _STEP_FILES[step])
+
+
 def _by_target(found: list[Verdict]) -> dict[str, Verdict]:
     return {v.target: v for v in found}
 
@@ -114,15 +131,14 @@ def test_throughput_takes_the_best_text_only_mode_and_one_request_its_first_deci
 
 def test_round_tens_h200_files_give_round_tens_table(tmp_path: Path) -> None:
     # the raw files of BENCHMARKS.md "Priority classes, round ten" laid out as the script lays them out
-    for step, name, raw in (
-        ("e2e", "e2e.jsonl", "e2e_levelled_round14_h200_shares.jsonl"),
-        ("mixed", "e2e.jsonl", "e2e_mixed_round14_h200.jsonl"),
-        ("one_fp8", "one_request.jsonl", "one_request_round14_h200_fp8text.jsonl"),
-        ("one_bf16", "one_request.jsonl", "one_request_round14_h200_bf16.jsonl"),
-        ("modes", "fp8_modes.jsonl", "fp8_modes_round14_h200.jsonl"),
-    ):
-        (tmp_path / step).mkdir()
-        shutil.copy(RAW / raw, tmp_path / step / name)
+    _lay_out(
+        tmp_path,
+        e2e="e2e_levelled_round14_h200_shares.jsonl",
+        mixed="e2e_mixed_round14_h200.jsonl",
+        one_fp8="one_request_round14_h200_fp8text.jsonl",
+        one_bf16="one_request_round14_h200_bf16.jsonl",
+        modes="fp8_modes_round14_h200.jsonl",
+    )
     found = _by_target(verdicts(tmp_path))
     assert {t: (v.value, v.met) for t, v in found.items()} == {
         "p99 at 70% load (ms)": (182.11, False),
@@ -145,15 +161,14 @@ def test_round_tens_h200_files_give_round_tens_table(tmp_path: Path) -> None:
 def test_round_twenty_twos_h200_files_give_its_printed_table(tmp_path: Path) -> None:
     # the three device calls of BENCHMARKS.md "Targets, round twenty-two" (`device-targets.sh one e2e`, then
     # `modes`, then `mixed`), their folders unpacked into one as the section says: every row read
-    for step, name, raw in (
-        ("e2e", "e2e.jsonl", "e2e_round28_h200_shares.jsonl"),
-        ("mixed", "e2e.jsonl", "e2e_round28_h200_mixed.jsonl"),
-        ("one_fp8", "one_request.jsonl", "one_request_round28_h200_fp8text.jsonl"),
-        ("one_bf16", "one_request.jsonl", "one_request_round28_h200_bf16.jsonl"),
-        ("modes", "fp8_modes.jsonl", "fp8_modes_round28_h200.jsonl"),
-    ):
-        (tmp_path / step).mkdir()
-        shutil.copy(RAW / raw, tmp_path / step / name)
+    _lay_out(
+        tmp_path,
+        e2e="e2e_round28_h200_shares.jsonl",
+        mixed="e2e_round28_h200_mixed.jsonl",
+        one_fp8="one_request_round28_h200_fp8text.jsonl",
+        one_bf16="one_request_round28_h200_bf16.jsonl",
+        modes="fp8_modes_round28_h200.jsonl",
+    )
     found = _by_target(verdicts(tmp_path))
     assert {t: (v.value, v.met) for t, v in found.items()} == {
         "p99 at 70% load (ms)": (186.18, False),
