@@ -10,9 +10,9 @@ This probe times both in one process, alternately: the full-size head (`bench.he
 bf16 weights) on one synthetic 807-token record, its index either a view of `ModelBatch.to("cuda")`'s one
 buffer ("packed") or each tensor copied on its own ("apart", an allocation each, the most separate layout).
 Per layout, `--rounds` rounds of `bench.head_probe.ms_per_call` (30 back-to-back calls, the host's pace), and
-`ModelBatch.to` itself against per-tensor copies (ms per call, synchronised). Prints JSON lines and writes
-`staging_probe.jsonl` to `--out`. A benchmark: it asserts nothing; `max_abs_diff` says whether both layouts
-give the head the same bits.
+`ModelBatch.to` itself against per-tensor copies (median of 10 `bench.timing.synced_ms` calls a round).
+Prints JSON lines and writes `staging_probe.jsonl` to `--out`. A benchmark: it asserts nothing; `max_abs_diff`
+says whether both layouts give the head the same bits.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -29,19 +28,9 @@ from torch.nn.attention import sdpa_kernel
 from bench.head_probe import _BACKENDS, fullsize_head, ms_per_call, record
 from bench.report import emit_line as emit
 from bench.report import start
+from bench.timing import synced_ms
 from engine.batching.collate import ModelBatch, collate
 from engine.batching.spans import SpanIndex
-
-
-def synced_ms(fn: Callable[[], object], calls: int = 50) -> float:
-    """Median ms of `calls` calls of `fn`, each followed by a device synchronisation."""
-    out = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t0) * 1e3)
-    return float(statistics.median(out))
 
 
 def main() -> int:
@@ -76,7 +65,7 @@ def main() -> int:
     for _ in range(args.rounds):
         for name, make in layouts.items():
             times[name].append(ms_per_call(head_call(indexes[name]), rounds=1))
-            copies[name].append(synced_ms(make, calls=10))
+            copies[name].append(statistics.median(synced_ms(make) for _ in range(10)))
     for name in layouts:
         emit(
             rows,
