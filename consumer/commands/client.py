@@ -118,8 +118,9 @@ def drop_invalid_state(loop: asyncio.AbstractEventLoop, context: dict[str, Any])
     Ctrl-C cancels the command from `asyncio.run`'s SIGINT handler, which runs between two bytecodes of
     whatever is running. When that is the loop's socket-connect callback, between its `fut.done()` check and
     its `fut.set_result(None)`, the callback finds its future cancelled under it, and asyncio would print
-    "Exception in callback ..._sock_connect_cb ... InvalidStateError" after the command's one line. A
-    future is only set twice that way, so nothing else is hidden."""
+    "Exception in callback ..._sock_connect_cb ... InvalidStateError" after the command's one line. The
+    error means a callback set a future that was already done; any callback's is dropped, not only that one's
+    (the handle's name is asyncio's internals)."""
     if isinstance(context.get("exception"), asyncio.InvalidStateError):
         return
     loop.default_exception_handler(context)
