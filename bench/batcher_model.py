@@ -47,7 +47,7 @@ from consumer.settings import BatchingSettings
 from devtools.stub import StubEngine
 from engine.batching.cut import SERVICE_LIMITS, BatchLimits
 from engine.model.graphs import graph_pieces
-from engine.types import Between
+from engine.types import Between, RunsWhenLaunched
 from schemas.request import SystemOneRequest
 from schemas.response import SystemOneResponse
 from schemas.systemone import parse_request
@@ -106,7 +106,7 @@ class PaddedCost:
 
 
 @dataclass(slots=True)
-class TimedEngine:
+class TimedEngine(RunsWhenLaunched[Sequence[TimedRecord], Sequence[TimedRecord]]):
     """A `ServingEngine` whose GPU is a sleep of `cost.batch_s(tokens)` on the GPU thread; `stage_s` (+
     `stage_record_s` per record) and `respond_record_s` per record spin the CPU. Logs every run.
 

@@ -22,7 +22,7 @@ from consumer.batching.batcher import Batcher
 from consumer.metrics import Metrics
 from consumer.settings import BatchingSettings
 from engine.batching.cut import BatchLimits
-from engine.types import Between
+from engine.types import Between, RunsWhenLaunched
 from schemas.systemone import SystemOneRequest, SystemOneResponse
 
 _DEFAULTS = BatchingSettings()
@@ -82,7 +82,7 @@ class RunLog:
         }
 
 
-class Metered:
+class Metered(RunsWhenLaunched[Any, Any]):
     """`engine` as the service's batcher drives it (`engine.types.ServingEngine`), with the batch limits of
     one run and `run` replaced by a recording one (`RunLog`, `bench.engine.TimedRun`)."""
 

@@ -130,6 +130,11 @@ class BatchingSettings(_Frozen):
     )
     prepare_chunk: int = Field(default=64, ge=1, description="records per thread-pool prepare call")
     max_pending_batches: int = Field(default=2, ge=1, description="batches queued for the GPU thread")
+    launch_ahead: bool = Field(
+        default=False,
+        description="the GPU thread only queues a batch's device work and a thread of its own waits for it, "
+        "so the next batch is launched while this one runs (consumer.batching.gpu)",
+    )
     priority: PrioritySettings = PrioritySettings()
 
     @property

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pydantic_core
 
 from engine.batching.cut import SERVICE_LIMITS, BatchLimits
-from engine.types import Between
+from engine.types import Between, RunsWhenLaunched
 from schemas.request import SystemOneRequest, option_table
 from schemas.response import SystemOneResponse, build_response
 
@@ -29,7 +29,7 @@ class StubPrepared:
     num_tokens: int
 
 
-class StubEngine:
+class StubEngine(RunsWhenLaunched[Sequence[StubPrepared], list[SystemOneResponse]]):
     """An `engine.types.ServingEngine` that answers instantly: deterministic, state-dependent probabilities.
     Its staged calls do all the work in `run` (`stage` and `respond` hand the batch through). `limits` are
     the batch limits a batcher cuts its batches by (default: the service's).

@@ -12,7 +12,7 @@ import numpy.typing as npt
 import torch
 
 from engine.batching.collate import Layout, ModelBatch
-from engine.types import Between, EncodedRequest
+from engine.types import Between, EncodedRequest, Launched
 from schemas.systemone import SystemOneRequest
 
 if TYPE_CHECKING:
@@ -34,6 +34,8 @@ class ModelLike(Protocol):
     - `forward_batch(batch, between)`: probabilities per record, per question, per option (blocking; may
       raise `torch.OutOfMemoryError`); `between` is called between decoder layers where the model runs them
       one by one (the text fast path's eager forward), never inside a CUDA graph.
+    - `launch_batch(batch, between)`: `forward_batch` with the device work only queued; its `wait()` (any
+      thread) gives the same value once the device ran it.
     """
 
     @property
@@ -64,6 +66,10 @@ class ModelLike(Protocol):
     def forward_batch(
         self, batch: ModelBatch, between: Between | None = None
     ) -> list[list[npt.NDArray[np.float32]]]: ...
+
+    def launch_batch(
+        self, batch: ModelBatch, between: Between | None = None
+    ) -> Launched[list[list[npt.NDArray[np.float32]]]]: ...
 
 
 class MediaInputLike(Protocol):

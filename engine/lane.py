@@ -9,6 +9,11 @@ batch's work goes on meanwhile. Answers must not change: the same kernels on ano
 same bits, which tests/gpu/test_engine_gpu.py checks (an urgent batch inside a bulk one, both bit-equal to
 their runs alone). Opt-in (`EngineConfig.lane_stream`) until that test and the service bench have run on
 the GPU.
+
+Bulk batches may be launched ahead (`engine.launch`): one may still be queued on the bulk stream when an
+urgent batch runs. A CUDA graph's buffers are shared by every batch of its bucket, so the lane's stream first
+waits for the bulk work launched so far (`follow_bulk`, with the end `mark_bulk` recorded): the lane then
+skips the bulk batches not yet launched, not those already queued.
 """
 
 from __future__ import annotations
@@ -33,10 +38,27 @@ class Lane:
         self.stream: torch.cuda.Stream | None = None
         if use:
             self.stream = torch.cuda.Stream(device, priority=PRIORITY)  # type: ignore[no-untyped-call]
+        self._bulk: torch.cuda.Event | None = None  # the end of the bulk work launched last (GPU thread)
 
     def enter(self) -> AbstractContextManager[None]:
         """A context that runs the work launched inside it on the lane's stream (a no-op without one)."""
         return contextlib.nullcontext() if self.stream is None else _on(self.stream)
+
+    def mark_bulk(self, end: torch.cuda.Event | None) -> None:
+        """Outside the lane: the bulk work launched so far ends with `end` (recorded on the bulk stream). A
+        no-op inside the lane, without a stream, or for None."""
+        if end is not None and self.stream is not None and not self._inside():
+            self._bulk = end
+
+    def follow_bulk(self) -> None:
+        """Inside the lane: make the lane's stream wait for the bulk work marked last (nothing is waited
+        for on the host). A no-op outside the lane or without a stream."""
+        if self._bulk is not None and self.stream is not None and self._inside():
+            self.stream.wait_event(self._bulk)
+
+    def _inside(self) -> bool:
+        assert self.stream is not None
+        return bool(torch.cuda.current_stream(self.stream.device) == self.stream)
 
 
 @contextlib.contextmanager

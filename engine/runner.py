@@ -18,12 +18,10 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Generic
 
-import numpy as np
-import numpy.typing as npt
 import torch
 from typing_extensions import TypeVar
 
-from engine.batching.collate import Layout, forward
+from engine.batching.collate import Layout, launch_forward
 from engine.batching.cut import BatchLimits, plan_batches
 from engine.batching.split import EngineError, run_split
 from engine.config import TORCH_DTYPES, DTypeName, EngineConfig, dtype_name
@@ -31,6 +29,7 @@ from engine.encoding.encode import TextEncoder, encoder_for
 from engine.fast_path import enable as enable_fast_path
 from engine.handoff import MediaHook, MediaInputLike, ModelLike, Prepared, RunResult, StagedBatch
 from engine.lane import Lane
+from engine.launch import DeviceSpan, LaunchedRun, Part
 from engine.media import MediaError
 from engine.model.clef import ClefOmniModel
 from engine.types import Between, EncodedRequest
@@ -234,19 +233,29 @@ class Engine(Generic[M]):
         return layout == "packed" and not self.model.can_pack(with_media)
 
     def run(self, staged: StagedBatch, between: Between | None = None) -> RunResult:
-        """Forward pass(es), head and one device-to-host copy per part (blocking; the GPU thread only).
+        """Forward pass(es), head and one device-to-host copy per part (blocking; the GPU thread only):
+        `launch(staged, between).wait()[0]`. May raise `torch.OutOfMemoryError`."""
+        return self.launch(staged, between).wait()[0]
+
+    def launch(self, staged: StagedBatch, between: Between | None = None) -> LaunchedRun:
+        """`run` with its device work queued only (the GPU thread only; `engine.launch`): the next batch may
+        be launched before this one's `wait()`, which any thread may call once.
 
         `between` (see `engine.types.Between`) is called between parts and between the decoder layers of a
-        part that runs them one by one. May raise `torch.OutOfMemoryError`.
+        part that runs them one by one. Inside the lane (`lane()`), the lane's stream first waits for the
+        bulk work launched so far: a CUDA graph's buffers are shared by every batch of its bucket. May raise
+        `torch.OutOfMemoryError`.
         """
-        out: list[dict[str, npt.NDArray[np.float32]]] = [{} for _ in staged.prepared]
+        self._lane.follow_bulk()
+        span = DeviceSpan(self.model.device)
+        parts: list[Part] = []
         with torch.inference_mode():
             for k, (group, inputs) in enumerate(staged.parts):
                 if between is not None and k:
                     between()
-                for i, probs in zip(group, forward(self.model, inputs, between), strict=True):
-                    out[i] = probs
-        return RunResult(staged.prepared, tuple(out))
+                parts.append((group, launch_forward(self.model, inputs, between)))
+        self._lane.mark_bulk(span.close())
+        return LaunchedRun(staged.prepared, parts, span)
 
     def out_of_memory(self, exc: BaseException) -> bool:
         """True when `exc` is the device running out of memory (`torch.OutOfMemoryError`); empties the CUDA

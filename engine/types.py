@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from engine.batching.cut import BatchLimits
 
@@ -85,6 +85,37 @@ class PreparedLike(Protocol):
 PreparedT = TypeVar("PreparedT", bound=PreparedLike)
 StagedT = TypeVar("StagedT")
 RanT = TypeVar("RanT")
+_R_co = TypeVar("_R_co", covariant=True)
+
+
+class Launched(Protocol[_R_co]):
+    """A run whose device work is queued (`ServingEngine.launch`). `wait()` blocks until that work finished
+    (any thread, once) and returns the run's result and the device seconds it took from its first to its
+    last queued operation, or None where the engine does not time its device (then a caller times the
+    wall clock). It re-raises what the device reported for the run."""
+
+    def wait(self) -> tuple[_R_co, float | None]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Ready(Generic[RanT]):
+    """A `Launched` run that already finished (an engine with no device queue)."""
+
+    value: RanT
+
+    def wait(self) -> tuple[RanT, float | None]:
+        return self.value, None
+
+
+class RunsWhenLaunched(Generic[StagedT, RanT]):
+    """`ServingEngine.launch` for engines with no device queue (stubs, test stand-ins): the run happens
+    inside `launch`, whose result is `Ready`. A subclass defines `run`."""
+
+    def run(self, staged: StagedT, between: Between | None = None) -> RanT:
+        raise NotImplementedError
+
+    def launch(self, staged: StagedT, between: Between | None = None) -> Launched[RanT]:
+        return Ready(self.run(staged, between))
 
 
 class ServingEngine(Protocol[PreparedT, StagedT, RanT]):
@@ -96,6 +127,10 @@ class ServingEngine(Protocol[PreparedT, StagedT, RanT]):
     - `run` (the one GPU thread): the forward pass(es) of a staged batch; `between`, when given, is called
       on that thread between steps of the run (`Between`), so an urgent batch can run inside a long one
       without changing either's answers.
+    - `launch` (the one GPU thread): `run` split in two: it queues the run's device work and returns a
+      `Launched` whose `wait` (any thread) gives the result once the device finished. The next batch may be
+      launched before an earlier one's `wait`: the device runs them in launch order, and the answers are
+      those of `run`. `run(s, b)` is `launch(s, b).wait()[0]`.
     - `respond` (any thread): one response per record, in batch order.
     - `execute(batch)` is `respond(run(stage(batch)))` in the GPU thread (the path a failed batch is split
       and retried on).
@@ -116,6 +151,8 @@ class ServingEngine(Protocol[PreparedT, StagedT, RanT]):
     def stage(self, batch: Sequence[PreparedT]) -> StagedT: ...
 
     def run(self, staged: StagedT, between: Between | None = None) -> RanT: ...
+
+    def launch(self, staged: StagedT, between: Between | None = None) -> Launched[RanT]: ...
 
     def respond(self, ran: RanT) -> list[SystemOneResponse]: ...
 

@@ -94,8 +94,8 @@ class Batcher(Generic[P, S, R]):
         self._gpu_slots = asyncio.Semaphore(settings.max_pending_batches)
         self._cpu = CpuPool(settings.prepare_workers, "clef-prepare")  # stage, respond, then prepare
         self._prepare_pool = self._cpu.at(Work.PREPARE)
-        stage, respond = self._cpu.at(Work.STAGE), self._cpu.at(Work.RESPOND)
-        self._gpu = GpuRunner(engine, stage, respond_pool=respond, single_attempts=single_attempts)
+        stage, reply, ahead = self._cpu.at(Work.STAGE), self._cpu.at(Work.RESPOND), settings.launch_ahead
+        self._gpu = GpuRunner(engine, stage, respond_pool=reply, single_attempts=single_attempts, ahead=ahead)
         self._tasks: set[asyncio.Future[Any]] = set()
         self._collector: asyncio.Task[None] | None = None
         self._closing = False

@@ -21,6 +21,14 @@ lane's time inside that batch is at most `URGENT_SHARE` of the batch's wall time
 goes in), so a bulk batch is stretched at most 1 / (1 - share) times and an urgent batch waits a few
 steps, never the rest of the batch. The time a lane batch took inside a normal batch is taken out of that
 batch's GPU time, and that batch is not learnt from.
+
+Launching ahead (`ahead`, `batching.launch_ahead`): the GPU thread only queues a batch's device work
+(`ServingEngine.launch`) and a collector thread of its own waits for it (`Launched.wait`), so a batch staged
+while the one before it runs is launched at once, and the device goes from one to the next without the
+host's sync, hand-back and first launches in between. A batch's GPU time is then the engine's device
+seconds (from when the device started it), or the wall time from its launch where the engine gives none;
+its `gpu_wait` counts the wait on the device queue too. Without it, the GPU thread waits for each batch
+before it takes the next, and a batch's GPU time is that wait's wall time.
 """
 
 from __future__ import annotations
@@ -31,13 +39,16 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, fields
-from typing import Generic, TypeVar
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar, cast
 
+from consumer.batching.gpu_times import BATCH_STEPS, BatchRun, BatchTimes, LaneTimes
 from consumer.logging import get_logger
 from engine.batching.split import BatchResult, SplitStats, run_split
-from engine.types import PreparedLike, ServingEngine
+from engine.types import Launched, PreparedLike, ServingEngine
 from schemas.response import SystemOneResponse
+
+__all__ = ["BATCH_STEPS", "URGENT_SHARE", "BatchTimes", "GpuDone", "GpuRunner", "LaneTimes"]
 
 log = get_logger("consumer.batching.batcher")
 
@@ -55,47 +66,6 @@ class _LaneBatch(Generic[S, R]):
     done: Future[tuple[R, float]] = field(default_factory=Future)
     started: float = 0.0  # perf_counter time its run began (GPU thread, before `done` is settled)
     inside: bool = False  # whether it ran inside a running batch (GPU thread, as `started`)
-
-
-@dataclass(frozen=True, slots=True)
-class LaneTimes:
-    """Where one urgent batch's time went, in ms: staging on the urgent thread, waiting in the lane, its run
-    on the GPU thread, from the run's end until the loop took the result (settle), answering; and whether it
-    ran inside a running batch. The batcher logs them with the batch."""
-
-    stage_ms: float
-    lane_wait_ms: float
-    run_ms: float
-    settle_ms: float
-    respond_ms: float
-    inside: bool
-
-
-@dataclass(frozen=True, slots=True)
-class BatchTimes:
-    """Where one normal batch's time went after its cut, in ms: waiting for the prepare thread (from the
-    cut until staging began there: the tasks queued or running on it, or the GIL), staging (until its run
-    was queued on the GPU thread), waiting there for the batch before it, its run on the GPU thread (wall
-    time, lane batches run inside it included), from the run's end until the loop took the result, waiting
-    for the prepare thread again, answering (`respond` there, back on the loop). The batcher logs them with
-    the batch and records them per record (`Metrics.batch_path`)."""
-
-    stage_wait_ms: float
-    stage_ms: float
-    gpu_wait_ms: float
-    run_ms: float
-    back_ms: float
-    respond_wait_ms: float
-    respond_ms: float
-
-    def steps(self) -> tuple[tuple[str, float], ...]:
-        """(step, ms) in the batch's order; the steps are `BATCH_STEPS`."""
-        return tuple((step, getattr(self, f"{step}_ms")) for step in BATCH_STEPS)
-
-
-BATCH_STEPS = tuple(f.name.removesuffix("_ms") for f in fields(BatchTimes))
-"""The steps of `BatchTimes` (its fields in order, without `_ms`), the `step` labels of
-`consumer.metrics.Metrics.batch_path`."""
 
 
 URGENT_SHARE = 0.5
@@ -119,6 +89,7 @@ class GpuRunner(Generic[P, S, R]):
         *,
         respond_pool: Executor | None = None,
         single_attempts: int = 2,
+        ahead: bool = False,
         now: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._engine = engine
@@ -128,6 +99,8 @@ class GpuRunner(Generic[P, S, R]):
         self._single_attempts = single_attempts
         self._gpu_pool = ThreadPoolExecutor(1, thread_name_prefix="clef-gpu")
         self._urgent_pool = ThreadPoolExecutor(1, thread_name_prefix="clef-urgent")
+        self._launch_ahead = ahead  # `ahead`: launch ahead (see the module docstring)
+        self._wait_pool = ThreadPoolExecutor(1, thread_name_prefix="clef-gpu-wait")  # launch-ahead's waits
         self._lane: deque[_LaneBatch[S, R]] = deque()
         self._lane_lock = threading.Lock()
         self._lane_seconds = 0.0  # GPU thread only: lane time spent so far
@@ -170,17 +143,19 @@ class GpuRunner(Generic[P, S, R]):
                     self._cpu_pool, self._stage_and_queue, prepared
                 )
                 self.lead += 0.2 * (at - cut - self.lead)  # from the cut until the GPU thread could start it
-                raw, elapsed, clean, began, ended = await asyncio.wrap_future(queued)
+                waiting: Future[BatchRun[R]] = await asyncio.wrap_future(queued)
+                ran = await asyncio.wrap_future(waiting)
+                raw, elapsed, began, ended = ran.raw, ran.seconds, ran.began, ran.ended
                 back = time.perf_counter()
-                release(elapsed, clean, ended)
+                release(elapsed, ran.clean, ended)
                 responses, answering = await loop.run_in_executor(self._respond_pool, _respond, engine, raw)
                 if len(responses) != len(prepared):
                     raise RuntimeError(f"engine returned {len(responses)} results for {len(prepared)}")
                 times = BatchTimes(
                     stage_wait_ms=_ms(max(0.0, staging - cut)),
                     stage_ms=_ms(at - max(cut, staging)),
-                    gpu_wait_ms=_ms(max(0.0, began - at)),
-                    run_ms=_ms(ended - began),
+                    gpu_wait_ms=_ms(max(0.0, began - at) + max(0.0, ended - began - ran.run_s)),
+                    run_ms=_ms(ran.run_s),
                     back_ms=_ms(max(0.0, back - ended)),
                     respond_wait_ms=_ms(max(0.0, answering - back)),
                     respond_ms=_ms(time.perf_counter() - max(back, answering)),
@@ -234,9 +209,7 @@ class GpuRunner(Generic[P, S, R]):
         with self._engine.lane():
             return self._engine.stage(prepared)
 
-    def _stage_and_queue(
-        self, prepared: list[P]
-    ) -> tuple[Future[tuple[R, float, bool, float, float]], float, float]:
+    def _stage_and_queue(self, prepared: list[P]) -> tuple[Future[Future[BatchRun[R]]], float, float]:
         """CPU pool: stage a batch and queue its run on the GPU thread straight from here (no hop through
         the event loop in between); returns the run's future, when staging began and when the run was
         queued (`perf_counter`)."""
@@ -244,19 +217,34 @@ class GpuRunner(Generic[P, S, R]):
         staged = self._engine.stage(prepared)
         return self._gpu_pool.submit(self._run_normal, staged), staging, time.perf_counter()
 
-    def _run_normal(self, staged: S) -> tuple[R, float, bool, float, float]:
-        """GPU thread: run one batch with the lane as its `between` hook; returns its result, its own GPU
-        seconds (lane time taken out), whether it ran clean of lane work (the cost model learns it) and
-        when it began and ended (`time.perf_counter`)."""
+    def _run_normal(self, staged: S) -> Future[BatchRun[R]]:
+        """GPU thread: launch one batch with the lane as its `between` hook, and wait for it here, or, when
+        launching ahead, on the wait thread (`_wait_launched`); returns the future of its `BatchRun`."""
         began = time.perf_counter()
         lane0 = self._batch_lane0 = self._lane_seconds
         t0 = self._batch_began = self._now()
         try:
-            raw = self._engine.run(staged, self._between)
+            launched = self._engine.launch(staged, self._between)
+            if self._launch_ahead:
+                raw = None
+            else:
+                raw, _ = launched.wait()
         finally:
             self._batch_began = None
         lane = self._lane_seconds - lane0
-        return raw, self._now() - t0 - lane, lane == 0.0, began, time.perf_counter()
+        if self._launch_ahead:
+            return self._wait_pool.submit(self._wait_launched, launched, began, t0, lane)
+        wall = self._now() - t0
+        done: Future[BatchRun[R]] = Future()
+        done.set_result(BatchRun(cast(R, raw), wall - lane, lane == 0.0, began, time.perf_counter(), wall))
+        return done
+
+    def _wait_launched(self, launched: Launched[R], began: float, t0: float, lane: float) -> BatchRun[R]:
+        """Wait thread: wait for a batch launched ahead; its own time is the engine's device seconds (wall
+        time since its launch where the engine gives none), with `lane` seconds of lane work taken out."""
+        raw, device = launched.wait()
+        own = device if device is not None else self._now() - t0
+        return BatchRun(raw, max(0.0, own - lane), lane == 0.0, began, time.perf_counter(), own)
 
     def _between(self) -> None:
         """GPU thread, the running batch's `between` hook: the lane's waiting batches while the lane's
@@ -294,6 +282,7 @@ class GpuRunner(Generic[P, S, R]):
     def shutdown(self) -> None:
         """Stop the GPU thread (a batch running finishes there; nothing new starts)."""
         self._gpu_pool.shutdown(wait=False, cancel_futures=True)
+        self._wait_pool.shutdown(wait=False, cancel_futures=True)
         self._urgent_pool.shutdown(wait=False, cancel_futures=True)
         with self._lane_lock:
             for item in self._lane:

@@ -36,7 +36,7 @@ from engine.batching.spans import (
     int_tensor,
     span_index,
 )
-from engine.types import Between, EncodedRequest
+from engine.types import Between, EncodedRequest, Launched
 
 __all__ = ["Layout", "ModelBatch", "SpanIndex", "collate", "forward", "segment_mean", "segment_softmax"]
 
@@ -223,18 +223,39 @@ def segment_softmax(logits: torch.Tensor, segment: torch.Tensor, num_segments: i
 
 
 class _BatchModel(Protocol):
-    def forward_batch(
+    def launch_batch(
         self, batch: ModelBatch, between: Between | None = None
-    ) -> list[list[npt.NDArray[np.float32]]]: ...
+    ) -> Launched[list[list[npt.NDArray[np.float32]]]]: ...
+
+
+class _Keyed:
+    """`launch_forward`'s result: the model's launched probabilities keyed by question id once they landed."""
+
+    def __init__(
+        self, launched: Launched[list[list[npt.NDArray[np.float32]]]], question_ids: Sequence[Sequence[str]]
+    ) -> None:
+        self._launched = launched
+        self._question_ids = question_ids
+
+    def wait(self) -> tuple[list[dict[str, npt.NDArray[np.float32]]], float | None]:
+        per_record, seconds = self._launched.wait()
+        keyed = [
+            dict(zip(qids, probs, strict=True))
+            for qids, probs in zip(self._question_ids, per_record, strict=True)
+        ]
+        return keyed, seconds
+
+
+def launch_forward(
+    model: _BatchModel, batch: ModelBatch, between: Between | None = None
+) -> Launched[list[dict[str, npt.NDArray[np.float32]]]]:
+    """Launch `model.launch_batch` (passing `between` on); its `wait()` gives each record's probabilities
+    keyed by question id (request order)."""
+    return _Keyed(model.launch_batch(batch, between), batch.question_ids)
 
 
 def forward(
     model: _BatchModel, batch: ModelBatch, between: Between | None = None
 ) -> list[dict[str, npt.NDArray[np.float32]]]:
-    """Run `model.forward_batch` (passing `between` on) and key each record's probabilities by question id
-    (request order)."""
-    per_record = model.forward_batch(batch, between)
-    return [
-        dict(zip(qids, probs, strict=True))
-        for qids, probs in zip(batch.question_ids, per_record, strict=True)
-    ]
+    """`launch_forward` and wait for it (blocking)."""
+    return launch_forward(model, batch, between).wait()[0]

@@ -33,24 +33,58 @@ _VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
 log = logging.getLogger(__name__)
 
 
-def to_host(values: torch.Tensor) -> npt.NDArray[np.float32]:
-    """`values` as a float32 host array (the batch's one device-to-host copy).
+class HostCopy:
+    """The batch's one device-to-host copy, queued (`start_to_host`); `wait()` returns the float32 host array
+    once it landed (any thread, the GIL released while waiting).
 
-    On CUDA: a non-blocking copy into pinned memory on the current stream, then a wait on an event recorded
-    after it (the GIL released), instead of a copy into pageable memory, which waits inside the driver
-    until the stream has run the whole batch and meanwhile holds the prepare thread's host-to-device copy
-    of the next batch (`ModelBatch.to`): on one H100 that copy took 9.11 ms on average beside the pageable
-    copy and 0.92 ms beside this one (`bench.stage_probe`; `bench.copy_probe`: p50 0.806 against 0.046
-    ms), and the p99 at 70% load fell from 205-214 to 188 ms (BENCHMARKS.md, "Priority classes, round nine").
+    On CUDA: a non-blocking copy into pinned memory on the current stream and an event recorded after it,
+    instead of a copy into pageable memory, which waits inside the driver until the stream has run the
+    whole batch and meanwhile holds the prepare thread's host-to-device copy of the next batch
+    (`ModelBatch.to`): on one H100 that copy took 9.11 ms on average beside the pageable copy and 0.92 ms
+    beside this one (`bench.stage_probe`; `bench.copy_probe`: p50 0.806 against 0.046 ms), and the p99 at
+    70% load fell from 205-214 to 188 ms (BENCHMARKS.md, "Priority classes, round nine").
     """
-    if values.device.type != "cuda":
-        return values.to("cpu", torch.float32).numpy()
-    host = torch.empty(values.shape, dtype=torch.float32, pin_memory=True)
-    host.copy_(values.float(), non_blocking=True)
-    copied = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
-    copied.record()
-    copied.synchronize()
-    return host.numpy()
+
+    def __init__(self, values: torch.Tensor) -> None:
+        self._event: torch.cuda.Event | None = None
+        if values.device.type != "cuda":
+            self._host = values.to("cpu", torch.float32)
+            return
+        self._host = torch.empty(values.shape, dtype=torch.float32, pin_memory=True)
+        self._host.copy_(values.float(), non_blocking=True)
+        self._event = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
+        self._event.record()
+
+    def wait(self) -> npt.NDArray[np.float32]:
+        if self._event is not None:
+            self._event.synchronize()
+        return self._host.numpy()
+
+
+def to_host(values: torch.Tensor) -> npt.NDArray[np.float32]:
+    """`values` as a float32 host array (blocking): `HostCopy(values).wait()`."""
+    return HostCopy(values).wait()
+
+
+class _LaunchedRecords:
+    """`ClefOmniModel.launch_batch`'s result: a `engine.types.Launched` of the probabilities per record, per
+    question, per option, cut from the flat host copy once it landed."""
+
+    def __init__(self, copy: HostCopy, options_per_question: Sequence[Sequence[int]]) -> None:
+        self._copy = copy
+        self._options = options_per_question
+
+    def wait(self) -> tuple[list[list[npt.NDArray[np.float32]]], float | None]:
+        flat = self._copy.wait()  # (N,)
+        out: list[list[npt.NDArray[np.float32]]] = []
+        offset = 0
+        for counts in self._options:
+            record: list[npt.NDArray[np.float32]] = []
+            for n in counts:
+                record.append(flat[offset : offset + n])
+                offset += n
+            out.append(record)
+        return out, None
 
 
 _HEAD_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -272,19 +306,17 @@ class ClefOmniModel(nn.Module):
         self, batch: ModelBatch, between: Between | None = None
     ) -> list[list[npt.NDArray[np.float32]]]:
         """Probabilities per record, per question (request order), per option (`option_table` order);
-        `between` as in `hidden_states`.
+        `between` as in `hidden_states`. Blocking: `launch_batch(batch, between).wait()[0]`.
 
-        Runs under `torch.inference_mode()`; `batch` must already be on the model's device (see `collate`).
-        One device-to-host copy per batch. May raise `torch.OutOfMemoryError` (the caller splits the batch).
+        `batch` must already be on the model's device (see `collate`). One device-to-host copy per batch.
+        May raise `torch.OutOfMemoryError` (the caller splits the batch).
         """
+        return self.launch_batch(batch, between).wait()[0]
+
+    def launch_batch(self, batch: ModelBatch, between: Between | None = None) -> _LaunchedRecords:
+        """`forward_batch` with its device work queued only (under `torch.inference_mode()`): `wait()` on the
+        result (any thread) gives what `forward_batch` returns once the device ran it. The returned value
+        keeps the copy's host memory; nothing else of the batch must outlive the call."""
         with torch.inference_mode():
-            flat = to_host(self.forward_probabilities(batch, between))  # (N,)
-        out: list[list[npt.NDArray[np.float32]]] = []
-        offset = 0
-        for counts in batch.options_per_question:
-            record: list[npt.NDArray[np.float32]] = []
-            for n in counts:
-                record.append(flat[offset : offset + n])
-                offset += n
-            out.append(record)
-        return out
+            copy = HostCopy(self.forward_probabilities(batch, between))  # (N,)
+        return _LaunchedRecords(copy, batch.options_per_question)

@@ -145,6 +145,36 @@ def test_an_urgent_batch_between_layers_changes_no_answer_cuda(tmp_path: Path, l
     assert _same(inside[0], small_alone)
 
 
+@pytest.mark.parametrize("lane", [False, True], ids=["same-stream", "lane-stream"])
+def test_batches_launched_ahead_give_their_answers_alone_cuda(tmp_path: Path, lane: bool) -> None:
+    """`Engine.launch`: three batches of one CUDA-graph bucket launched back to back before any is waited
+    for (the graph's buffers are shared by the bucket), and an urgent batch of that bucket launched inside
+    the lane while they are queued, give exactly their answers run alone; the device seconds are timed."""
+    from engine import Engine, EngineConfig
+    from engine.batching.cut import BatchLimits
+
+    release = write_tiny_release(tmp_path / "tiny")
+    config = EngineConfig(
+        device="cuda", limits=BatchLimits(65_536, 256), graph_buckets=(512,), lane_stream=lane
+    )
+    engine = Engine.from_release(release, config=config)
+    rng = random.Random(11)
+    batches = [[engine.prepare(_request(rng, rng.randrange(40, 120))) for _ in range(2)] for _ in range(3)]
+    urgent = [engine.prepare(_request(rng, 60))]
+    alone = [engine.run(engine.stage(b)) for b in [*batches, urgent]]
+    staged = [engine.stage(b) for b in batches]
+    with engine.lane():
+        staged_urgent = engine.stage(urgent)
+    launched = [engine.launch(s) for s in staged]
+    with engine.lane():
+        urgent_launched = engine.launch(staged_urgent)
+    results = [x.wait() for x in [*launched, urgent_launched]]
+    for (got, seconds), want in zip(results, alone, strict=True):
+        assert _same(got, want)
+        assert seconds is not None
+        assert seconds > 0.0
+
+
 def _request(rng: random.Random, words: int) -> SystemOneRequest:
     text = " ".join(rng.choice(("disk", "full", "on", "db", "replica", "lag", "alert")) for _ in range(words))
     return parse_request(

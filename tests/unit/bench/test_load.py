@@ -16,7 +16,7 @@ import pytest
 
 import bench.load
 from bench.load_run import FIXED_DEFAULT, LoadRunner, capacity, quantiles, single_latency
-from engine.types import Between
+from engine.types import Between, RunsWhenLaunched
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Staged:
     prepared: list[Prep]
 
 
-class SleepyEngine:
+class SleepyEngine(RunsWhenLaunched[Staged, Staged]):
     """prepare: a request is its token count; run sleeps 1 ms + 1 us per token (the GPU thread)."""
 
     def __init__(self) -> None:

@@ -113,14 +113,14 @@ def test_decide_batch_one_engine_failure_is_its_line_and_exit_1(
 ) -> None:
     import engine.runner
 
-    real_forward = engine.runner.forward
+    real_launch = engine.runner.launch_forward
 
-    def forward(model: Any, batch: Any, between: Any = None) -> Any:
+    def launch_forward(model: Any, batch: Any, between: Any = None) -> Any:
         if any("boom" in qids for qids in batch.question_ids):
             raise RuntimeError("thinker failure")  # any error inside the model, not only OOM
-        return real_forward(model, batch, between)
+        return real_launch(model, batch, between)
 
-    monkeypatch.setattr(engine.runner, "forward", forward)
+    monkeypatch.setattr(engine.runner, "launch_forward", launch_forward)
     boom = {**GOOD, "questions": {"boom": {"type": "noul"}}}
     lines = [json.dumps(GOOD), json.dumps(boom), "{broken", json.dumps({**GOOD, "model": "third"})]
     path = tmp_path / "requests.jsonl"

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 from engine.batching.collate import Layout, ModelBatch, collate
 from engine.kernels import moe_fp8_sm90
 from engine.runner import Engine, EngineConfig
-from engine.types import Between, EncodedRequest
+from engine.types import Between, EncodedRequest, Ready
 from schemas.systemone import DlqReason, RequestError, SystemOneResponse
 
 
@@ -65,6 +65,11 @@ class FakeModel:
     def _has_nan(self, ids: Sequence[int]) -> bool:
         n = len(self.nan_id)
         return any(list(ids[i : i + n]) == self.nan_id for i in range(len(ids) - n + 1))
+
+    def launch_batch(
+        self, batch: ModelBatch, between: Between | None = None
+    ) -> Ready[list[list[npt.NDArray[np.float32]]]]:
+        return Ready(self.forward_batch(batch, between))
 
     def forward_batch(
         self, batch: ModelBatch, between: Between | None = None

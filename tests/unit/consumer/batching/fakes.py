@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from engine.batching.cut import BatchLimits
-from engine.types import Between
+from engine.types import Between, RunsWhenLaunched
 from schemas.errors import DlqReason, RequestError
 from schemas.request import SystemOneRequest
 from schemas.response import SystemOneResponse, Usage
@@ -53,7 +53,7 @@ def items(*names: str) -> list[Item]:
     return [Item(name) for name in names]
 
 
-class FakeEngine:
+class FakeEngine(RunsWhenLaunched[list[Item], list[SystemOneResponse]]):
     """A `ServingEngine` over `Item`s within `limits`. `stage` and `respond` hand the batch through; `run`
     (the GPU thread) and `execute` (the split path) answer it. Notes every batch that reached the GPU
     (`batches`), those `execute` ran (`executed`), each step with its thread (`steps`), and the threads

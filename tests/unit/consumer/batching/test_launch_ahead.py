@@ -1,0 +1,136 @@
+"""Launching ahead (`GpuRunner(ahead=True)`, `batching.launch_ahead`): the GPU thread launches a batch staged
+behind a running one before that one finished, a thread of its own waits for each, the batches settle in
+launch order with their own answers, a batch's GPU time is the engine's device seconds, and a device
+error reported at the wait sends the batch down the split path. Without it, nothing is launched before the
+batch ahead finished. A fake device (`Queued`) finishes a batch only when the test lets it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from consumer.batching.gpu import GpuRunner
+from engine.types import Between
+from schemas.response import SystemOneResponse
+from tests.unit.consumer.batching.fakes import FakeEngine, Item, said
+
+DEVICE_S = 0.25  # the fake device's seconds for every batch
+
+
+class Queued:
+    """A launched fake batch: `wait` blocks until the test `finish`es it, then answers (or raises)."""
+
+    def __init__(self, log: list[str], name: str, answers: list[SystemOneResponse] | Exception) -> None:
+        self.log, self.name, self.answers = log, name, answers
+        self.done = threading.Event()
+
+    def finish(self) -> None:
+        self.done.set()
+
+    def wait(self) -> tuple[list[SystemOneResponse], float | None]:
+        assert self.done.wait(5), f"{self.name} was never finished"
+        self.log.append(f"waited {self.name}")
+        if isinstance(self.answers, Exception):
+            raise self.answers
+        return self.answers, DEVICE_S
+
+
+class DeviceEngine(FakeEngine):
+    """`FakeEngine` whose `launch` only queues: `launched` holds each batch's `Queued` in launch order."""
+
+    def __init__(self, *, fail_at_wait: set[str] | None = None) -> None:
+        super().__init__()
+        self.log: list[str] = []
+        self.launched: list[Queued] = []
+        self.fail_at_wait = fail_at_wait or set()
+
+    def launch(self, staged: list[Item], between: Between | None = None) -> Queued:
+        name = "+".join(i.name for i in staged)
+        self.log.append(f"launched {name}")
+        failed = ValueError("device fault") if name in self.fail_at_wait else None
+        queued = Queued(self.log, name, failed or self._answer(staged))
+        self.launched.append(queued)
+        return queued
+
+
+async def _until(check: object, what: str) -> None:
+    for _ in range(2500):  # at most about 5 s, whatever the machine
+        if callable(check) and check():
+            return
+        await asyncio.sleep(0.002)
+    raise AssertionError(f"timed out waiting until {what}")
+
+
+def _runner(
+    engine: FakeEngine, ahead: bool
+) -> tuple[GpuRunner[Item, list[Item], list[SystemOneResponse]], ThreadPoolExecutor]:
+    cpu = ThreadPoolExecutor(1)
+    return GpuRunner(engine, cpu, ahead=ahead), cpu
+
+
+async def test_a_batch_is_launched_while_the_one_ahead_runs_and_both_settle_in_order() -> None:
+    engine = DeviceEngine()
+    runner, cpu = _runner(engine, ahead=True)
+    done: list[tuple[float, bool]] = []
+    first = asyncio.ensure_future(runner.run([Item("a")], lambda s, learn, ago: done.append((s, learn))))
+    second = asyncio.ensure_future(runner.run([Item("b")], lambda s, learn, ago: done.append((s, learn))))
+    await _until(lambda: len(engine.launched) == 2, "both batches were launched")
+    assert engine.log == ["launched a", "launched b"]  # b launched while a was still on the device
+    assert not first.done()
+    assert not second.done()
+    engine.launched[1].finish()  # the device cannot finish b first, but the waits must keep launch order
+    await asyncio.sleep(0.05)
+    assert not second.done()
+    engine.launched[0].finish()
+    (r1, s1, t1), (r2, s2, t2) = await asyncio.wait_for(asyncio.gather(first, second), 5)
+    runner.shutdown()
+    cpu.shutdown()
+    assert engine.log == ["launched a", "launched b", "waited a", "waited b"]
+    assert (said(r1.outcomes), said(r2.outcomes)) == (["answer:a"], ["answer:b"])
+    assert (s1, s2) == (DEVICE_S, DEVICE_S)  # the engine's device seconds, not the wall time
+    assert done == [(DEVICE_S, True), (DEVICE_S, True)]
+    assert t1 is not None
+    assert t2 is not None
+    assert t1.run_ms == t2.run_ms == DEVICE_S * 1000
+
+
+async def test_without_launching_ahead_the_next_batch_waits_for_the_one_ahead() -> None:
+    engine = DeviceEngine()
+    runner, cpu = _runner(engine, ahead=False)
+    first = asyncio.ensure_future(runner.run([Item("a")], lambda s, learn, ago: None))
+    second = asyncio.ensure_future(runner.run([Item("b")], lambda s, learn, ago: None))
+    await _until(lambda: len(engine.launched) == 1, "the first batch was launched")
+    await asyncio.sleep(0.05)
+    assert engine.log == ["launched a"]  # b is staged but the GPU thread is still waiting for a
+    engine.launched[0].finish()
+    await _until(lambda: len(engine.launched) == 2, "the second batch was launched")
+    engine.launched[1].finish()
+    (r1, _, _), (r2, _, _) = await asyncio.wait_for(asyncio.gather(first, second), 5)
+    runner.shutdown()
+    cpu.shutdown()
+    assert engine.log == ["launched a", "waited a", "launched b", "waited b"]
+    assert (said(r1.outcomes), said(r2.outcomes)) == (["answer:a"], ["answer:b"])
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+async def test_a_device_error_at_the_wait_splits_that_batch_only(ahead: bool) -> None:
+    """The device reports a fault when the batch is waited for: that batch goes through `execute` with
+    splitting (the fake's `execute` answers), the batch launched behind it is answered as usual."""
+    engine = DeviceEngine(fail_at_wait={"a"})
+    runner, cpu = _runner(engine, ahead=ahead)
+    first = asyncio.ensure_future(runner.run([Item("a")], lambda s, learn, ago: None))
+    second = asyncio.ensure_future(runner.run([Item("b")], lambda s, learn, ago: None))
+    await _until(lambda: len(engine.launched) >= 1, "the first batch was launched")
+    engine.launched[0].finish()
+    await _until(lambda: len(engine.launched) == 2, "the second batch was launched")
+    engine.launched[1].finish()
+    (r1, _, t1), (r2, _, t2) = await asyncio.wait_for(asyncio.gather(first, second), 5)
+    runner.shutdown()
+    cpu.shutdown()
+    assert (said(r1.outcomes), said(r2.outcomes)) == (["answer:a"], ["answer:b"])
+    assert engine.executed == [["a"]]  # the split path ran the failed batch again, and only it
+    assert t1 is None
+    assert t2 is not None
