@@ -219,7 +219,11 @@ class GpuRunner(Generic[P, S, R]):
 
     def _run_normal(self, staged: S) -> Future[BatchRun[R]]:
         """GPU thread: launch one batch with the lane as its `between` hook, and wait for it here, or, when
-        launching ahead, on the wait thread (`_wait_launched`); returns the future of its `BatchRun`."""
+        launching ahead, on the wait thread (`_wait_launched`); returns the future of its `BatchRun`. When
+        launching ahead, the lane's waiting batches run first: the batch ahead may still be on the device,
+        and an urgent batch must not queue behind this one too."""
+        if self._launch_ahead:
+            self._drain_lane()
         began = time.perf_counter()
         lane0 = self._batch_lane0 = self._lane_seconds
         t0 = self._batch_began = self._now()

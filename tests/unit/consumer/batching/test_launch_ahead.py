@@ -1,8 +1,9 @@
 """Launching ahead (`GpuRunner(ahead=True)`, `batching.launch_ahead`): the GPU thread launches a batch staged
 behind a running one before that one finished, a thread of its own waits for each, the batches settle in
-launch order with their own answers, a batch's GPU time is the engine's device seconds, and a device
-error reported at the wait sends the batch down the split path. Without it, nothing is launched before the
-batch ahead finished. A fake device (`Queued`) finishes a batch only when the test lets it."""
+launch order with their own answers, a batch's GPU time is the engine's device seconds, a device error
+reported at the wait sends the batch down the split path, and an urgent batch waiting in the lane runs
+before the next bulk batch is launched. Without it, nothing is launched before the batch ahead finished. A
+fake device (`Queued`) finishes a batch only when the test lets it."""
 
 from __future__ import annotations
 
@@ -134,3 +135,48 @@ async def test_a_device_error_at_the_wait_splits_that_batch_only(ahead: bool) ->
     assert engine.executed == [["a"]]  # the split path ran the failed batch again, and only it
     assert t1 is None
     assert t2 is not None
+
+
+class HeldLaunch(DeviceEngine):
+    """`DeviceEngine` whose launch of a batch named "a" waits for `go` (the GPU thread is busy meanwhile),
+    and whose runs (the lane's) are logged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+
+    def launch(self, staged: list[Item], between: Between | None = None) -> Queued:
+        if [i.name for i in staged] == ["a"]:
+            assert self.go.wait(5)
+        return super().launch(staged, between)
+
+    def run(self, staged: list[Item], between: Between | None = None) -> list[SystemOneResponse]:
+        self.log.append("ran " + "+".join(i.name for i in staged))
+        return super().run(staged, between)
+
+
+async def test_an_urgent_batch_in_the_lane_runs_before_the_next_bulk_batch_is_launched() -> None:
+    """The GPU thread is busy launching "a" while bulk "b" is queued on it and then urgent "u" enters the
+    lane (its drain queued after "b"): "u" still runs before "b" is launched."""
+    engine = HeldLaunch()
+    runner, cpu = _runner(engine, ahead=True)
+    first = asyncio.ensure_future(runner.run([Item("a")], lambda s, learn, ago: None))
+    await _until(lambda: sum(step == "stage" for step, _ in engine.steps) == 1, "a's staging began")
+    second = asyncio.ensure_future(runner.run([Item("b")], lambda s, learn, ago: None))
+    await _until(lambda: sum(step == "stage" for step, _ in engine.steps) == 2, "b's staging began")
+    await asyncio.wrap_future(cpu.submit(lambda: None))  # b's stage-and-queue, ahead of this, is done
+    urgent = asyncio.ensure_future(runner.run_urgent([Item("u")]))
+    await _until(lambda: runner.lane_waiting == 1, "u waits in the lane")
+    engine.go.set()
+    await _until(lambda: len(engine.launched) == 2, "b was launched")
+    for queued in engine.launched:
+        queued.finish()
+    (r1, _, _), (r2, _, _), (ru, _, _) = await asyncio.wait_for(asyncio.gather(first, second, urgent), 5)
+    runner.shutdown()
+    cpu.shutdown()
+    assert engine.log[:3] == ["launched a", "ran u", "launched b"]
+    assert (said(r1.outcomes), said(r2.outcomes), said(ru.outcomes)) == (
+        ["answer:a"],
+        ["answer:b"],
+        ["answer:u"],
+    )
