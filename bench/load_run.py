@@ -22,7 +22,7 @@ from consumer.batching.batcher import Batcher
 from consumer.metrics import Metrics
 from consumer.settings import BatchingSettings
 from engine.batching.cut import BatchLimits
-from engine.types import Between, RunsWhenLaunched
+from engine.types import Between, Launched, RunsWhenLaunched
 from schemas.systemone import SystemOneRequest, SystemOneResponse
 
 _DEFAULTS = BatchingSettings()
@@ -62,14 +62,23 @@ class RunLog:
         self.runs.append((t, time.perf_counter(), len(prepared), sum(p.num_tokens for p in prepared)))
         return result
 
+    def launch(self, staged: Any, between: Between | None = None) -> Launched[Any]:
+        """`Engine.launch` for the GPU thread (`batching.launch_ahead`): the call is recorded when its wait
+        returns, from its launch to then (so runs queued on the device overlap)."""
+        return _LoggedLaunch(self, staged, self._engine.launch(staged, between), time.perf_counter())
+
     def summary(self, since: int, window: tuple[float, float]) -> dict[str, float]:
         """Batches from index `since` on: records and tokens per batch, GPU time per batch, and the share
-        of `window` the GPU thread spent in `run`."""
+        of `window` covered by runs (the union of their spans: runs launched ahead overlap)."""
         runs = self.runs[since:]
         if not runs:
             return {"batches": 0}
         start, end = window
-        busy = sum(max(0.0, min(b, end) - max(a, start)) for a, b, _, _ in runs)
+        busy, reached = 0.0, start  # the union of the runs' spans in the window (launched runs overlap)
+        for a, b, _, _ in sorted(runs):
+            lo, hi = max(a, reached), min(b, end)
+            busy += max(0.0, hi - lo)
+            reached = max(reached, hi)
         records = [r for _, _, r, _ in runs]
         return {
             "batches": len(runs),
@@ -82,14 +91,40 @@ class RunLog:
         }
 
 
+class _LoggedLaunch:
+    """A launched run that appends its (launch, end of wait, records, tokens) to its `RunLog` when waited."""
+
+    def __init__(self, log: RunLog, staged: Any, launched: Launched[Any], began: float) -> None:
+        self._log, self._staged, self._launched, self._began = log, staged, launched, began
+
+    def wait(self) -> tuple[Any, float | None]:
+        result = self._launched.wait()
+        prepared = self._staged.prepared
+        self._log.runs.append(
+            (self._began, time.perf_counter(), len(prepared), sum(p.num_tokens for p in prepared))
+        )
+        return result
+
+
 class Metered(RunsWhenLaunched[Any, Any]):
     """`engine` as the service's batcher drives it (`engine.types.ServingEngine`), with the batch limits of
-    one run and `run` replaced by a recording one (`RunLog`, `bench.engine.TimedRun`)."""
+    one run and `run` replaced by a recording one (`RunLog`, `bench.engine.TimedRun`), and `launch` by
+    `launch` where given (`RunLog.launch`; else `launch` runs at once)."""
 
-    def __init__(self, engine: Any, limits: BatchLimits, run: Callable[[Any, Between | None], Any]) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        limits: BatchLimits,
+        run: Callable[[Any, Between | None], Any],
+        launch: Callable[[Any, Between | None], Launched[Any]] | None = None,
+    ) -> None:
         self._engine = engine
         self._run = run
+        self._launch = launch
         self.limits = limits
+
+    def launch(self, staged: Any, between: Between | None = None) -> Launched[Any]:
+        return super().launch(staged, between) if self._launch is None else self._launch(staged, between)
 
     def prepare(self, request: SystemOneRequest) -> Any:
         return self._engine.prepare(request)
@@ -122,7 +157,7 @@ def _batcher(
     log = RunLog(engine)
     batching = BatchingSettings.model_validate(settings)
     batcher: Batcher[Any, Any, Any] = Batcher(
-        Metered(engine, batching.limits, log), batching, metrics=metrics
+        Metered(engine, batching.limits, log, log.launch), batching, metrics=metrics
     )
     return batcher, log
 
