@@ -65,7 +65,8 @@ class RunLog:
     def launch(self, staged: Any, between: Between | None = None) -> Launched[Any]:
         """`Engine.launch` for the GPU thread (`batching.launch_ahead`): the call is recorded when its wait
         returns, from its launch to then (so runs queued on the device overlap)."""
-        return _LoggedLaunch(self, staged, self._engine.launch(staged, between), time.perf_counter())
+        began = time.perf_counter()
+        return _LoggedLaunch(self, staged, self._engine.launch(staged, between), began)
 
     def summary(self, since: int, window: tuple[float, float]) -> dict[str, float]:
         """Batches from index `since` on: records and tokens per batch, GPU time per batch, and the share
