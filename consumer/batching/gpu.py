@@ -23,12 +23,12 @@ steps, never the rest of the batch. The time a lane batch took inside a normal b
 batch's GPU time, and that batch is not learnt from.
 
 Launching ahead (`ahead`, `batching.launch_ahead`): the GPU thread only queues a batch's device work
-(`ServingEngine.launch`) and a collector thread of its own waits for it (`Launched.wait`), so a batch staged
-while the one before it runs is launched at once, and the device goes from one to the next without the
-host's sync, hand-back and first launches in between. A batch's GPU time is then the engine's device
-seconds (from when the device started it), or the wall time from its launch where the engine gives none;
-its `gpu_wait` counts the wait on the device queue too. Without it, the GPU thread waits for each batch
-before it takes the next, and a batch's GPU time is that wait's wall time.
+(`ServingEngine.launch`) and a thread of its own (`clef-gpu-wait`) waits for it (`Launched.wait`), so a
+batch staged while the one before it runs is launched at once, and the device goes from one to the next
+without the host's sync, hand-back and first launches in between. A batch's GPU time is then the engine's
+device seconds (from when the device started it), or the wall time from its launch where the engine gives
+none; its `gpu_wait` counts the wait on the device queue too. Without it, the GPU thread waits for each
+batch before it takes the next, and a batch's GPU time is that wait's wall time.
 """
 
 from __future__ import annotations
@@ -238,9 +238,9 @@ class GpuRunner(Generic[P, S, R]):
         lane = self._lane_seconds - lane0
         if self._launch_ahead:
             return self._wait_pool.submit(self._wait_launched, launched, began, t0, lane)
-        wall = self._now() - t0
+        wall, ended = self._now() - t0, time.perf_counter()
         done: Future[BatchRun[R]] = Future()
-        done.set_result(BatchRun(cast(R, raw), wall - lane, lane == 0.0, began, time.perf_counter(), wall))
+        done.set_result(BatchRun(cast(R, raw), wall - lane, lane == 0.0, began, ended, ended - began))
         return done
 
     def _wait_launched(self, launched: Launched[R], began: float, t0: float, lane: float) -> BatchRun[R]:

@@ -41,8 +41,9 @@ class LaneTimes:
 class BatchTimes:
     """Where one normal batch's time went after its cut, in ms: waiting for the prepare thread (from the
     cut until staging began there: the tasks queued or running on it, or the GIL), staging (until its run
-    was queued on the GPU thread), waiting there for the batch before it, its run on the GPU thread (wall
-    time, lane batches run inside it included), from the run's end until the loop took the result, waiting
+    was queued on the GPU thread), waiting there for the batch before it (and, launched ahead, on the device),
+    its run (wall time on the GPU thread, or launched ahead the engine's device seconds; lane batches run
+    inside it included), from the run's end until the loop took the result, waiting
     for the prepare thread again, answering (`respond` there, back on the loop). The batcher logs them with
     the batch and records them per record (`Metrics.batch_path`)."""
 
