@@ -132,3 +132,27 @@ def test_the_padded_cost_model_fits_bucket_times_and_answers_budgets_in_buckets(
     assert cost.tokens_within(0.002 + 1e-6 * 100) == 512  # anything up to 512 costs the same
     assert cost.tokens_within(0.002 + 1e-6 * 4000) == 4000
     assert PaddedCost((512,)).tokens_within(1.0) is None  # no fit yet
+
+
+def test_a_batch_launched_while_another_runs_starts_on_the_modelled_device_at_its_end() -> None:
+    """`TimedEngine.launch` queues on one modelled device: the second launch returns at once and its batch
+    starts where the first ends; each wait gives its batch's device seconds. Through the batcher with
+    `launch_ahead`, every event is still answered once."""
+    from bench.batcher_model import TimedRecord
+
+    request = parse_request({"state": "s", "questions": {"o": {"type": "noul", "instructions": "?"}}})
+    answer = StubEngine().execute([StubEngine().prepare(request)])[0]
+    engine = TimedEngine(Cost(0.05, 0.0, 690.0), 0.0, 0.0, 0.0, answer)
+    first = engine.launch([TimedRecord(10, 0.0)])
+    second = engine.launch([TimedRecord(10, 0.0)])
+    assert second.start == first.end  # queued behind the first, not started at its launch
+    (_, s1), (_, s2) = first.wait(), second.wait()
+    assert s1 == pytest.approx(0.05)
+    assert s2 == pytest.approx(0.05)
+    assert [(r.start, round(r.end - r.start, 2)) for r in engine.runs][1][0] == first.end
+    schedule = [(at, round(tokens)) for at, tokens in poisson_arrivals(200.0, 40, seed=3)]
+    quick = TimedEngine(Cost(0.001, 0.001, 690.0), 0.0001, 0.0, 0.0, answer, launch_host_s=0.0002)
+    latencies = asyncio.run(drive(quick, BatchingSettings(launch_ahead=True), schedule, 0.0001))
+    assert len(latencies) == 40
+    arrivals = sorted(at for run in quick.runs for at in run.arrivals)
+    assert len(arrivals) == len(set(arrivals)) == 40
