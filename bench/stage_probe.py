@@ -1,8 +1,10 @@
 """Bench-only probe (`BENCH_E2E_STAGE_PROBE=1 python3 -m bench.e2e ...`): where `Engine.stage` and
 `Engine.run` spend their time inside a running service. Wraps, in this process, `Engine.stage` with the
 device copy at its end (`ModelBatch.to`, timed inside a stage only), and `Engine.run` with the wait for the
-GPU at its end (`engine.model.clef.to_host`, timed inside a run only), and records per call the wall time
-and the calling thread's CPU time (`time.thread_time`).
+GPU at its end (`engine.model.clef.HostCopy.wait`, timed inside a run only), and records per call the wall
+time and the calling thread's CPU time (`time.thread_time`). It times blocking runs: with
+`batching.launch_ahead` the service launches bulk batches (`Engine.launch`) and waits for them on another
+thread, and only the lane's runs go through `Engine.run`.
 
 A call whose wall time is far above its CPU time waited: for the GIL (other threads' Python) or inside a
 CUDA call. `to_device` apart from the rest of a stage tells the copy from the collate (numpy). A run is the
@@ -105,7 +107,7 @@ def _timed(name: str, fn: Callable[P, T]) -> Callable[P, T]:
 
 
 def install(gil_period_s: float | None = None) -> None:
-    """Wrap `Engine.stage`, `ModelBatch.to`, `Engine.run` and `engine.model.clef.to_host` (process-wide,
+    """Wrap `Engine.stage`, `ModelBatch.to`, `Engine.run` and `engine.model.clef.HostCopy.wait` (process-wide,
     once); with `gil_period_s`, also start the GIL sampler at that period (a daemon thread)."""
     from engine.batching.collate import ModelBatch
     from engine.model import clef
@@ -119,7 +121,7 @@ def install(gil_period_s: float | None = None) -> None:
     gc.callbacks.append(_on_gc)
     ModelBatch.to = _timed("to_device", ModelBatch.to)  # type: ignore[method-assign]
     Engine.run = _timed("run", Engine.run)  # type: ignore[method-assign]
-    clef.to_host = _timed("to_host", clef.to_host)
+    clef.HostCopy.wait = _timed("to_host", clef.HostCopy.wait)  # type: ignore[method-assign]
     if gil_period_s is not None:
         start_gil_sampler(gil_period_s)
 

@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar, cast
+from typing import Generic, TypeVar
 
 from consumer.batching.gpu_times import BATCH_STEPS, BatchRun, BatchTimes, LaneTimes
 from consumer.logging import get_logger
@@ -218,29 +218,29 @@ class GpuRunner(Generic[P, S, R]):
         return self._gpu_pool.submit(self._run_normal, staged), staging, time.perf_counter()
 
     def _run_normal(self, staged: S) -> Future[BatchRun[R]]:
-        """GPU thread: launch one batch with the lane as its `between` hook, and wait for it here, or, when
-        launching ahead, on the wait thread (`_wait_launched`); returns the future of its `BatchRun`. When
-        launching ahead, the lane's waiting batches run first: the batch ahead may still be on the device,
-        and an urgent batch must not queue behind this one too."""
+        """GPU thread: run one batch with the lane as its `between` hook (`ServingEngine.run`, blocking), or,
+        when launching ahead, launch it (`launch`) and leave its wait to the wait thread (`_wait_launched`);
+        returns the future of its `BatchRun`. When launching ahead, the lane's waiting batches run first:
+        the batch ahead may still be on the device, and an urgent batch must not queue behind this one too."""
         if self._launch_ahead:
             self._drain_lane()
         began = time.perf_counter()
         lane0 = self._batch_lane0 = self._lane_seconds
         t0 = self._batch_began = self._now()
+        launched: Launched[R] | None = None
         try:
-            launched = self._engine.launch(staged, self._between)
             if self._launch_ahead:
-                raw = None
+                launched = self._engine.launch(staged, self._between)
             else:
-                raw, _ = launched.wait()
+                raw = self._engine.run(staged, self._between)
         finally:
             self._batch_began = None
         lane = self._lane_seconds - lane0
-        if self._launch_ahead:
+        if launched is not None:
             return self._wait_pool.submit(self._wait_launched, launched, began, t0, lane)
         wall, ended = self._now() - t0, time.perf_counter()
         done: Future[BatchRun[R]] = Future()
-        done.set_result(BatchRun(cast(R, raw), wall - lane, lane == 0.0, began, ended, ended - began))
+        done.set_result(BatchRun(raw, wall - lane, lane == 0.0, began, ended, ended - began))
         return done
 
     def _wait_launched(self, launched: Launched[R], began: float, t0: float, lane: float) -> BatchRun[R]:

@@ -38,7 +38,16 @@ from engine.batching.spans import (
 )
 from engine.types import Between, EncodedRequest, Launched
 
-__all__ = ["Layout", "ModelBatch", "SpanIndex", "collate", "forward", "segment_mean", "segment_softmax"]
+__all__ = [
+    "Layout",
+    "ModelBatch",
+    "SpanIndex",
+    "collate",
+    "forward",
+    "launch_forward",
+    "segment_mean",
+    "segment_softmax",
+]
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,8 +34,8 @@ log = logging.getLogger(__name__)
 
 
 class HostCopy:
-    """The batch's one device-to-host copy, queued (`start_to_host`); `wait()` returns the float32 host array
-    once it landed (any thread, the GIL released while waiting).
+    """The batch's one device-to-host copy of `values`, queued at construction; `wait()` returns the float32
+    host array once it landed (any thread, the GIL released while waiting).
 
     On CUDA: a non-blocking copy into pinned memory on the current stream and an event recorded after it,
     instead of a copy into pageable memory, which waits inside the driver until the stream has run the
