@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import pytest
 
@@ -19,6 +21,7 @@ from schemas.response import SystemOneResponse
 from tests.unit.consumer.batching.fakes import FakeEngine, Item, said
 
 DEVICE_S = 0.25  # the fake device's seconds for every batch
+T = TypeVar("T")
 
 
 class Queued:
@@ -68,11 +71,21 @@ async def _until(check: object, what: str) -> None:
     raise AssertionError(f"timed out waiting until {what}")
 
 
-def _runner(
-    engine: FakeEngine, ahead: bool
-) -> tuple[GpuRunner[Item, list[Item], list[SystemOneResponse]], ThreadPoolExecutor]:
+Runner = GpuRunner[Item, list[Item], list[SystemOneResponse]]
+
+
+def _runner(engine: FakeEngine, ahead: bool) -> tuple[Runner, ThreadPoolExecutor]:
     cpu = ThreadPoolExecutor(1)
     return GpuRunner(engine, cpu, ahead=ahead), cpu
+
+
+async def _settled(runner: Runner, cpu: ThreadPoolExecutor, *runs: Awaitable[T]) -> list[T]:
+    """The runs' results (at most 5 s), then the runner's and the prepare pool's threads stopped."""
+    try:
+        return await asyncio.wait_for(asyncio.gather(*runs), 5)
+    finally:
+        runner.shutdown()
+        cpu.shutdown()
 
 
 async def test_a_batch_is_launched_while_the_one_ahead_runs_and_both_settle_in_order() -> None:
@@ -89,9 +102,7 @@ async def test_a_batch_is_launched_while_the_one_ahead_runs_and_both_settle_in_o
     await asyncio.sleep(0.05)
     assert not second.done()
     engine.launched[0].finish()
-    (r1, s1, t1), (r2, s2, t2) = await asyncio.wait_for(asyncio.gather(first, second), 5)
-    runner.shutdown()
-    cpu.shutdown()
+    (r1, s1, t1), (r2, s2, t2) = await _settled(runner, cpu, first, second)
     assert engine.log == ["launched a", "launched b", "waited a", "waited b"]
     assert (said(r1.outcomes), said(r2.outcomes)) == (["answer:a"], ["answer:b"])
     assert (s1, s2) == (DEVICE_S, DEVICE_S)  # the engine's device seconds, not the wall time
@@ -112,9 +123,7 @@ async def test_without_launching_ahead_the_next_batch_waits_for_the_one_ahead() 
     engine.launched[0].finish()
     await _until(lambda: len(engine.launched) == 2, "the second batch was launched")
     engine.launched[1].finish()
-    (r1, _, _), (r2, _, _) = await asyncio.wait_for(asyncio.gather(first, second), 5)
-    runner.shutdown()
-    cpu.shutdown()
+    (r1, _, _), (r2, _, _) = await _settled(runner, cpu, first, second)
     assert engine.log == ["launched a", "waited a", "launched b", "waited b"]
     assert (said(r1.outcomes), said(r2.outcomes)) == (["answer:a"], ["answer:b"])
 
@@ -131,9 +140,7 @@ async def test_a_device_error_at_the_wait_splits_that_batch_only(ahead: bool) ->
     engine.launched[0].finish()
     await _until(lambda: len(engine.launched) == 2, "the second batch was launched")
     engine.launched[1].finish()
-    (r1, _, t1), (r2, _, t2) = await asyncio.wait_for(asyncio.gather(first, second), 5)
-    runner.shutdown()
-    cpu.shutdown()
+    (r1, _, t1), (r2, _, t2) = await _settled(runner, cpu, first, second)
     assert (said(r1.outcomes), said(r2.outcomes)) == (["answer:a"], ["answer:b"])
     assert engine.executed == [["a"]]  # the split path ran the failed batch again, and only it
     assert t1 is None
@@ -174,9 +181,7 @@ async def test_an_urgent_batch_in_the_lane_runs_before_the_next_bulk_batch_is_la
     await _until(lambda: len(engine.launched) == 2, "b was launched")
     for queued in engine.launched:
         queued.finish()
-    (r1, _, _), (r2, _, _), (ru, _, _) = await asyncio.wait_for(asyncio.gather(first, second, urgent), 5)
-    runner.shutdown()
-    cpu.shutdown()
+    (r1, _, _), (r2, _, _), (ru, _, _) = await _settled(runner, cpu, first, second, urgent)
     assert engine.log[:3] == ["launched a", "ran u", "launched b"]
     assert (said(r1.outcomes), said(r2.outcomes), said(ru.outcomes)) == (
         ["answer:a"],
