@@ -16,6 +16,8 @@
 #   e2e    through the broker at 25%, 70% and 120% of the measured capacity (bench.e2e --shares, FP8 text; the
 #          last load saturates the service: its decisions/s over engine-only is the capacity through Kafka)
 #   mixed  Kafka saturated while HTTP and a priority topic arrive (bench.e2e --mixed, FP8 text)
+#   ahead  not one of the four: batching.launch_ahead's GPU tests, then bench.e2e at 70%, 70% with it on and
+#          off on the same machine (about 7 minutes; BENCHMARKS.md, "Launching ahead, round twenty-three")
 # TARGETS_SM90=1 (default; 0: off) runs e2e and mixed with `--sm90`, the service's engine.sm90_experts.
 # The device returns a handful of files, so every step writes under a work folder and the call's $OUT gets
 # three: targets.tar.gz (everything, packed again after each step: a call cut short keeps what ran),
@@ -67,7 +69,17 @@ for s in "${steps[@]}"; do
         mixed)
             step mixed env OUT="$work/mixed" bash scripts/device-e2e.sh --mixed --backlog-s 12 --seconds 40 \
                 --fp8 text --deadline-s 200 --partitions 6 "${sm90[@]}" ;;
-        *) echo "device-targets: unknown step $s (modes, one, e2e, mixed)" >&2; exit 2 ;;
+        ahead)
+            step ahead_tests env OUT="$work/ahead_tests" DEVICE_ENGINE_TMP="$work/ahead_engine" TESTS_LIMIT=100 \
+                GPU_TESTS="tests/gpu/test_engine_gpu.py::test_batches_launched_ahead_give_their_answers_alone_cuda
+                tests/gpu/test_engine_gpu.py::test_an_urgent_batch_between_layers_changes_no_answer_cuda" \
+                bash scripts/device-engine.sh tests
+            for mode in true false; do
+                step "ahead_$mode" env OUT="$work/ahead_$mode" bash scripts/device-e2e.sh --arrivals poisson \
+                    --partitions 6 --fp8 text --shares --rate 0.7,0.7 --seconds 25 --warmup-s 6 --deadline-s 150 \
+                    "${sm90[@]}" --set "batching.launch_ahead=$mode"
+            done ;;
+        *) echo "device-targets: unknown step $s (modes, one, e2e, mixed, ahead)" >&2; exit 2 ;;
     esac
 done
 echo "device-targets: done after $((SECONDS - began)) s" >&2
