@@ -176,6 +176,11 @@ class TimedEngine(RunsWhenLaunched[Sequence[TimedRecord], Sequence[TimedRecord]]
         self._device_end = end
         return _Sleep(self, staged, start, end)
 
+    def queues_whole(self, staged: Sequence[TimedRecord]) -> bool:
+        """True up to the largest graph bucket (or always, without buckets): a larger batch runs eagerly,
+        so the service runs it once the batch ahead has finished (`GpuRunner`)."""
+        return not self.buckets or sum(r.num_tokens for r in staged) <= self.buckets[-1]
+
     def respond(self, ran: Sequence[TimedRecord]) -> list[SystemOneResponse]:
         spin(self.respond_record_s * len(ran))
         return [self.answer] * len(ran)

@@ -127,6 +127,9 @@ class Metered(RunsWhenLaunched[Any, Any]):
     def launch(self, staged: Any, between: Between | None = None) -> Launched[Any]:
         return super().launch(staged, between) if self._launch is None else self._launch(staged, between)
 
+    def queues_whole(self, staged: Any) -> bool:
+        return self._launch is not None and bool(self._engine.queues_whole(staged))
+
     def prepare(self, request: SystemOneRequest) -> Any:
         return self._engine.prepare(request)
 

@@ -36,6 +36,8 @@ class ModelLike(Protocol):
       one by one (the text fast path's eager forward), never inside a CUDA graph.
     - `launch_batch(batch, between)`: `forward_batch` with the device work only queued; its `wait()` (any
       thread) gives the same value once the device ran it.
+    - `queues_whole(batch)`: whether `launch_batch` queues all of it without an eager decoder layer (CUDA
+      graph replays), never waiting on the device or calling `between`.
     """
 
     @property
@@ -70,6 +72,8 @@ class ModelLike(Protocol):
     def launch_batch(
         self, batch: ModelBatch, between: Between | None = None
     ) -> Launched[list[list[npt.NDArray[np.float32]]]]: ...
+
+    def queues_whole(self, batch: ModelBatch) -> bool: ...
 
 
 class MediaInputLike(Protocol):

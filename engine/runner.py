@@ -257,6 +257,12 @@ class Engine(Generic[M]):
         self._lane.mark_bulk(span.close())
         return LaunchedRun(staged.prepared, parts, span)
 
+    def queues_whole(self, staged: StagedBatch) -> bool:
+        """True when `launch(staged)` queues all of the batch's device work at once (`ServingEngine`): one
+        forward pass, replayed from CUDA graphs (`ClefOmniModel.queues_whole`). A batch of several parts
+        calls `between` between them; an eager one paces its layers to the device."""
+        return len(staged.parts) == 1 and self.model.queues_whole(staged.parts[0][1])
+
     def out_of_memory(self, exc: BaseException) -> bool:
         """True when `exc` is the device running out of memory (`torch.OutOfMemoryError`); empties the CUDA
         cache first, so a retry of a smaller batch can use the memory. Any thread."""

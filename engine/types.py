@@ -117,6 +117,10 @@ class RunsWhenLaunched(Generic[StagedT, RanT]):
     def launch(self, staged: StagedT, between: Between | None = None) -> Launched[RanT]:
         return Ready(self.run(staged, between))
 
+    def queues_whole(self, staged: StagedT) -> bool:
+        """False: `launch` runs the batch itself, nothing is queued."""
+        return False
+
 
 class ServingEngine(Protocol[PreparedT, StagedT, RanT]):
     """The engine as a server drives it: prepare -> stage -> run -> respond, plus failure handling.
@@ -131,6 +135,11 @@ class ServingEngine(Protocol[PreparedT, StagedT, RanT]):
       `Launched` whose `wait` (any thread) gives the result once the device finished. The next batch may be
       launched before an earlier one's `wait`: the device runs them in launch order, and the answers are
       those of `run`. `run(s, b)` is `launch(s, b).wait()[0]`.
+    - `queues_whole(staged)`: True when `launch(staged)` queues all of the batch's device work without
+      waiting on the device or calling `between` (CUDA graph replays and the head); only such a batch is
+      worth launching behind one still running. An eager run paces its launches to the device and offers
+      `between` boundaries; launched behind a running batch it would hold the GPU thread, and the urgent
+      work at those boundaries, for that batch's remainder.
     - `respond` (any thread): one response per record, in batch order.
     - `execute(batch)` is `respond(run(stage(batch)))` in the GPU thread (the path a failed batch is split
       and retried on).
@@ -153,6 +162,8 @@ class ServingEngine(Protocol[PreparedT, StagedT, RanT]):
     def run(self, staged: StagedT, between: Between | None = None) -> RanT: ...
 
     def launch(self, staged: StagedT, between: Between | None = None) -> Launched[RanT]: ...
+
+    def queues_whole(self, staged: StagedT) -> bool: ...
 
     def respond(self, ran: RanT) -> list[SystemOneResponse]: ...
 

@@ -27,8 +27,12 @@ Launching ahead (`ahead`, `batching.launch_ahead`): the GPU thread only queues a
 batch staged while the one before it runs is launched at once, and the device goes from one to the next
 without the host's sync, hand-back and first launches in between. A batch's GPU time is then the engine's
 device seconds (from when the device started it), or the wall time from its launch where the engine gives
-none; its `gpu_wait` counts the wait on the device queue too. Without it, the GPU thread waits for each
-batch before it takes the next, and a batch's GPU time is that wait's wall time.
+none; its `gpu_wait` counts the wait on the device queue too. Only a batch the engine queues whole
+(`ServingEngine.queues_whole`: CUDA graph replays) is launched ahead; one it runs step by step (eager layers
+paced to the device, up to the token budget's large batches) first waits for the batches launched before it
+and runs as without launching ahead, so the lane still gets in at its step boundaries instead of behind the
+remainder of a batch ahead, and its time is not spent waiting inside a launch. Without it, the GPU thread
+waits for each batch before it takes the next, and a batch's GPU time is that wait's wall time.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -101,6 +106,7 @@ class GpuRunner(Generic[P, S, R]):
         self._urgent_pool = ThreadPoolExecutor(1, thread_name_prefix="clef-urgent")
         self._launch_ahead = ahead  # `ahead`: launch ahead (see the module docstring)
         self._wait_pool = ThreadPoolExecutor(1, thread_name_prefix="clef-gpu-wait")  # launch-ahead's waits
+        self._last_launched: Future[BatchRun[R]] | None = None  # GPU thread only: the last launch's wait
         self._lane: deque[_LaneBatch[S, R]] = deque()
         self._lane_lock = threading.Lock()
         self._lane_seconds = 0.0  # GPU thread only: lane time spent so far
@@ -219,17 +225,22 @@ class GpuRunner(Generic[P, S, R]):
 
     def _run_normal(self, staged: S) -> Future[BatchRun[R]]:
         """GPU thread: run one batch with the lane as its `between` hook (`ServingEngine.run`, blocking), or,
-        when launching ahead, launch it (`launch`) and leave its wait to the wait thread (`_wait_launched`);
-        returns the future of its `BatchRun`. When launching ahead, the lane's waiting batches run first:
-        the batch ahead may still be on the device, and an urgent batch must not queue behind this one too."""
+        when launching ahead and the engine queues it whole (`queues_whole`), launch it (`launch`) and leave
+        its wait to the wait thread (`_wait_launched`); returns the future of its `BatchRun`. When launching
+        ahead, the lane's waiting batches run first: the batch ahead may still be on the device, and an
+        urgent batch must not queue behind this one too. A batch run step by step waits for the batches
+        launched ahead of it first, so its `between` boundaries are not behind their remainder."""
+        ahead = self._launch_ahead and self._engine.queues_whole(staged)
         if self._launch_ahead:
+            if not ahead and self._last_launched is not None:
+                futures_wait([self._last_launched])  # its outcome is its own run's to report
             self._drain_lane()
         began = time.perf_counter()
         lane0 = self._batch_lane0 = self._lane_seconds
         t0 = self._batch_began = self._now()
         launched: Launched[R] | None = None
         try:
-            if self._launch_ahead:
+            if ahead:
                 launched = self._engine.launch(staged, self._between)
             else:
                 raw = self._engine.run(staged, self._between)
@@ -237,7 +248,9 @@ class GpuRunner(Generic[P, S, R]):
             self._batch_began = None
         lane = self._lane_seconds - lane0
         if launched is not None:
-            return self._wait_pool.submit(self._wait_launched, launched, began, t0, lane)
+            waiting = self._wait_pool.submit(self._wait_launched, launched, began, t0, lane)
+            self._last_launched = waiting
+            return waiting
         wall, ended = self._now() - t0, time.perf_counter()
         done: Future[BatchRun[R]] = Future()
         done.set_result(BatchRun(raw, wall - lane, lane == 0.0, began, ended, ended - began))

@@ -276,6 +276,18 @@ class ClefOmniModel(nn.Module):
             return self._graphed.run(packed, between)
         return self._fast(packed_inputs(text_model.embed_tokens, packed), between)
 
+    def queues_whole(self, batch: ModelBatch) -> bool:
+        """True when `launch_batch(batch)` queues its device work without an eager decoder layer: a text
+        batch on the fast path that CUDA graphs replay (`GraphedDecoder.covers`). Everything else (eager
+        layers paced to the device, media, transformers' path) runs step by step with the device."""
+        graphed = self._graphed
+        return (
+            graphed is not None
+            and batch.media is None
+            and batch.layout == "packed"
+            and graphed.covers(batch.lengths)
+        )
+
     def lexical_table(self) -> torch.Tensor:
         lm_head: Any = self.thinker.lm_head
         weight: torch.Tensor = lm_head.weight  # (V, H)

@@ -10,7 +10,7 @@ no graph covers run the decoder eagerly. Another `GraphCapture` (a CPU test's) m
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -260,18 +260,28 @@ class GraphedDecoder:
         assert state is not None
         return _Graphs(tuple(replays), host, cu, state.h)
 
+    def _graph_for(self, lengths: Sequence[int]) -> tuple[int, int] | None:
+        """The (bucket, cap) whose graphs replay records of `lengths` tokens, or None: they run eagerly."""
+        bucket = self.bucket_for(sum(lengths))
+        cap = next((c for c in SEQLEN_CAPS if max(lengths) <= c), None)
+        if bucket is None or cap is None or len(lengths) > records_for(bucket, self.max_records):
+            return None
+        return bucket, min(cap, bucket)
+
+    def covers(self, lengths: Sequence[int]) -> bool:
+        """True when `run` replays graphs for records of `lengths` tokens (no eager layer, no `between`)."""
+        return self._graph_for(lengths) is not None
+
     def run(self, batch: PackedIds, between: Between | None = None) -> torch.Tensor:
         """Hidden states (T, hidden) for the packed records of `batch` (T = its token count). A batch that
-        no graph covers runs eagerly and calls `between` between its layers; a graph replay never does (its
-        static buffers are shared by every batch of its bucket)."""
+        no graph covers (`covers`) runs eagerly and calls `between` between its layers; a graph replay never
+        does (its static buffers are shared by every batch of its bucket)."""
         t = sum(batch.lengths)
         n = len(batch.lengths)
-        longest = max(batch.lengths)
-        bucket = self.bucket_for(t)
-        cap = next((c for c in SEQLEN_CAPS if longest <= c), None)
-        if bucket is None or cap is None or n > records_for(bucket, self.max_records):
+        chosen = self._graph_for(batch.lengths)
+        if chosen is None:
             return self.decoder(packed_inputs(self._embed, batch), between)
-        cap = min(cap, bucket)
+        bucket, cap = chosen
         device = batch.input_ids.device
         graphs = self._graphs.get((bucket, cap))
         if graphs is None:

@@ -149,7 +149,8 @@ def test_an_urgent_batch_between_layers_changes_no_answer_cuda(tmp_path: Path, l
 def test_batches_launched_ahead_give_their_answers_alone_cuda(tmp_path: Path, lane: bool) -> None:
     """`Engine.launch`: three batches of one CUDA-graph bucket launched back to back before any is waited
     for (the graph's buffers are shared by the bucket), and an urgent batch of that bucket launched inside
-    the lane while they are queued, give exactly their answers run alone; the device seconds are timed."""
+    the lane while they are queued, give exactly their answers run alone; the device seconds are timed.
+    Those batches are queued whole (`Engine.queues_whole`); a batch above the largest bucket is not."""
     from engine import Engine, EngineConfig
     from engine.batching.cut import BatchLimits
 
@@ -165,6 +166,10 @@ def test_batches_launched_ahead_give_their_answers_alone_cuda(tmp_path: Path, la
     staged = [engine.stage(b) for b in batches]
     with engine.lane():
         staged_urgent = engine.stage(urgent)
+    assert all(engine.queues_whole(s) for s in staged)  # replayed from the 512-token bucket's graphs
+    eager = [engine.prepare(_request(rng, 400)) for _ in range(2)]
+    assert sum(p.num_tokens for p in eager) > 512
+    assert not engine.queues_whole(engine.stage(eager))  # above the largest bucket: eager layers
     launched = [engine.launch(s) for s in staged]
     with engine.lane():
         urgent_launched = engine.launch(staged_urgent)

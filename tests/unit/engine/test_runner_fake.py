@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ from engine.batching.collate import Layout, ModelBatch, collate
 from engine.kernels import moe_fp8_sm90
 from engine.runner import Engine, EngineConfig
 from engine.types import Between, EncodedRequest, Ready
-from schemas.systemone import DlqReason, RequestError, SystemOneResponse
+from schemas.systemone import DlqReason, RequestError, SystemOneResponse, parse_request
 
 
 class FakeModel:
@@ -70,6 +71,9 @@ class FakeModel:
         self, batch: ModelBatch, between: Between | None = None
     ) -> Ready[list[list[npt.NDArray[np.float32]]]]:
         return Ready(self.forward_batch(batch, between))
+
+    def queues_whole(self, batch: ModelBatch) -> bool:
+        return len(batch.lengths) <= self.max_records  # as if a graph replayed that many records
 
     def forward_batch(
         self, batch: ModelBatch, between: Between | None = None
@@ -266,3 +270,16 @@ def test_sm90_experts_that_cannot_run_stop_the_engine_at_start(bpe_tokenizer: To
     with pytest.raises(moe_fp8_sm90.Sm90UnavailableError, match="sm90 expert kernels"):
         Engine(fake, bpe_tokenizer, EngineConfig(fp8_text_only=True, sm90_experts=True))
     assert fake.built == {}
+
+
+def test_only_one_forward_pass_the_model_queues_whole_is_launched_whole(bpe_tokenizer: Tokenizer) -> None:
+    """`Engine.queues_whole`: one part that the model queues whole; a batch of two parts (text and media
+    apart on the fast path) calls `between` between them, and a part the model runs eagerly is not."""
+    fake = FakeModel(max_records=2, tokenizer=bpe_tokenizer)
+    engine = Engine(fake, bpe_tokenizer, EngineConfig(device="cpu", dtype="float32"))
+    prepared = [engine.prepare(parse_request(body(s))) for s in ("one", "two", "three")]
+    assert engine.queues_whole(engine.stage(prepared[:2]))
+    assert not engine.queues_whole(engine.stage(prepared))  # three records: the fake runs them eagerly
+    one = engine.stage(prepared[:1])
+    two_parts = replace(one, parts=one.parts * 2)
+    assert not engine.queues_whole(two_parts)

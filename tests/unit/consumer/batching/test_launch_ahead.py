@@ -45,11 +45,15 @@ class Queued:
 class DeviceEngine(FakeEngine):
     """`FakeEngine` whose `launch` only queues: `launched` holds each batch's `Queued` in launch order."""
 
-    def __init__(self, *, fail_at_wait: set[str] | None = None) -> None:
+    def __init__(self, *, fail_at_wait: set[str] | None = None, stepped: set[str] | None = None) -> None:
         super().__init__()
         self.log: list[str] = []
         self.launched: list[Queued] = []
         self.fail_at_wait = fail_at_wait or set()
+        self.stepped = stepped or set()  # batches run step by step (not queued whole)
+
+    def queues_whole(self, staged: list[Item]) -> bool:
+        return "+".join(i.name for i in staged) not in self.stepped
 
     def run(self, staged: list[Item], between: Between | None = None) -> list[SystemOneResponse]:
         return self.launch(staged, between).wait()[0]
@@ -183,6 +187,60 @@ async def test_an_urgent_batch_in_the_lane_runs_before_the_next_bulk_batch_is_la
         queued.finish()
     (r1, _, _), (r2, _, _), (ru, _, _) = await _settled(runner, cpu, first, second, urgent)
     assert engine.log[:3] == ["launched a", "ran u", "launched b"]
+    assert (said(r1.outcomes), said(r2.outcomes), said(ru.outcomes)) == (
+        ["answer:a"],
+        ["answer:b"],
+        ["answer:u"],
+    )
+
+
+async def test_a_batch_run_step_by_step_waits_for_the_one_ahead_even_when_launching_ahead() -> None:
+    """ "b" is not queued whole (an eager run): it is not launched while "a" is still on the device, so its
+    step boundaries are not behind a's remainder; it runs once a's wait returned."""
+    engine = DeviceEngine(stepped={"b"})
+    runner, cpu = _runner(engine, ahead=True)
+    first = asyncio.ensure_future(runner.run([Item("a")], lambda s, learn, ago: None))
+    second = asyncio.ensure_future(runner.run([Item("b")], lambda s, learn, ago: None))
+    await _until(lambda: len(engine.launched) == 1, "the first batch was launched")
+    await _until(lambda: sum(step == "stage" for step, _ in engine.steps) == 2, "b's staging began")
+    await asyncio.wrap_future(cpu.submit(lambda: None))  # b's stage-and-queue, ahead of this, is done
+    await asyncio.sleep(0.05)
+    assert engine.log == ["launched a"]
+    engine.launched[0].finish()
+    await _until(lambda: len(engine.launched) == 2, "the second batch was launched")
+    engine.launched[1].finish()
+    (r1, s1, _), (r2, _, t2) = await _settled(runner, cpu, first, second)
+    assert engine.log == ["launched a", "waited a", "launched b", "waited b"]
+    assert (said(r1.outcomes), said(r2.outcomes)) == (["answer:a"], ["answer:b"])
+    assert s1 == DEVICE_S  # a was launched ahead: the engine's device seconds
+    assert t2 is not None
+
+
+class SteppedAfterA(HeldLaunch):
+    """`HeldLaunch` (runs answer at once and are logged) whose batch "b" is not queued whole."""
+
+    def queues_whole(self, staged: list[Item]) -> bool:
+        return [i.name for i in staged] != ["b"]
+
+
+async def test_an_urgent_batch_arriving_while_a_stepped_batch_waits_runs_before_it() -> None:
+    """Urgent "u" enters the lane while the GPU thread holds step-by-step "b" until "a" (launched ahead)
+    finished: "u" runs as soon as "a" is done, before "b"."""
+    engine = SteppedAfterA()
+    engine.go.set()
+    runner, cpu = _runner(engine, ahead=True)
+    first = asyncio.ensure_future(runner.run([Item("a")], lambda s, learn, ago: None))
+    second = asyncio.ensure_future(runner.run([Item("b")], lambda s, learn, ago: None))
+    await _until(lambda: len(engine.launched) == 1, "a was launched")
+    await _until(lambda: sum(step == "stage" for step, _ in engine.steps) == 2, "b's staging began")
+    await asyncio.wrap_future(cpu.submit(lambda: None))  # b is queued on the GPU thread, which waits for a
+    urgent = asyncio.ensure_future(runner.run_urgent([Item("u")]))
+    await _until(lambda: runner.lane_waiting == 1, "u waits in the lane")
+    await asyncio.sleep(0.05)
+    assert engine.log == ["launched a"]
+    engine.launched[0].finish()
+    (r1, _, _), (r2, _, _), (ru, _, _) = await _settled(runner, cpu, first, second, urgent)
+    assert engine.log == ["launched a", "waited a", "ran u", "ran b"]
     assert (said(r1.outcomes), said(r2.outcomes), said(ru.outcomes)) == (
         ["answer:a"],
         ["answer:b"],

@@ -134,8 +134,16 @@ def test_a_batch_after_a_longer_one_in_its_bucket_reads_nothing_the_longer_one_l
 
 
 def test_batches_no_graph_covers_run_eagerly_and_only_they_call_between(decoder: PackedTextDecoder) -> None:
+    """`covers` names exactly the batches replayed: the others run eagerly and call `between`."""
     capture = RecomputeCapture()
     graphed = GraphedDecoder(decoder, (512,), max_records=2, capture=capture)
+    assert [graphed.covers(n) for n in ([5, 5, 5], [300, 300], [5, 5], [512], [513])] == [
+        False,
+        False,
+        True,
+        True,
+        False,
+    ]
     calls: list[int] = []
 
     def between() -> None:
