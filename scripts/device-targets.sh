@@ -18,6 +18,8 @@
 #   mixed  Kafka saturated while HTTP and a priority topic arrive (bench.e2e --mixed, FP8 text)
 #   ahead  not one of the four: batching.launch_ahead's GPU tests, then bench.e2e at 70%, 70% with it on and
 #          off on the same machine (about 7 minutes; BENCHMARKS.md, "Launching ahead, round twenty-three")
+#   ahead_mixed  not one of the four: the mixed run (as `mixed`) with batching.launch_ahead on (about 2 minutes;
+#          compare with a `mixed` step on the same machine)
 # TARGETS_SM90=1 (default; 0: off) runs e2e and mixed with `--sm90`, the service's engine.sm90_experts.
 # The device returns a handful of files, so every step writes under a work folder and the call's $OUT gets
 # three: targets.tar.gz (everything, packed again after each step: a call cut short keeps what ran),
@@ -79,7 +81,11 @@ for s in "${steps[@]}"; do
                     --partitions 6 --fp8 text --shares --rate 0.7,0.7 --seconds 25 --warmup-s 6 --deadline-s 150 \
                     "${sm90[@]}" --set "batching.launch_ahead=$mode"
             done ;;
-        *) echo "device-targets: unknown step $s (modes, one, e2e, mixed, ahead)" >&2; exit 2 ;;
+        ahead_mixed)
+            step mixed_ahead env OUT="$work/mixed_ahead" bash scripts/device-e2e.sh --mixed --backlog-s 12 \
+                --seconds 40 --fp8 text --deadline-s 200 --partitions 6 "${sm90[@]}" \
+                --set batching.launch_ahead=true ;;
+        *) echo "device-targets: unknown step $s (modes, one, e2e, mixed, ahead, ahead_mixed)" >&2; exit 2 ;;
     esac
 done
 echo "device-targets: done after $((SECONDS - began)) s" >&2
