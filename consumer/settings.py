@@ -133,7 +133,8 @@ class BatchingSettings(_Frozen):
     launch_ahead: bool = Field(
         default=False,
         description="the GPU thread only queues a batch's device work and a thread of its own waits for it, "
-        "so the next batch is launched while this one runs (consumer.batching.gpu)",
+        "so the next batch is launched while this one runs; only batches the engine queues whole (CUDA graph "
+        "replays) go ahead (consumer.batching.gpu)",
     )
     priority: PrioritySettings = PrioritySettings()
 
