@@ -14,8 +14,9 @@ Urgent lane (`run_urgent`): an urgent batch is staged on a thread of its own and
 stage and its run inside the engine's `lane()` (on CUDA a high-priority stream, so neither queues behind the
 running batch's launched layers); the GPU thread runs it at the next step boundary of the batch it is
 running (the engine calls the lane's drain as its `between` hook, between decoder layers; a batch that
-replays CUDA graphs, up to 8,192 tokens, has no such boundary, so the lane batch runs right after it), or,
-when no batch is running, as its next task. Each lane batch runs exactly once, whichever comes first. Lane
+replays CUDA graphs, up to 8,192 tokens, has no such boundary, so the lane batch runs right after it, ahead
+of the next bulk batch even when that one was already queued on the GPU thread), or, when no batch is
+running, as its next task. Each lane batch runs exactly once, whichever comes first. Lane
 work inside a running batch is bounded by time, not count: at a step boundary a lane batch goes in while the
 lane's time inside that batch is at most `URGENT_SHARE` of the batch's wall time so far (the first always
 goes in), so a bulk batch is stretched at most 1 / (1 - share) times and an urgent batch waits a few
@@ -226,15 +227,16 @@ class GpuRunner(Generic[P, S, R]):
     def _run_normal(self, staged: S) -> Future[BatchRun[R]]:
         """GPU thread: run one batch with the lane as its `between` hook (`ServingEngine.run`, blocking), or,
         when launching ahead and the engine queues it whole (`queues_whole`), launch it (`launch`) and leave
-        its wait to the wait thread (`_wait_launched`); returns the future of its `BatchRun`. When launching
-        ahead, the lane's waiting batches run first: the batch ahead may still be on the device, and an
-        urgent batch must not queue behind this one too. A batch run step by step waits for the batches
-        launched ahead of it first, so its `between` boundaries are not behind their remainder."""
+        its wait to the wait thread (`_wait_launched`); returns the future of its `BatchRun`. The lane batches
+        waiting when it comes up run first (those only: a flood of urgent work cannot hold it back), so an
+        urgent batch staged while the batch before ran waits for that one alone, not for this one too (its
+        own drain task is queued behind this batch). When launching ahead, a batch run step by step first
+        waits for the batches launched ahead of it, so its `between` boundaries are not behind their
+        remainder."""
         ahead = self._launch_ahead and self._engine.queues_whole(staged)
-        if self._launch_ahead:
-            if not ahead and self._last_launched is not None:
-                futures_wait([self._last_launched])  # its outcome is its own run's to report
-            self._drain_lane()
+        if self._launch_ahead and not ahead and self._last_launched is not None:
+            futures_wait([self._last_launched])  # its outcome is its own run's to report
+        self._drain_lane(limit=self.lane_waiting)
         began = time.perf_counter()
         lane0 = self._batch_lane0 = self._lane_seconds
         t0 = self._batch_began = self._now()

@@ -1,8 +1,9 @@
 """Launching ahead (`GpuRunner(ahead=True)`, `batching.launch_ahead`): the GPU thread launches a batch staged
 behind a running one before that one finished, a thread of its own waits for each, the batches settle in
 launch order with their own answers, a batch's GPU time is the engine's device seconds, a device error
-reported at the wait sends the batch down the split path, and an urgent batch waiting in the lane runs
-before the next bulk batch is launched. Without it, nothing is launched before the batch ahead finished. A
+reported at the wait sends the batch down the split path, an urgent batch waiting in the lane runs before
+the next bulk batch is launched (in both modes), and a batch the engine runs step by step is not launched
+ahead. Without it, nothing is launched before the batch ahead finished. A
 fake device (`Queued`) finishes a batch only when the test lets it."""
 
 from __future__ import annotations
@@ -241,6 +242,43 @@ async def test_an_urgent_batch_arriving_while_a_stepped_batch_waits_runs_before_
     engine.launched[0].finish()
     (r1, _, _), (r2, _, _), (ru, _, _) = await _settled(runner, cpu, first, second, urgent)
     assert engine.log == ["launched a", "waited a", "ran u", "ran b"]
+    assert (said(r1.outcomes), said(r2.outcomes), said(ru.outcomes)) == (
+        ["answer:a"],
+        ["answer:b"],
+        ["answer:u"],
+    )
+
+
+class HeldRun(FakeEngine):
+    """A blocking engine (no launching ahead) whose run of bulk "a" waits for `go`; every run is logged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+        self.log: list[str] = []
+
+    def run(self, staged: list[Item], between: Between | None = None) -> list[SystemOneResponse]:
+        name = "+".join(i.name for i in staged)
+        if name == "a":
+            assert self.go.wait(5)
+        self.log.append(f"ran {name}")
+        return super().run(staged, between)
+
+
+async def test_without_launching_ahead_an_urgent_batch_runs_before_a_bulk_batch_queued_before_it() -> None:
+    """Bulk "b" is queued on the GPU thread while "a" runs (a batch with no step boundary), then urgent "u"
+    enters the lane (its drain queued after "b"): "u" runs right after "a", before "b"."""
+    engine = HeldRun()
+    runner, cpu = _runner(engine, ahead=False)
+    first = asyncio.ensure_future(runner.run([Item("a")], lambda s, learn, ago: None))
+    second = asyncio.ensure_future(runner.run([Item("b")], lambda s, learn, ago: None))
+    await _until(lambda: sum(step == "stage" for step, _ in engine.steps) == 2, "b's staging began")
+    await asyncio.wrap_future(cpu.submit(lambda: None))  # b is queued on the GPU thread, behind a
+    urgent = asyncio.ensure_future(runner.run_urgent([Item("u")]))
+    await _until(lambda: runner.lane_waiting == 1, "u waits in the lane")
+    engine.go.set()
+    (r1, _, _), (r2, _, _), (ru, _, _) = await _settled(runner, cpu, first, second, urgent)
+    assert engine.log == ["ran a", "ran u", "ran b"]
     assert (said(r1.outcomes), said(r2.outcomes), said(ru.outcomes)) == (
         ["answer:a"],
         ["answer:b"],
