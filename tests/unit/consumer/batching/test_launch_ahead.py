@@ -2,8 +2,8 @@
 behind a running one before that one finished, a thread of its own waits for each, the batches settle in
 launch order with their own answers, a batch's GPU time is the engine's device seconds, a device error
 reported at the wait sends the batch down the split path, an urgent batch waiting in the lane runs before
-the next bulk batch is launched (in both modes), and a batch the engine runs step by step is not launched
-ahead. Without it, nothing is launched before the batch ahead finished. A
+the next bulk batch is launched (in both modes; only those waiting when it came up), and a batch the engine
+runs step by step is not launched ahead. Without it, nothing is launched before the batch ahead finished. A
 fake device (`Queued`) finishes a batch only when the test lets it."""
 
 from __future__ import annotations
@@ -284,3 +284,44 @@ async def test_without_launching_ahead_an_urgent_batch_runs_before_a_bulk_batch_
         ["answer:b"],
         ["answer:u"],
     )
+
+
+class HeldLaneRun(HeldRun):
+    """`HeldRun` whose lane run of "u1" also waits, for `u1_go`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.u1_go = threading.Event()
+        self.u1_running = threading.Event()
+
+    def run(self, staged: list[Item], between: Between | None = None) -> list[SystemOneResponse]:
+        if [i.name for i in staged] == ["u1"]:
+            self.u1_running.set()
+            assert self.u1_go.wait(5)
+        return super().run(staged, between)
+
+
+async def test_urgent_work_arriving_while_the_lane_runs_does_not_hold_back_the_next_bulk_batch() -> None:
+    """Before bulk "b" the GPU thread runs the lane batches waiting when "b" came up ("u1") and no more: "u2",
+    which enters the lane while "u1" runs, waits until after "b"."""
+    engine = HeldLaneRun()
+    runner, cpu = _runner(engine, ahead=False)
+    first = asyncio.ensure_future(runner.run([Item("a")], lambda s, learn, ago: None))
+    second = asyncio.ensure_future(runner.run([Item("b")], lambda s, learn, ago: None))
+    await _until(lambda: sum(step == "stage" for step, _ in engine.steps) == 2, "b's staging began")
+    await asyncio.wrap_future(cpu.submit(lambda: None))  # b is queued on the GPU thread, behind a
+    u1 = asyncio.ensure_future(runner.run_urgent([Item("u1")]))
+    await _until(lambda: runner.lane_waiting == 1, "u1 waits in the lane")
+    engine.go.set()
+    await _until(engine.u1_running.is_set, "u1 runs")
+    u2 = asyncio.ensure_future(runner.run_urgent([Item("u2")]))
+    await _until(lambda: runner.lane_waiting == 1, "u2 waits in the lane")
+    engine.u1_go.set()
+    results = await _settled(runner, cpu, first, second, u1, u2)
+    assert engine.log == ["ran a", "ran u1", "ran b", "ran u2"]
+    assert [said(r.outcomes) for r, _, _ in results] == [
+        ["answer:a"],
+        ["answer:b"],
+        ["answer:u1"],
+        ["answer:u2"],
+    ]
