@@ -12,7 +12,7 @@ import asyncio
 import threading
 from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -91,6 +91,25 @@ async def _settled(runner: Runner, cpu: ThreadPoolExecutor, *runs: Awaitable[T])
     finally:
         runner.shutdown()
         cpu.shutdown()
+
+
+async def _bulk_then_urgent(
+    engine: FakeEngine, runner: Runner, cpu: ThreadPoolExecutor, urgent: str
+) -> list[asyncio.Future[tuple[Any, float, Any]]]:
+    """Bulk "a" and "b" submitted, "b" staged and queued on the GPU thread, then urgent `urgent` waiting in
+    the lane (its drain task queued behind "b"); returns the three runs' futures."""
+    runs: list[asyncio.Future[tuple[Any, float, Any]]] = [
+        asyncio.ensure_future(runner.run([Item(n)], lambda s, learn, ago: None)) for n in ("a", "b")
+    ]
+    await _until(lambda: sum(step == "stage" for step, _ in engine.steps) == 2, "b's staging began")
+    await asyncio.wrap_future(cpu.submit(lambda: None))  # b's stage-and-queue, ahead of this, is done
+    runs.append(asyncio.ensure_future(runner.run_urgent([Item(urgent)])))
+    await _until(lambda: runner.lane_waiting == 1, f"{urgent} waits in the lane")
+    return runs
+
+
+def _answers(results: list[tuple[Any, float, Any]]) -> list[list[str]]:
+    return [said(r.outcomes) for r, _, _ in results]
 
 
 async def test_a_batch_is_launched_while_the_one_ahead_runs_and_both_settle_in_order() -> None:
@@ -230,23 +249,14 @@ async def test_an_urgent_batch_arriving_while_a_stepped_batch_waits_runs_before_
     engine = SteppedAfterA()
     engine.go.set()
     runner, cpu = _runner(engine, ahead=True)
-    first = asyncio.ensure_future(runner.run([Item("a")], lambda s, learn, ago: None))
-    second = asyncio.ensure_future(runner.run([Item("b")], lambda s, learn, ago: None))
+    runs = await _bulk_then_urgent(engine, runner, cpu, "u")
     await _until(lambda: len(engine.launched) == 1, "a was launched")
-    await _until(lambda: sum(step == "stage" for step, _ in engine.steps) == 2, "b's staging began")
-    await asyncio.wrap_future(cpu.submit(lambda: None))  # b is queued on the GPU thread, which waits for a
-    urgent = asyncio.ensure_future(runner.run_urgent([Item("u")]))
-    await _until(lambda: runner.lane_waiting == 1, "u waits in the lane")
     await asyncio.sleep(0.05)
-    assert engine.log == ["launched a"]
+    assert engine.log == ["launched a"]  # b waits for a on the GPU thread
     engine.launched[0].finish()
-    (r1, _, _), (r2, _, _), (ru, _, _) = await _settled(runner, cpu, first, second, urgent)
+    results = await _settled(runner, cpu, *runs)
     assert engine.log == ["launched a", "waited a", "ran u", "ran b"]
-    assert (said(r1.outcomes), said(r2.outcomes), said(ru.outcomes)) == (
-        ["answer:a"],
-        ["answer:b"],
-        ["answer:u"],
-    )
+    assert _answers(results) == [["answer:a"], ["answer:b"], ["answer:u"]]
 
 
 class HeldRun(FakeEngine):
@@ -270,20 +280,11 @@ async def test_without_launching_ahead_an_urgent_batch_runs_before_a_bulk_batch_
     enters the lane (its drain queued after "b"): "u" runs right after "a", before "b"."""
     engine = HeldRun()
     runner, cpu = _runner(engine, ahead=False)
-    first = asyncio.ensure_future(runner.run([Item("a")], lambda s, learn, ago: None))
-    second = asyncio.ensure_future(runner.run([Item("b")], lambda s, learn, ago: None))
-    await _until(lambda: sum(step == "stage" for step, _ in engine.steps) == 2, "b's staging began")
-    await asyncio.wrap_future(cpu.submit(lambda: None))  # b is queued on the GPU thread, behind a
-    urgent = asyncio.ensure_future(runner.run_urgent([Item("u")]))
-    await _until(lambda: runner.lane_waiting == 1, "u waits in the lane")
+    runs = await _bulk_then_urgent(engine, runner, cpu, "u")
     engine.go.set()
-    (r1, _, _), (r2, _, _), (ru, _, _) = await _settled(runner, cpu, first, second, urgent)
+    results = await _settled(runner, cpu, *runs)
     assert engine.log == ["ran a", "ran u", "ran b"]
-    assert (said(r1.outcomes), said(r2.outcomes), said(ru.outcomes)) == (
-        ["answer:a"],
-        ["answer:b"],
-        ["answer:u"],
-    )
+    assert _answers(results) == [["answer:a"], ["answer:b"], ["answer:u"]]
 
 
 class HeldLaneRun(HeldRun):
@@ -306,22 +307,12 @@ async def test_urgent_work_arriving_while_the_lane_runs_does_not_hold_back_the_n
     which enters the lane while "u1" runs, waits until after "b"."""
     engine = HeldLaneRun()
     runner, cpu = _runner(engine, ahead=False)
-    first = asyncio.ensure_future(runner.run([Item("a")], lambda s, learn, ago: None))
-    second = asyncio.ensure_future(runner.run([Item("b")], lambda s, learn, ago: None))
-    await _until(lambda: sum(step == "stage" for step, _ in engine.steps) == 2, "b's staging began")
-    await asyncio.wrap_future(cpu.submit(lambda: None))  # b is queued on the GPU thread, behind a
-    u1 = asyncio.ensure_future(runner.run_urgent([Item("u1")]))
-    await _until(lambda: runner.lane_waiting == 1, "u1 waits in the lane")
+    runs = await _bulk_then_urgent(engine, runner, cpu, "u1")
     engine.go.set()
     await _until(engine.u1_running.is_set, "u1 runs")
-    u2 = asyncio.ensure_future(runner.run_urgent([Item("u2")]))
+    runs.append(asyncio.ensure_future(runner.run_urgent([Item("u2")])))
     await _until(lambda: runner.lane_waiting == 1, "u2 waits in the lane")
     engine.u1_go.set()
-    results = await _settled(runner, cpu, first, second, u1, u2)
+    results = await _settled(runner, cpu, *runs)
     assert engine.log == ["ran a", "ran u1", "ran b", "ran u2"]
-    assert [said(r.outcomes) for r, _, _ in results] == [
-        ["answer:a"],
-        ["answer:b"],
-        ["answer:u1"],
-        ["answer:u2"],
-    ]
+    assert _answers(results) == [["answer:a"], ["answer:b"], ["answer:u1"], ["answer:u2"]]
