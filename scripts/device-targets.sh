@@ -54,6 +54,13 @@ step() {  # step NAME CMD...: one step, its output kept, never stopping the othe
     pack
 }
 
+mixed_step() {  # mixed_step NAME [ARG...]: the mixed run (Kafka saturated, HTTP and a priority topic), ARGs added
+    local name=$1
+    shift
+    step "$name" env OUT="$work/$name" bash scripts/device-e2e.sh --mixed --backlog-s 12 --seconds 40 \
+        --fp8 text --deadline-s 200 --partitions 6 "${sm90[@]}" "$@"
+}
+
 for s in "${steps[@]}"; do
     case $s in
         modes)
@@ -68,9 +75,7 @@ for s in "${steps[@]}"; do
         e2e)
             step e2e env OUT="$work/e2e" bash scripts/device-e2e.sh --arrivals poisson --partitions 6 --fp8 text \
                 --shares --rate 0.25,0.7,1.2 --seconds 40 --warmup-s 8 "${sm90[@]}" ;;
-        mixed)
-            step mixed env OUT="$work/mixed" bash scripts/device-e2e.sh --mixed --backlog-s 12 --seconds 40 \
-                --fp8 text --deadline-s 200 --partitions 6 "${sm90[@]}" ;;
+        mixed) mixed_step mixed ;;
         ahead)
             step ahead_tests env OUT="$work/ahead_tests" DEVICE_ENGINE_TMP="$work/ahead_engine" TESTS_LIMIT=100 \
                 GPU_TESTS="tests/gpu/test_engine_gpu.py::test_batches_launched_ahead_give_their_answers_alone_cuda
@@ -81,10 +86,7 @@ for s in "${steps[@]}"; do
                     --partitions 6 --fp8 text --shares --rate 0.7,0.7 --seconds 25 --warmup-s 6 --deadline-s 150 \
                     "${sm90[@]}" --set "batching.launch_ahead=$mode"
             done ;;
-        ahead_mixed)
-            step mixed_ahead env OUT="$work/mixed_ahead" bash scripts/device-e2e.sh --mixed --backlog-s 12 \
-                --seconds 40 --fp8 text --deadline-s 200 --partitions 6 "${sm90[@]}" \
-                --set batching.launch_ahead=true ;;
+        ahead_mixed) mixed_step mixed_ahead --set batching.launch_ahead=true ;;
         *) echo "device-targets: unknown step $s (modes, one, e2e, mixed, ahead, ahead_mixed)" >&2; exit 2 ;;
     esac
 done
